@@ -1,0 +1,239 @@
+"""Checkpoints with exact resume and preemption handling (orbax-checkpoint).
+
+* ``workdir/checkpoints/<step>``: the whole `TrainState` (params, optimizer state, BN statistics,
+  step, noise-scale EMAs) plus a JSON record of the run's identity. The data pipeline needs no
+  state: its position is a pure function of the step (see `anp_jax.data.pipeline`).
+* Saves every ``checkpoint_every_steps`` steps and/or ``checkpoint_every_minutes`` minutes, keep
+  the last ``keep_checkpoints``; optionally the best by ``keep_best_metric`` in
+  ``workdir/checkpoints_best``. Saves are asynchronous; orbax commits atomically (a checkpoint is
+  written under a temporary name and renamed when complete), so a half-written one is never seen.
+* Restore goes into targets carrying the *current* mesh's shardings, so a run saved on 8 devices
+  resumes on 4. A corrupt latest checkpoint is reported and the previous one used; a checkpoint
+  of another model fails with the mismatching fields named.
+* SIGTERM / SIGUSR1 (what SLURM sends with ``--signal``) set a flag; at the next step boundary all
+  processes agree, save, and the run exits with `EXIT_PREEMPTED` for the launcher to requeue.
+"""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import numpy as np
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on this code.
+EXIT_DIVERGED = 3
+EXIT_CONFIG = 2
+
+# Config fields that must match for a checkpoint to be restorable into this run.
+IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
+                   'dataset', 'image_size', 'optimizer')
+
+
+class Preempted(SystemExit):
+  """Raised after the preemption checkpoint is written; exits with EXIT_PREEMPTED."""
+
+  def __init__(self, step: int):
+    super().__init__(EXIT_PREEMPTED)
+    self.step = step
+
+
+def _get(config, dotted: str):
+  node = config
+  for part in dotted.split('.'):
+    node = node.get(part) if hasattr(node, 'get') else None
+  return node
+
+
+def identity(config) -> Dict[str, Any]:
+  return {k: _get(config, k) for k in IDENTITY_FIELDS}
+
+
+class Checkpointer:
+  """Owns the orbax managers, the save cadence and the preemption flag of one run."""
+
+  def __init__(self, workdir: str, config, mesh=None):
+    import orbax.checkpoint as ocp
+    self._ocp = ocp
+    self.config = config
+    self.directory = os.path.join(workdir, 'checkpoints')
+    self.every_steps = int(config.get('checkpoint_every_steps', 0) or 0)
+    self.every_s = float(config.get('checkpoint_every_minutes', 0) or 0) * 60
+    self._last_save_time = time.time()
+    self._preempt_signal = None
+    self._mesh = mesh
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=int(config.get('keep_checkpoints', 3)),
+        enable_async_checkpointing=bool(config.get('async_checkpointing', True)),
+        create=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.best_metric = config.get('keep_best_metric', '')
+    self.best_manager = None
+    if self.best_metric:
+      metric = self.best_metric
+      self.best_manager = ocp.CheckpointManager(
+          os.path.join(workdir, 'checkpoints_best'),
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=1, best_fn=lambda m: m[metric],
+              best_mode='min' if 'loss' in metric else 'max',
+              keep_checkpoints_without_metrics=False,
+              enable_async_checkpointing=False, create=True))
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+      try:
+        signal.signal(sig, self._on_signal)
+      except ValueError:  # Not the main thread (e.g. inside some notebook runners).
+        pass
+
+  # -- preemption ------------------------------------------------------------------------------
+
+  def _on_signal(self, signum, frame):
+    del frame
+    self._preempt_signal = signum
+    logging.warning('Received signal %d: checkpointing at the next step boundary.', signum)
+
+  def _agree(self, flags: np.ndarray) -> np.ndarray:
+    """Element-wise OR of `flags` over processes, so that all take the same branch."""
+    if jax.process_count() == 1:
+      return flags
+    from jax.experimental import multihost_utils
+    gathered = multihost_utils.process_allgather(flags.astype(np.int32))
+    return np.asarray(gathered).reshape(jax.process_count(), -1).max(axis=0).astype(bool)
+
+  def save_due(self, step: int, force: bool = False) -> Tuple[bool, bool]:
+    """(save now?, preempted?) for the step just completed; identical on every process."""
+    by_steps = self.every_steps > 0 and step % self.every_steps == 0
+    by_time = self.every_s > 0 and time.time() - self._last_save_time >= self.every_s
+    preempt = self._preempt_signal is not None
+    save, by_time, preempt = self._agree(np.array([by_steps or force, by_time, preempt]))
+    return bool(save or by_time or preempt), bool(preempt)
+
+  # -- save / restore --------------------------------------------------------------------------
+
+  def save(self, step: int, state, eval_metrics: Optional[Dict[str, float]] = None,
+           host_state=None):
+    """Saves `state` (all processes must call). `host_state` replaces it for pmap states."""
+    ocp = self._ocp
+    item = host_state if host_state is not None else state
+    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
+            'process_count': jax.process_count(), 'device_count': jax.device_count()}
+    args = ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
+    if self.manager.latest_step() != step:
+      self.manager.save(step, args=args)
+    self._last_save_time = time.time()
+    if self.best_manager is not None and eval_metrics and self.best_metric in eval_metrics:
+      self.best_manager.save(step, args=args,
+                             metrics={self.best_metric: float(eval_metrics[self.best_metric])})
+
+  def _abstract(self, state):
+    def leaf(x):
+      sharding = getattr(x, 'sharding', None)
+      if self._mesh is not None:
+        sharding = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.tree.map(leaf, state)
+
+  def restore_latest(self, target) -> Tuple[Any, int]:
+    """Restores the newest readable checkpoint into `target`'s structure and shardings.
+
+    Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones.
+    """
+    ocp = self._ocp
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    for step in steps:
+      meta_path = os.path.join(self.directory, str(step), 'meta', 'metadata')
+      try:
+        with open(meta_path) as f:
+          meta = json.load(f)
+      except (OSError, ValueError) as e:
+        logging.warning('Checkpoint %d has unreadable metadata (%s); trying an older one.',
+                        step, e)
+        _warn(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older one.')
+        continue
+      self._check_identity(meta, step)
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(self._abstract(target))))
+      except Exception as e:  # Corrupt or truncated files.
+        _warn(f'WARNING: checkpoint {step} could not be restored ({type(e).__name__}: {e}); '
+              'falling back to an older one.')
+        continue
+      return restored['state'], step
+    return target, 0
+
+  def _check_identity(self, meta, step):
+    saved = meta.get('identity', {})
+    current = identity(self.config)
+    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    if diff:
+      detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
+      raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '
+                       f'configuration ({detail}). Use a fresh --workdir or the matching config.')
+
+  def restore_or_init(self, state, executor) -> Tuple[Any, int]:
+    """Continues from the latest checkpoint when there is one; else returns `state`, 0."""
+    if executor.kind == 'pmap':
+      host = jax.device_get(executor.unreplicate(state))
+      restored, step = self.restore_latest(host)
+      if step:
+        state = jax.pmap(lambda t: t)(jax.tree.map(
+            lambda x: np.broadcast_to(np.asarray(x), (jax.local_device_count(),) + x.shape),
+            restored))
+    else:
+      state, step = self.restore_latest(state)
+    if step and jax.process_index() == 0:
+      print(f'Resumed from checkpoint at step {step} in {self.directory}', flush=True)
+    return state, step
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+    if self.best_manager is not None:
+      self.best_manager.close()
+
+
+def _warn(message: str):
+  logging.warning(message)
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
+def load_checkpoint(workdir: str, step: Optional[int] = None):
+  """For IPython: ``model, variables, config = load_checkpoint(workdir)``.
+
+  Rebuilds the model from ``workdir/config.json`` and restores params + BN statistics on the
+  default device (no mesh needed).
+  """
+  import ml_collections
+  import orbax.checkpoint as ocp
+  from anp_jax import models
+  from anp_jax.data import pipeline
+
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  meta = pipeline.dataset_meta(pipeline.get_builder(config), config)
+  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
+  directory = os.path.join(workdir, 'checkpoints')
+  with ocp.CheckpointManager(directory) as manager:
+    step = manager.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f'No checkpoint in {directory}.')
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  state = restored['state']
+  variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
+  return model, variables, config
+
+
+def remove_incomplete(directory: str):
+  """Deletes orbax temporary directories left by a killed save (they are never restored)."""
+  if not os.path.isdir(directory):
+    return
+  for name in os.listdir(directory):
+    if '.orbax-checkpoint-tmp' in name:
+      shutil.rmtree(os.path.join(directory, name), ignore_errors=True)

@@ -1,0 +1,77 @@
+"""CPU demo: ResNet-20 on the generated 32 px ANP dataset, a few minutes on 2 cores.
+
+  ./run.sh                                 # = python -m anp_jax.main --config=anp_jax/configs/default.py
+  ./run.sh --config.batch_size=256 --config.num_epochs=2
+
+Every other config imports this one and overrides a few fields.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Data.
+  c.dataset = 'synthetic_anp'  # 'synthetic_anp' (generated here) or 'anp' (a prepared folder).
+  c.data_dir = '~/tensorflow_datasets'
+  c.synthetic = ml_collections.ConfigDict(dict(
+      num_adjectives=8, num_nouns=8, num_pairs=32, image_size=32,
+      train_per_class=300, eval_per_class=53, label_noise=0.0, seed=0))
+  c.anp = ml_collections.ConfigDict(dict(config_name=''))  # Used with dataset='anp'.
+  c.eval_split = 'validation'
+  c.image_size = 32
+  c.augment = 'cifar'  # 'cifar' (pad + crop + flip), 'inception' (random-resized crop), 'none'.
+  c.crop_padding = 4
+  c.crop_fraction = 0.875
+  c.cache = True
+  c.shuffle_buffer = 16384
+
+  # Model.
+  c.model = ml_collections.ConfigDict(dict(
+      name='resnet20', width=1.0, dtype='float32', zero_init_last_bn=True,
+      adjective_head=True, noun_head=True, conv_impl='xla'))
+  c.loss_weights = ml_collections.ConfigDict(dict(anp=1.0, adjective=0.5, noun=0.5))
+  c.label_smoothing = 0.0
+  # BatchNorm statistics: 'global' (whole global batch), 'per_device', 'ghost' (bn_group_size).
+  c.bn_mode = 'ghost'
+  c.bn_group_size = 32
+  c.bn_momentum = 0.9
+
+  # Optimisation. The GLOBAL batch is the knob; lr = base_lr * rule(batch_size / base_batch_size).
+  c.batch_size = 128
+  c.eval_batch_size = 256
+  c.grad_accum_steps = 1  # Micro-batches per step: simulates a large batch on few devices.
+  c.optimizer = 'nesterov'  # 'sgd', 'nesterov', 'adamw', 'lars', 'lamb'.
+  c.momentum = 0.9
+  c.weight_decay = 5e-4
+  c.base_lr = 0.2
+  c.base_batch_size = 256
+  c.lr_scaling = 'linear'  # 'linear', 'sqrt', 'none'.
+  c.warmup_epochs = 1.0
+  c.schedule = 'cosine'  # 'cosine', 'step', 'constant'.
+  c.step_epochs = (30, 60, 80)
+  c.step_factor = 0.1
+  c.grad_clip_norm = 0.0  # 0 disables.
+  c.adam_b1, c.adam_b2 = 0.9, 0.999
+  c.lars_trust_coefficient = 0.001
+  c.num_epochs = 8.0
+  c.num_train_steps = -1  # > 0 overrides num_epochs.
+
+  # Execution.
+  c.executor = 'jit'  # 'jit' (mesh + shardings) or 'pmap' (for comparison).
+  c.log_every_steps = 25
+  c.eval_every_epochs = 2.0
+  c.progress_bar = True
+  c.noise_scale = True  # Log the gradient noise scale B_simple (McCandlish et al. 2018).
+  c.noise_scale_ema = 0.95
+
+  # Checkpoints.
+  c.checkpoint_every_steps = 500
+  c.checkpoint_every_minutes = 10.0
+  c.keep_checkpoints = 3
+  c.keep_best_metric = ''  # e.g. 'eval/anp_top1': also keep the best checkpoint by it.
+  c.async_checkpointing = True
+  c.eval_only = False
+  return c

@@ -1,0 +1,280 @@
+"""tf.data input pipeline: per-process shards, deterministic epochs, exact evaluation.
+
+Design:
+* Each process reads only its own shard of every split (`tfds.even_splits` over processes) and
+  yields per-process batches of ``global_batch / process_count`` examples; `global_batches` turns
+  them into one global `jax.Array` sharded on the mesh's ``data`` axis.
+* Training data is a pure function of ``(seed, epoch, position)``: epoch ``e`` is the process'
+  shard shuffled with seed ``(seed, e)``, cut to ``steps_per_epoch`` full batches, and every
+  example's augmentation uses a stateless seed ``(seed, e, index)``. `train_dataset(start_step=s)`
+  therefore continues exactly where step ``s`` left off — resume needs no iterator state.
+* Evaluation is exact: every process yields the same number of batches, the last ones padded
+  with ``mask == 0`` examples, so every example is counted exactly once and no collective waits.
+* TensorFlow never sees a GPU (`hide_gpus_from_tf`), images are decoded in `map`.
+"""
+
+import dataclasses
+import fcntl
+import math
+import os
+from typing import Any, Dict, Iterator, Optional, Sequence
+
+import jax
+import numpy as np
+
+# TensorFlow must not grab accelerator memory that JAX needs.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import tensorflow as tf  # noqa: E402
+import tensorflow_datasets as tfds  # noqa: E402
+
+tf.config.set_visible_devices([], 'GPU')
+
+LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
+MEAN_RGB = (0.485, 0.456, 0.406)
+STDDEV_RGB = (0.229, 0.224, 0.225)
+
+
+@dataclasses.dataclass
+class DatasetMeta:
+  """What the trainer needs to know about a prepared dataset."""
+  name: str
+  num_anps: int
+  num_adjectives: int
+  num_nouns: int
+  anp_names: Sequence[str]
+  train_size: int
+  eval_size: int
+  eval_split: str
+  stored_image_size: Optional[int]
+
+
+def get_builder(config) -> tfds.core.DatasetBuilder:
+  """Returns the (prepared) TFDS builder named by ``config.dataset``."""
+  data_dir = os.path.expanduser(config.data_dir)
+  if config.dataset == 'synthetic_anp':
+    from anp_jax.data import synthetic
+    builder_config = synthetic.make_config(**dict(config.synthetic))
+    builder = synthetic.SyntheticAnp(config=builder_config, data_dir=data_dir,
+                                     file_format='tfrecord')
+    _prepare_once(builder, data_dir)
+    return builder
+  if config.dataset == 'anp':
+    from anp_jax.data import anp
+    if not os.path.isdir(data_dir):
+      raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist; prepare the ANP '
+                              'dataset first with `python -m anp_jax.data.prepare`.')
+    return anp.builder_from_config(config, data_dir)
+  raise ValueError(f'Unknown dataset {config.dataset!r}; choose synthetic_anp or anp.')
+
+
+def _prepare_once(builder, data_dir: str):
+  """Generates the dataset under a file lock: one process writes, the others wait and reuse."""
+  os.makedirs(data_dir, exist_ok=True)
+  with open(os.path.join(data_dir, '.prepare.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      if not tf.io.gfile.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(verify_ssl=False))
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def dataset_meta(builder, config) -> DatasetMeta:
+  info = builder.info
+  feats = info.features
+  eval_split = config.get('eval_split', 'validation')
+  if eval_split not in info.splits:
+    raise ValueError(f'Dataset {builder.name} has no split {eval_split!r}; it has '
+                     f'{list(info.splits)}.')
+  return DatasetMeta(
+      name=builder.name,
+      num_anps=feats['label_anp'].num_classes,
+      num_adjectives=feats['label_adjective'].num_classes,
+      num_nouns=feats['label_noun'].num_classes,
+      anp_names=feats['label_anp'].names,
+      train_size=info.splits['train'].num_examples,
+      eval_size=info.splits[eval_split].num_examples,
+      eval_split=eval_split,
+      stored_image_size=_stored_size(builder))
+
+
+# ----------------------------------------------------------------------------------------------
+# Preprocessing (in the tf.data graph).
+
+
+def _normalize(image):
+  image = tf.cast(image, tf.float32) / 255.0
+  return (image - MEAN_RGB) / STDDEV_RGB
+
+
+def _inception_crop(image_bytes, size, seed):
+  """Random-resized crop (area 8-100 %, aspect 3/4-4/3) decoded straight from JPEG bytes."""
+  shape = tf.io.extract_jpeg_shape(image_bytes)
+  bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
+  begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
+      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  offset_y, offset_x, _ = tf.unstack(begin)
+  h, w, _ = tf.unstack(crop_size)
+  window = tf.stack([offset_y, offset_x, h, w])
+  image = tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3)
+  return tf.image.resize(image, [size, size], method='bicubic')
+
+
+def _center_crop(image_bytes, size, crop_fraction=0.875):
+  """Resize the shorter side to size / crop_fraction, then take the central size x size crop."""
+  image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
+  shape = tf.shape(image)
+  h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+  scale = (size / crop_fraction) / tf.minimum(h, w)
+  new_h = tf.cast(tf.math.ceil(h * scale), tf.int32)
+  new_w = tf.cast(tf.math.ceil(w * scale), tf.int32)
+  image = tf.image.resize(image, [new_h, new_w], method='bicubic')
+  return tf.image.resize_with_crop_or_pad(image, size, size)
+
+
+def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
+  """Decodes and augments one example; returns {'image', labels..., 'mask'}.
+
+  ``stored_size`` is the dataset's fixed image size (None when images vary in size): small
+  fixed-size images are only resized when it differs from ``config.image_size``.
+  """
+  size = config.image_size
+  augment = config.get('augment', 'cifar')
+  image_bytes = example['image']
+  if augment == 'inception':
+    image = (_inception_crop(image_bytes, size, seed) if train
+             else _center_crop(image_bytes, size, config.get('crop_fraction', 0.875)))
+  else:
+    image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
+    if stored_size != size:
+      image = tf.image.resize(image, [size, size])
+    image.set_shape([size, size, 3])
+    if train and augment == 'cifar':
+      pad = config.get('crop_padding', 4)
+      padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode='REFLECT')
+      image = tf.image.stateless_random_crop(padded, [size, size, 3], seed=seed)
+  if train and augment != 'none':
+    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+  out = {'image': _normalize(image), 'mask': tf.constant(1.0, tf.float32)}
+  for key in LABEL_KEYS:
+    out[key] = tf.cast(example[key], tf.int32)
+  return out
+
+
+def _stored_size(builder) -> Optional[int]:
+  shape = builder.info.features['image'].shape
+  return shape[0] if shape and shape[0] else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Datasets.
+
+
+def _read_options():
+  options = tf.data.Options()
+  options.deterministic = True
+  options.threading.private_threadpool_size = 0  # Share TF's pool.
+  options.autotune.enabled = True
+  return options
+
+
+def _process_split(split: str, process_count: int, process_index: int, drop_remainder: bool):
+  return tfds.even_splits(split, n=process_count, drop_remainder=drop_remainder)[process_index]
+
+
+def train_dataset(builder, config, *, per_process_batch: int, steps_per_epoch: int,
+                  start_step: int = 0, process_index: Optional[int] = None,
+                  process_count: Optional[int] = None) -> tf.data.Dataset:
+  """Infinite per-process training batches, starting exactly at global step ``start_step``."""
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  split = _process_split('train', process_count, process_index, drop_remainder=True)
+  base = builder.as_dataset(split=split, shuffle_files=False,
+                            decoders={'image': tfds.decode.SkipDecoding()})
+  if config.get('cache', True):
+    base = base.cache()
+  examples_per_epoch = steps_per_epoch * per_process_batch
+  seed = int(config.seed)
+  shard_size = _split_size(builder, split)
+  buffer = min(shard_size, config.get('shuffle_buffer', 16384))
+
+  def epoch(e):
+    ds = base.shuffle(buffer, seed=seed * 1_000_003 + 97 * process_index + e,
+                      reshuffle_each_iteration=False)
+    ds = ds.take(examples_per_epoch).enumerate()
+    return ds.map(lambda i, ex: (e, i, ex))
+
+  start_epoch, offset = divmod(start_step, steps_per_epoch)
+  ds = tf.data.Dataset.range(start_epoch, 2**62).flat_map(epoch)
+  ds = ds.skip(offset * per_process_batch)
+
+  stored = _stored_size(builder)
+
+  def map_fn(e, i, ex):
+    example_seed = tf.stack([tf.cast(seed * 7919 + e, tf.int64),
+                             tf.cast(i, tf.int64) * process_count + process_index])
+    return preprocess(ex, train=True, config=config, seed=example_seed, stored_size=stored)
+
+  ds = ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(per_process_batch, drop_remainder=True)
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  return ds.with_options(_read_options())
+
+
+def num_eval_batches(eval_size: int, process_count: int, per_process_batch: int) -> int:
+  """Batches every process yields so that the largest shard fits (shards differ by <= 1)."""
+  return max(1, math.ceil(math.ceil(eval_size / process_count) / per_process_batch))
+
+
+def eval_dataset(builder, config, *, per_process_batch: int, split: str,
+                 process_index: Optional[int] = None,
+                 process_count: Optional[int] = None) -> tf.data.Dataset:
+  """Per-process evaluation batches: every example exactly once, padding masked out."""
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  total = builder.info.splits[split].num_examples
+  shard = _process_split(split, process_count, process_index, drop_remainder=False)
+  ds = builder.as_dataset(split=shard, shuffle_files=False,
+                          decoders={'image': tfds.decode.SkipDecoding()})
+  stored = _stored_size(builder)
+  ds = ds.map(lambda ex: preprocess(ex, train=False, config=config, stored_size=stored),
+              num_parallel_calls=tf.data.AUTOTUNE)
+  n_batches = num_eval_batches(total, process_count, per_process_batch)
+  pad = n_batches * per_process_batch - _split_size(builder, shard)
+  size = config.image_size
+  padding = tf.data.Dataset.from_tensors(
+      {'image': tf.zeros([size, size, 3], tf.float32), 'mask': tf.constant(0.0),
+       **{k: tf.constant(0, tf.int32) for k in LABEL_KEYS}}).repeat(pad)
+  ds = ds.concatenate(padding).batch(per_process_batch, drop_remainder=True)
+  return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+
+
+def _split_size(builder, split) -> int:
+  return builder.info.splits[split].num_examples
+
+
+# ----------------------------------------------------------------------------------------------
+# Host → device.
+
+
+def global_batches(ds: Any, sharding: jax.sharding.Sharding, prefetch: int = 2,
+                   to_device=None) -> Iterator[Dict[str, jax.Array]]:
+  """Turns per-process numpy batches into global `jax.Array`s, keeping `prefetch` in flight.
+
+  ``to_device`` overrides the host → device transfer (the pmap executor passes its own).
+  """
+  if to_device is None:
+    def to_device(batch):
+      return jax.tree.map(
+          lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+  it = iter(tfds.as_numpy(ds))
+  queue = []
+  for batch in it:
+    queue.append(to_device(batch))
+    if len(queue) > prefetch:
+      yield queue.pop(0)
+  yield from queue

@@ -1,0 +1,162 @@
+"""Multi-process set-up: `jax.distributed.initialize()` before any other JAX call.
+
+Three ways a job gets its process topology, tried in this order:
+
+1. **Explicit**: ``ANP_COORDINATOR_ADDRESS`` (host:port of process 0), ``ANP_NUM_PROCESSES`` and
+   ``ANP_PROCESS_ID`` (or the equivalent `main.py` flags), for clusters without SLURM and for
+   tests on 127.0.0.1. ``ANP_LOCAL_DEVICE_IDS`` (e.g. ``0,1,2,3``) optionally pins devices.
+2. **SLURM**: detected from ``SLURM_*`` variables of an ``srun`` step with more than one task.
+   With one task per node we pass *all* the node's GPUs as local devices (JAX's own SLURM
+   detection would give each process one device, ``SLURM_LOCALID``).
+3. **Single process**: nothing is set up at all.
+
+On CPU the collectives go through gloo. Missing heartbeats make the survivors of a crashed
+process exit (``ANP_HEARTBEAT_TIMEOUT``, default 30 s) instead of hanging; an unreachable
+coordinator fails after ``ANP_INIT_TIMEOUT`` seconds (default 120).
+"""
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+from typing import List, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  mode: str  # 'single', 'explicit' or 'slurm'
+  coordinator_address: Optional[str] = None
+  num_processes: int = 1
+  process_id: int = 0
+  local_device_ids: Optional[List[int]] = None
+
+
+def _int_env(name: str) -> Optional[int]:
+  value = os.environ.get(name)
+  if value in (None, ''):
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f'Environment variable {name}={value!r} must be an integer.') from None
+
+
+def _slurm_tasks_per_node() -> Optional[int]:
+  """Tasks on this node: SLURM_NTASKS_PER_NODE, else the first entry of SLURM_*TASKS_PER_NODE."""
+  direct = _int_env('SLURM_NTASKS_PER_NODE')
+  if direct:
+    return direct
+  for var in ('SLURM_STEP_TASKS_PER_NODE', 'SLURM_TASKS_PER_NODE'):
+    value = os.environ.get(var)
+    if value:
+      match = re.match(r'(\d+)', value)
+      if match:
+        return int(match.group(1))
+  return None
+
+
+def _node_gpu_ids() -> Optional[List[int]]:
+  """GPUs that this node gives the task, from CUDA_VISIBLE_DEVICES or SLURM's GPU variables."""
+  visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if visible not in (None, ''):
+    return list(range(len([v for v in visible.split(',') if v.strip()])))
+  count = _int_env('SLURM_GPUS_ON_NODE')
+  if count:
+    return list(range(count))
+  return None
+
+
+def detect_topology(coordinator_address: Optional[str] = None,
+                    num_processes: Optional[int] = None,
+                    process_id: Optional[int] = None) -> Topology:
+  """Works out the process topology without touching JAX (see the module docstring)."""
+  coordinator_address = coordinator_address or os.environ.get('ANP_COORDINATOR_ADDRESS')
+  num_processes = num_processes if num_processes is not None else _int_env('ANP_NUM_PROCESSES')
+  process_id = process_id if process_id is not None else _int_env('ANP_PROCESS_ID')
+  local_ids = os.environ.get('ANP_LOCAL_DEVICE_IDS')
+  local_device_ids = [int(x) for x in local_ids.split(',')] if local_ids else None
+
+  explicit = [coordinator_address, num_processes, process_id]
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ValueError('Explicit multi-process mode needs all three of coordinator address, '
+                       'number of processes and process id (ANP_COORDINATOR_ADDRESS, '
+                       f'ANP_NUM_PROCESSES, ANP_PROCESS_ID); got {coordinator_address!r}, '
+                       f'{num_processes!r}, {process_id!r}.')
+    if num_processes < 1:
+      raise ValueError(f'The number of processes must be >= 1, got {num_processes}.')
+    if not 0 <= process_id < num_processes:
+      raise ValueError(f'The process id {process_id} is not in [0, {num_processes}): '
+                       'inconsistent process counts.')
+    if ':' not in coordinator_address:
+      raise ValueError(f'The coordinator address {coordinator_address!r} must be host:port.')
+    if num_processes == 1:
+      return Topology('single', local_device_ids=local_device_ids)
+    return Topology('explicit', coordinator_address, num_processes, process_id, local_device_ids)
+
+  ntasks = _int_env('SLURM_NTASKS') or _int_env('SLURM_NPROCS')
+  if os.environ.get('SLURM_STEP_ID') is not None and os.environ.get('SLURM_PROCID') is not None \
+      and ntasks and ntasks > 1:
+    procid = _int_env('SLURM_PROCID')
+    if not 0 <= procid < ntasks:
+      raise ValueError(f'SLURM_PROCID={procid} is not in [0, SLURM_NTASKS={ntasks}).')
+    if local_device_ids is None and _slurm_tasks_per_node() == 1:
+      local_device_ids = _node_gpu_ids()
+    return Topology('slurm', None, ntasks, procid, local_device_ids)
+  return Topology('single', local_device_ids=local_device_ids)
+
+
+_initialized = False
+
+
+def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+               process_id: Optional[int] = None) -> Topology:
+  """Initialises `jax.distributed` when the job has several processes. Call before any JAX use."""
+  global _initialized
+  topo = detect_topology(coordinator_address, num_processes, process_id)
+  if topo.mode == 'single' or _initialized:
+    return topo
+  import jax  # Imported here so that detection stays free of JAX.
+  try:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  except Exception:  # pragma: no cover - older/newer JAX without this option.
+    logging.warning('Could not select gloo CPU collectives.')
+  kwargs = dict(
+      initialization_timeout=_int_env('ANP_INIT_TIMEOUT') or 120,
+      heartbeat_timeout_seconds=_int_env('ANP_HEARTBEAT_TIMEOUT') or 30,
+      shutdown_timeout_seconds=_int_env('ANP_SHUTDOWN_TIMEOUT') or 60)
+  if topo.mode == 'explicit':
+    kwargs.update(coordinator_address=topo.coordinator_address,
+                  num_processes=topo.num_processes, process_id=topo.process_id)
+  else:
+    kwargs.update(cluster_detection_method='slurm')
+  if topo.local_device_ids is not None:
+    kwargs['local_device_ids'] = topo.local_device_ids
+  try:
+    jax.distributed.initialize(**kwargs)
+  except Exception as e:
+    raise RuntimeError(
+        f'jax.distributed.initialize failed for process {topo.process_id}/{topo.num_processes} '
+        f'({topo.mode} mode, coordinator {topo.coordinator_address or "from SLURM"}): {e}. '
+        'Check that the coordinator (process 0) is running and reachable, and that every '
+        'process was given the same number of processes.') from e
+  _initialized = True
+  return topo
+
+
+def identity_line() -> str:
+  """One line per process: who am I, where, with which devices."""
+  import jax
+  local = jax.local_devices()
+  return (f'process {jax.process_index()}/{jax.process_count()} on {socket.gethostname()} '
+          f'(pid {os.getpid()}): {len(local)} local / {jax.device_count()} global '
+          f'{local[0].platform} devices {[d.id for d in local]}')
+
+
+def barrier(name: str):
+  """Waits until every process gets here (no-op for one process)."""
+  import jax
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

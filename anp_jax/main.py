@@ -1,0 +1,62 @@
+"""Entry point: `python -m anp_jax.main --config=anp_jax/configs/default.py --workdir=DIR`.
+
+Thin on purpose: flags → `distributed.initialize()` (before any other JAX call) →
+`train.train_and_evaluate(config, workdir)`. Exit codes: 0 done, 2 bad config/input,
+3 diverged (NaN/Inf loss), 75 preempted (checkpoint written; requeue).
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from anp_jax import distributed
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
+flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (explicit multi-process '
+                    'mode; else ANP_COORDINATOR_ADDRESS or SLURM).')
+flags.DEFINE_integer('num_processes', None, 'Processes of the job (explicit mode).')
+flags.DEFINE_integer('process_id', None, 'This process (explicit mode).')
+config_flags.DEFINE_config_file('config', os.path.join(os.path.dirname(__file__), 'configs',
+                                                       'default.py'),
+                                'Config file (ml_collections); override with --config.x=y.',
+                                lock_config=True)
+flags.mark_flags_as_required(['workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the progress bar.
+  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  import jax  # noqa: F401  (after initialize)
+  from anp_jax import checkpointing, train
+  logging.info(distributed.identity_line())
+  print(distributed.identity_line(), flush=True)
+  try:
+    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except train.NonFiniteLossError as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return checkpointing.EXIT_DIVERGED
+  except (ValueError, FileNotFoundError, PermissionError) as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return checkpointing.EXIT_CONFIG
+  if jax.process_index() == 0 and result.final_eval:
+    fe = result.final_eval
+    print(f'Done in {result.wall_time_s / 60:.1f} min: ANP top-1 {100 * fe["eval/anp_top1"]:.2f}% '
+          f'(top-5 {100 * fe["eval/anp_top5"]:.2f}%), adjective top-1 '
+          f'{100 * fe.get("eval/adjective_top1", float("nan")):.2f}%, noun top-1 '
+          f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. Logs: {FLAGS.workdir} '
+          '(metrics.jsonl, TensorBoard events, config.json, checkpoints/)', flush=True)
+  return 0
+
+
+def run():
+  app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+  run()

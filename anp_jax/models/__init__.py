@@ -1,0 +1,47 @@
+"""Model construction from a config: `create_model(config, meta)` works in IPython too."""
+
+from typing import Optional
+
+import jax.numpy as jnp
+
+from anp_jax.models.norm import BatchNorm  # noqa: F401
+from anp_jax.models.resnet import ARCHS, MIN_IMAGE_SIZE, ResNet, build_resnet  # noqa: F401
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+def bn_settings(config, per_device_micro_batch: Optional[int], axis_name: Optional[str]):
+  """(group_size, axis_name) of every BatchNorm for config.bn_mode, inside a per-device step."""
+  mode = config.bn_mode
+  if mode == 'global':
+    return None, axis_name
+  if mode == 'per_device':
+    return None, None
+  if mode == 'ghost':
+    return config.bn_group_size, None
+  raise ValueError(f"config.bn_mode={mode!r}; choose 'global', 'per_device' or 'ghost'.")
+
+
+def create_model(config, num_anps: int, num_adjectives: int = 0, num_nouns: int = 0,
+                 axis_name: Optional[str] = None) -> ResNet:
+  """The ResNet named by config.model, with heads sized for the dataset.
+
+  ``axis_name`` is the mesh/pmap axis over which 'global' BatchNorm averages its statistics; leave
+  it None to call the model outside a per-device step (IPython), where the batch of the call is
+  the statistics batch.
+  """
+  m = config.model
+  if m.dtype not in DTYPES:
+    raise ValueError(f'config.model.dtype={m.dtype!r}; choose one of {sorted(DTYPES)}.')
+  group_size, bn_axis = bn_settings(config, None, axis_name)
+  conv_impl = None
+  if m.get('conv_impl', 'xla') != 'xla':
+    from anp_jax.models import conv
+    conv_impl = conv.get_conv_impl(m.conv_impl)
+  return build_resnet(
+      m.name, num_anps=num_anps,
+      num_adjectives=num_adjectives if m.get('adjective_head', True) else 0,
+      num_nouns=num_nouns if m.get('noun_head', True) else 0,
+      width=m.width, dtype=DTYPES[m.dtype], zero_init_last_bn=m.zero_init_last_bn,
+      bn_group_size=group_size, bn_axis_name=bn_axis, bn_momentum=config.bn_momentum,
+      conv_impl=conv_impl)

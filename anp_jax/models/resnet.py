@@ -1,0 +1,162 @@
+"""ResNet family for ANP recognition (Flax linen).
+
+* ImageNet-style ResNet v1.5 (He et al. 2016, with the stride on the 3x3 convolution of the
+  bottleneck as in the torchvision / MLPerf reference): ResNet-18/34/50/101/152 for 224 px photos.
+* CIFAR-style ResNet-20/32/56 (He et al. 2016, section 4.2): 3x3 stem, three stages of
+  16/32/64 x ``width`` channels, basic blocks, for small images.
+
+Every model returns a dict of logits: ``anp`` always, ``adjective`` and ``noun`` when those heads
+are enabled (``num_adjectives`` / ``num_nouns`` > 0).
+"""
+
+import functools
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from anp_jax.models.norm import BatchNorm
+
+ModuleDef = Any
+
+# name -> (stage sizes, block kind, stem kind)
+ARCHS: Dict[str, Tuple[Sequence[int], str, str]] = {
+    'resnet18': ((2, 2, 2, 2), 'basic', 'imagenet'),
+    'resnet34': ((3, 4, 6, 3), 'basic', 'imagenet'),
+    'resnet50': ((3, 4, 6, 3), 'bottleneck', 'imagenet'),
+    'resnet101': ((3, 4, 23, 3), 'bottleneck', 'imagenet'),
+    'resnet152': ((3, 8, 36, 3), 'bottleneck', 'imagenet'),
+    'resnet20': ((3, 3, 3), 'basic', 'cifar'),
+    'resnet32': ((5, 5, 5), 'basic', 'cifar'),
+    'resnet56': ((9, 9, 9), 'basic', 'cifar'),
+    # Not a published architecture: the smallest member, for unit tests.
+    'resnet8': ((1, 1, 1), 'basic', 'cifar'),
+}
+
+# Total spatial downsampling of each stem kind: the smallest image a model accepts.
+MIN_IMAGE_SIZE = {'imagenet': 32, 'cifar': 4}
+
+
+class BasicBlock(nn.Module):
+  """Two 3x3 convolutions with a projection shortcut when the shape changes."""
+  filters: int
+  conv: ModuleDef
+  norm: ModuleDef
+  strides: Tuple[int, int] = (1, 1)
+  zero_init_last_bn: bool = True
+  act: Callable = nn.relu
+
+  @nn.compact
+  def __call__(self, x):
+    residual = x
+    y = self.conv(self.filters, (3, 3), self.strides)(x)
+    y = self.act(self.norm()(y))
+    y = self.conv(self.filters, (3, 3))(y)
+    y = self.norm(scale_init=nn.initializers.zeros if self.zero_init_last_bn
+                  else nn.initializers.ones)(y)
+    if residual.shape != y.shape:
+      residual = self.conv(self.filters, (1, 1), self.strides, name='conv_proj')(residual)
+      residual = self.norm(name='norm_proj')(residual)
+    return self.act(residual + y)
+
+
+class BottleneckBlock(nn.Module):
+  """1x1 → 3x3 (strided, v1.5) → 1x1 x4, with a projection shortcut when the shape changes."""
+  filters: int
+  conv: ModuleDef
+  norm: ModuleDef
+  strides: Tuple[int, int] = (1, 1)
+  zero_init_last_bn: bool = True
+  act: Callable = nn.relu
+
+  @nn.compact
+  def __call__(self, x):
+    residual = x
+    y = self.act(self.norm()(self.conv(self.filters, (1, 1))(x)))
+    y = self.act(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
+    y = self.conv(self.filters * 4, (1, 1))(y)
+    y = self.norm(scale_init=nn.initializers.zeros if self.zero_init_last_bn
+                  else nn.initializers.ones)(y)
+    if residual.shape != y.shape:
+      residual = self.conv(self.filters * 4, (1, 1), self.strides, name='conv_proj')(residual)
+      residual = self.norm(name='norm_proj')(residual)
+    return self.act(residual + y)
+
+
+class ResNet(nn.Module):
+  """A ResNet with an ANP head and optional adjective / noun heads.
+
+  Attributes:
+    stage_sizes: blocks per stage.
+    block: 'basic' or 'bottleneck'.
+    stem: 'imagenet' (7x7/2 conv + 3x3/2 max-pool) or 'cifar' (3x3/1 conv).
+    num_anps: classes of the ANP head.
+    num_adjectives, num_nouns: classes of the auxiliary heads; 0 disables a head.
+    width: channel multiplier (1.0 = the published widths).
+    dtype: compute dtype (parameters and BN statistics stay float32).
+    zero_init_last_bn: initialise the last BN scale of every block to zero (Goyal et al. 2017).
+    bn_group_size: examples per BN statistics group (None: the whole batch of the call).
+    bn_axis_name: pmap axis for global BN statistics under the pmap executor.
+    bn_momentum: decay of the BN running averages.
+  """
+  stage_sizes: Sequence[int]
+  block: str
+  stem: str
+  num_anps: int
+  num_adjectives: int = 0
+  num_nouns: int = 0
+  width: float = 1.0
+  dtype: Any = jnp.float32
+  zero_init_last_bn: bool = True
+  bn_group_size: Optional[int] = None
+  bn_axis_name: Optional[str] = None
+  bn_momentum: float = 0.9
+  conv_impl: Any = None  # Optional replacement for nn.Conv (same signature); see models/conv.py.
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    conv_cls = self.conv_impl or nn.Conv
+    conv = functools.partial(conv_cls, use_bias=False, dtype=self.dtype,
+                             kernel_init=nn.initializers.variance_scaling(
+                                 2.0, 'fan_out', 'normal'))
+    norm = functools.partial(BatchNorm, use_running_average=not train,
+                             momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
+                             group_size=self.bn_group_size, axis_name=self.bn_axis_name)
+    block_cls = {'basic': BasicBlock, 'bottleneck': BottleneckBlock}[self.block]
+    x = x.astype(self.dtype)
+
+    if self.stem == 'imagenet':
+      base = 64
+      x = conv(_ch(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
+      x = nn.relu(norm(name='bn_init')(x))
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+    else:
+      base = 16
+      x = conv(_ch(base, self.width), (3, 3), name='conv_init')(x)
+      x = nn.relu(norm(name='bn_init')(x))
+
+    for i, block_count in enumerate(self.stage_sizes):
+      for j in range(block_count):
+        strides = (2, 2) if i > 0 and j == 0 else (1, 1)
+        x = block_cls(_ch(base * 2**i, self.width), conv=conv, norm=norm, strides=strides,
+                      zero_init_last_bn=self.zero_init_last_bn)(x)
+
+    x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)  # Heads run in float32.
+    logits = {'anp': nn.Dense(self.num_anps, name='head_anp')(x)}
+    if self.num_adjectives:
+      logits['adjective'] = nn.Dense(self.num_adjectives, name='head_adjective')(x)
+    if self.num_nouns:
+      logits['noun'] = nn.Dense(self.num_nouns, name='head_noun')(x)
+    return logits
+
+
+def _ch(channels: int, width: float) -> int:
+  return max(1, int(round(channels * width)))
+
+
+def build_resnet(name: str, **kwargs) -> ResNet:
+  """`build_resnet('resnet50', num_anps=553)` → an uninitialised `ResNet` module."""
+  if name not in ARCHS:
+    raise ValueError(f'Unknown model {name!r}; choose one of {sorted(ARCHS)}.')
+  stage_sizes, block, stem = ARCHS[name]
+  return ResNet(stage_sizes=stage_sizes, block=block, stem=stem, **kwargs)

@@ -1,0 +1,85 @@
+"""Learning-rate scaling rules, schedules and optax optimizers.
+
+The global batch size is the knob: ``peak_lr = base_lr * rule(batch_size / base_batch_size)``
+with rule ``linear`` (Goyal et al. 2017), ``sqrt`` (Krizhevsky 2014; Hoffer et al. 2017) or
+``none``; warmup and decay are given in epochs, so a batch-size sweep changes one number.
+Weight decay skips BatchNorm parameters and biases (every parameter with fewer than 2 dims).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCALING_RULES = ('linear', 'sqrt', 'none')
+SCHEDULES = ('cosine', 'step', 'constant')
+OPTIMIZERS = ('sgd', 'nesterov', 'adamw', 'lars', 'lamb')
+
+
+def scaled_lr(config) -> float:
+  ratio = config.batch_size / config.base_batch_size
+  rule = config.lr_scaling
+  if rule == 'linear':
+    return config.base_lr * ratio
+  if rule == 'sqrt':
+    return config.base_lr * math.sqrt(ratio)
+  if rule == 'none':
+    return config.base_lr
+  raise ValueError(f'config.lr_scaling={rule!r}; choose one of {SCALING_RULES}.')
+
+
+def create_lr_schedule(config, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to the scaled peak, then cosine / step / constant decay."""
+  peak = scaled_lr(config)
+  warmup = int(round(config.warmup_epochs * steps_per_epoch))
+  warmup = min(warmup, total_steps)
+  if config.schedule == 'cosine':
+    decay = optax.cosine_decay_schedule(peak, max(1, total_steps - warmup))
+  elif config.schedule == 'step':
+    boundaries = {int(e * steps_per_epoch) - warmup: config.step_factor
+                  for e in config.step_epochs if int(e * steps_per_epoch) > warmup}
+    decay = optax.piecewise_constant_schedule(peak, boundaries)
+  elif config.schedule == 'constant':
+    decay = optax.constant_schedule(peak)
+  else:
+    raise ValueError(f'config.schedule={config.schedule!r}; choose one of {SCHEDULES}.')
+  if warmup == 0:
+    return decay
+  # The first step already uses a non-zero rate: lr(0) = peak / warmup.
+  ramp = optax.linear_schedule(peak / warmup, peak, warmup - 1) if warmup > 1 else (
+      optax.constant_schedule(peak))
+  return optax.join_schedules([ramp, decay], [warmup])
+
+
+def decay_mask(params):
+  """True for parameters that take weight decay: kernels, not BN scales/offsets or biases."""
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:
+  name = config.optimizer
+  wd = config.weight_decay
+  if name in ('sgd', 'nesterov'):
+    tx = optax.chain(
+        optax.add_decayed_weights(wd, mask=decay_mask),
+        optax.sgd(schedule, momentum=config.momentum or None, nesterov=name == 'nesterov'))
+  elif name == 'adamw':
+    tx = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, weight_decay=wd,
+                     mask=decay_mask)
+  elif name == 'lars':
+    tx = optax.lars(schedule, weight_decay=wd, weight_decay_mask=decay_mask,
+                    trust_coefficient=config.lars_trust_coefficient,
+                    trust_ratio_mask=decay_mask, momentum=config.momentum)
+  elif name == 'lamb':
+    tx = optax.lamb(schedule, b1=config.adam_b1, b2=config.adam_b2, weight_decay=wd,
+                    mask=decay_mask)
+  else:
+    raise ValueError(f'config.optimizer={name!r}; choose one of {OPTIMIZERS}.')
+  if config.get('grad_clip_norm', 0.0):
+    tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
+  return tx
+
+
+def global_norm_sq(tree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))

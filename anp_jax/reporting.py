@@ -1,0 +1,95 @@
+"""Metric writers (TensorBoard + JSONL) and a terminal progress bar; process 0 writes."""
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, Mapping, Optional
+
+import jax
+from clu import metric_writers
+
+
+class MetricWriter:
+  """TensorBoard event files + ``metrics.jsonl`` in the workdir, on process 0 only."""
+
+  def __init__(self, workdir: str, enabled: Optional[bool] = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._tb = metric_writers.create_default_writer(
+        workdir, just_logging=not self.enabled, asynchronous=False)
+    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a') if self.enabled else None
+
+  def write(self, step: int, metrics: Mapping[str, float]):
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in metrics.items()}
+    self._tb.write_scalars(step, scalars)
+    self._jsonl.write(json.dumps({'step': int(step), 'time': time.time(), **scalars}) + '\n')
+    self._jsonl.flush()
+
+  def close(self):
+    if self.enabled:
+      self._tb.flush()
+      self._jsonl.close()
+    self._tb.close()
+
+
+def _fmt_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return '?'
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
+
+
+class ProgressBar:
+  """One-line progress with steps/s, images/s and ETA (a line per update when not a TTY)."""
+
+  def __init__(self, total_steps: int, images_per_step: int, start_step: int = 0,
+               enabled: bool = True, stream=None, width: int = 24):
+    self.total, self.images_per_step = total_steps, images_per_step
+    self.enabled = enabled and jax.process_index() == 0
+    self.stream = stream or sys.stderr
+    self.tty = getattr(self.stream, 'isatty', lambda: False)()
+    self.width = width
+    self._t0, self._s0 = time.time(), start_step
+    self._last_print = 0.0
+
+  def reset_clock(self, step: int):
+    """Restart the rate measurement (after compilation, so it reports steady-state speed)."""
+    self._t0, self._s0 = time.time(), step
+
+  def rates(self, step: int):
+    elapsed = max(time.time() - self._t0, 1e-9)
+    steps_per_s = (step - self._s0) / elapsed
+    return steps_per_s, steps_per_s * self.images_per_step
+
+  def update(self, step: int, extra: Optional[Dict[str, float]] = None, force: bool = False):
+    if not self.enabled:
+      return
+    now = time.time()
+    if not force and self.tty and now - self._last_print < 0.2:
+      return
+    if not force and not self.tty and now - self._last_print < 10.0:
+      return
+    self._last_print = now
+    sps, ips = self.rates(step)
+    eta = (self.total - step) / sps if sps > 0 else float('inf')
+    frac = step / max(self.total, 1)
+    filled = int(frac * self.width)
+    bar = '█' * filled + '·' * (self.width - filled)
+    tail = ' '.join(f'{k} {v:.4g}' for k, v in (extra or {}).items())
+    line = (f'[{bar}] {step}/{self.total} {100 * frac:5.1f}% | {sps:.2f} step/s | '
+            f'{ips:.0f} img/s | ETA {_fmt_duration(eta)} | {tail}')
+    if self.tty:
+      self.stream.write('\r' + line[:200].ljust(120))
+    else:
+      self.stream.write(line + '\n')
+    self.stream.flush()
+
+  def close(self):
+    if self.enabled and self.tty:
+      self.stream.write('\n')
+      self.stream.flush()

@@ -1,0 +1,542 @@
+"""Data-parallel training and exact evaluation: `train_and_evaluate(config, workdir)`.
+
+One `Mesh` over every device of the job with a single ``data`` axis. The training step is written
+once, per device (`per_device_train_step`): forward/backward on the device's shard (optionally in
+micro-batches), gradients averaged with `pmean` over the ``data`` axis, the same optax update on
+every device. Two executors run it:
+
+* ``jit`` (default): `jax.jit` of `jax.shard_map` over the mesh — batch ``P('data')``, state
+  ``P()`` (replicated), state buffers donated. Works unchanged across processes.
+* ``pmap``: `jax.pmap` over the local devices, kept for comparison (pmap is in maintenance mode).
+
+Because the per-device computation is explicit, BatchNorm semantics are explicit too: ``global``
+averages statistics over the ``data`` axis, ``per_device`` and ``ghost`` do not communicate.
+"""
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from anp_jax import checkpointing, models, optim, reporting
+from anp_jax.data import pipeline
+
+AXIS = 'data'
+HEADS = ('anp', 'adjective', 'noun')
+LABEL_OF = {'anp': 'label_anp', 'adjective': 'label_adjective', 'noun': 'label_noun'}
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+  # EMAs of the two terms of the gradient-noise-scale estimator (McCandlish et al. 2018).
+  noise_ema: Dict[str, jax.Array]
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration: validation and derived sizes.
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Every size the run derives from the config and the job's devices (logged at start-up)."""
+  process_count: int
+  local_devices: int
+  devices: int
+  batch_size: int  # Global examples per optimizer step.
+  per_process_batch: int
+  per_device_batch: int
+  accum_steps: int
+  per_device_micro_batch: int
+  eval_per_process_batch: int
+  num_eval_batches: int
+  steps_per_epoch: int
+  total_steps: int
+  eval_every_steps: int
+
+  def describe(self) -> str:
+    micro = (f', {self.accum_steps} micro-batches of {self.per_device_micro_batch}/device'
+             if self.accum_steps > 1 else '')
+    return (f'{self.process_count} process(es) x {self.local_devices} device(s) = '
+            f'{self.devices} devices; global batch {self.batch_size} -> '
+            f'{self.per_process_batch}/process -> {self.per_device_batch}/device{micro}; '
+            f'{self.steps_per_epoch} steps/epoch, {self.total_steps} steps; eval '
+            f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
+
+
+def validate_config(config) -> None:
+  """Fails fast, before any data is read or anything compiled, with what to change."""
+  if config.model.name not in models.ARCHS:
+    raise ValueError(f'config.model.name={config.model.name!r} is unknown; choose one of '
+                     f'{sorted(models.ARCHS)}.')
+  if config.dataset not in ('synthetic_anp', 'anp'):
+    raise ValueError(f"config.dataset={config.dataset!r} is unknown; choose 'synthetic_anp' or "
+                     "'anp'.")
+  if config.executor not in ('jit', 'pmap'):
+    raise ValueError(f"config.executor={config.executor!r}; choose 'jit' or 'pmap'.")
+  if config.optimizer not in optim.OPTIMIZERS:
+    raise ValueError(f'config.optimizer={config.optimizer!r}; choose one of {optim.OPTIMIZERS}.')
+  if config.lr_scaling not in optim.SCALING_RULES:
+    raise ValueError(f'config.lr_scaling={config.lr_scaling!r}; choose one of '
+                     f'{optim.SCALING_RULES}.')
+  if config.schedule not in optim.SCHEDULES:
+    raise ValueError(f'config.schedule={config.schedule!r}; choose one of {optim.SCHEDULES}.')
+  if config.bn_mode not in ('global', 'per_device', 'ghost'):
+    raise ValueError(f"config.bn_mode={config.bn_mode!r}; choose 'global', 'per_device' or "
+                     "'ghost'.")
+  if config.model.dtype not in models.DTYPES:
+    raise ValueError(f'config.model.dtype={config.model.dtype!r}; choose one of '
+                     f'{sorted(models.DTYPES)}.')
+  stem = models.ARCHS[config.model.name][2]
+  min_size = models.MIN_IMAGE_SIZE[stem]
+  if config.image_size < min_size:
+    raise ValueError(f'config.image_size={config.image_size} is too small for '
+                     f'{config.model.name} (needs >= {min_size} px); raise image_size or pick a '
+                     'CIFAR-style model (resnet20/32/56).')
+  for name in ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'base_batch_size'):
+    if int(config[name]) <= 0:
+      raise ValueError(f'config.{name} must be > 0, got {config[name]}.')
+  if config.num_train_steps == 0 or (config.num_train_steps < 0 and config.num_epochs <= 0):
+    raise ValueError('Nothing to train: set config.num_epochs > 0 or config.num_train_steps > 0 '
+                     f'(got num_epochs={config.num_epochs}, '
+                     f'num_train_steps={config.num_train_steps}).')
+  if config.base_lr <= 0:
+    raise ValueError(f'config.base_lr must be > 0, got {config.base_lr}.')
+  if config.dataset == 'anp':
+    data_dir = os.path.expanduser(config.data_dir)
+    if not os.path.isdir(data_dir):
+      raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist: prepare the ANP '
+                              'dataset there first (python -m anp_jax.data.prepare).')
+
+
+def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,
+                  local_devices: Optional[int] = None,
+                  process_count: Optional[int] = None) -> Setup:
+  """Derives and checks every batch size; raises with what to change."""
+  devices = jax.device_count() if devices is None else devices
+  local_devices = jax.local_device_count() if local_devices is None else local_devices
+  process_count = jax.process_count() if process_count is None else process_count
+  b, k = int(config.batch_size), int(config.grad_accum_steps)
+  if b % devices:
+    raise ValueError(f'config.batch_size={b} (the global batch) is not divisible by the '
+                     f'{devices} devices of this job; use a multiple of {devices}, e.g. '
+                     f'{max(devices, b // devices * devices)}.')
+  per_device = b // devices
+  if per_device % k:
+    raise ValueError(f'The per-device batch {per_device} (= batch_size {b} / {devices} devices) '
+                     f'is not divisible by config.grad_accum_steps={k}.')
+  micro = per_device // k
+  if config.bn_mode == 'ghost' and micro % config.bn_group_size:
+    raise ValueError(f'Ghost BatchNorm needs the per-device micro-batch ({micro}) to be a '
+                     f'multiple of config.bn_group_size={config.bn_group_size}; change '
+                     'batch_size, grad_accum_steps or bn_group_size.')
+  eb = int(config.eval_batch_size)
+  if eb % devices:
+    raise ValueError(f'config.eval_batch_size={eb} is not divisible by the {devices} devices; '
+                     f'use a multiple of {devices}.')
+  per_process = b // process_count
+  if train_size // process_count < per_process:
+    raise ValueError(f'The training split has {train_size} examples: fewer than one per-process '
+                     f'batch ({per_process}) for each of the {process_count} processes. Lower '
+                     'batch_size or use more data.')
+  if eval_size < process_count:
+    raise ValueError(f'The evaluation split has {eval_size} examples, fewer than the '
+                     f'{process_count} processes.')
+  steps_per_epoch = (train_size // process_count) // per_process
+  if config.num_train_steps > 0:
+    total = int(config.num_train_steps)
+  else:
+    total = max(1, int(math.ceil(config.num_epochs * steps_per_epoch)))
+  eval_every = max(1, int(round(config.eval_every_epochs * steps_per_epoch))) if (
+      config.eval_every_epochs > 0) else total
+  eval_pp = eb // process_count
+  return Setup(process_count=process_count, local_devices=local_devices, devices=devices,
+               batch_size=b, per_process_batch=per_process, per_device_batch=per_device,
+               accum_steps=k, per_device_micro_batch=micro, eval_per_process_batch=eval_pp,
+               num_eval_batches=pipeline.num_eval_batches(eval_size, process_count, eval_pp),
+               steps_per_epoch=steps_per_epoch, total_steps=total, eval_every_steps=eval_every)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss and metrics.
+
+
+def cross_entropy(logits, labels, label_smoothing: float = 0.0):
+  n = logits.shape[-1]
+  onehot = jax.nn.one_hot(labels, n)
+  if label_smoothing:
+    onehot = optax.smooth_labels(onehot, label_smoothing)
+  return optax.softmax_cross_entropy(logits, onehot)
+
+
+def head_metrics(logits: Dict[str, jax.Array], batch, config, mask=None):
+  """Weighted multi-task loss (mean over unmasked examples) and metric *sums* per head."""
+  mask = jnp.ones(batch['label_anp'].shape, jnp.float32) if mask is None else mask
+  count = jnp.sum(mask)
+  total_loss = 0.0
+  sums = {'count': count}
+  for head, head_logits in logits.items():
+    labels = batch[LABEL_OF[head]]
+    ce = cross_entropy(head_logits, labels, config.get('label_smoothing', 0.0))
+    total_loss = total_loss + config.loss_weights[head] * jnp.sum(ce * mask)
+    k = min(5, head_logits.shape[-1])
+    topk = jax.lax.top_k(head_logits, k)[1]
+    hit = topk == labels[:, None]
+    sums[f'{head}_loss'] = jnp.sum(ce * mask)
+    sums[f'{head}_top1'] = jnp.sum(hit[:, 0] * mask)
+    sums[f'{head}_top5'] = jnp.sum(jnp.any(hit, axis=-1) * mask)
+  sums['loss'] = total_loss
+  return total_loss / jnp.maximum(count, 1.0), sums
+
+
+def summarize(sums: Dict[str, Any], prefix: str) -> Dict[str, float]:
+  """Metric sums → means (``loss``, ``anp_top1``, ...), with ``prefix/``."""
+  sums = {k: float(v) for k, v in sums.items()}
+  count = max(sums.pop('count'), 1.0)
+  out = {f'{prefix}/{k}': v / count for k, v in sums.items() if not k.startswith('_')}
+  for k, v in sums.items():
+    if k.startswith('_'):  # Already a value, not a sum (e.g. the noise scale).
+      out[f'{prefix}/{k[1:]}'] = v
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The per-device step (shared by both executors).
+
+
+def _noise_scale_update(ema, small_sq, big_sq, b_small, b_big, decay):
+  """McCandlish et al. 2018, App. A: unbiased |G|^2 and tr(Sigma) from two batch sizes."""
+  g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+  trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+  new = {'g2': decay * ema['g2'] + (1 - decay) * g2,
+         'trace': decay * ema['trace'] + (1 - decay) * trace,
+         'weight': decay * ema['weight'] + (1 - decay)}
+  return new
+
+
+def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_steps: int,
+                          num_devices: int, axis_name: Optional[str] = AXIS):
+  """One optimizer step on this device's shard; collectives over `axis_name`."""
+
+  def grads_of(params, batch_stats, mb):
+    def loss_fn(p):
+      logits, mutated = model.apply({'params': p, 'batch_stats': batch_stats}, mb['image'],
+                                    train=True, mutable=['batch_stats'])
+      loss, sums = head_metrics(logits, mb, config)
+      return loss, (sums, mutated['batch_stats'])
+    (_, (sums, new_stats)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return g, sums, new_stats
+
+  if accum_steps == 1:
+    grads, sums, new_stats = grads_of(state.params, state.batch_stats, batch)
+    small_sq = optim.global_norm_sq(grads)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
+
+    def body(carry, mb):
+      g_acc, s_acc, bs_acc, sq_acc = carry
+      # Every micro-batch starts from the same running statistics, and their updates are
+      # averaged: with ghost BN this equals one step on the whole batch.
+      g, s, bs = grads_of(state.params, state.batch_stats, mb)
+      add = lambda a, b: jax.tree.map(jnp.add, a, b)
+      return (add(g_acc, g), add(s_acc, s), add(bs_acc, bs),
+              sq_acc + optim.global_norm_sq(g)), None
+
+    g0, s0, bs0 = jax.eval_shape(grads_of, state.params, state.batch_stats,
+                                 jax.tree.map(lambda x: x[0], micro))
+    zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
+    (grads, sums, new_stats, sq), _ = jax.lax.scan(
+        body, (zeros(g0), zeros(s0), zeros(bs0), jnp.zeros((), jnp.float32)), micro)
+    grads = jax.tree.map(lambda g: g / accum_steps, grads)
+    new_stats = jax.tree.map(lambda s: s / accum_steps, new_stats)
+    small_sq = sq / accum_steps
+
+  b_small = batch['label_anp'].shape[0] // accum_steps
+  if axis_name is not None:
+    grads = jax.lax.pmean(grads, axis_name)
+    sums = jax.lax.psum(sums, axis_name)
+    new_stats = jax.lax.pmean(new_stats, axis_name)
+    small_sq = jax.lax.pmean(small_sq, axis_name)
+  big_sq = optim.global_norm_sq(grads)
+  b_big = b_small * accum_steps * num_devices
+
+  noise_ema = state.noise_ema
+  if config.get('noise_scale', True) and b_big > b_small:
+    noise_ema = _noise_scale_update(noise_ema, small_sq, big_sq, b_small, b_big,
+                                    config.get('noise_scale_ema', 0.95))
+  sums = dict(sums)
+  sums['_grad_norm'] = jnp.sqrt(big_sq)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
+                            opt_state=opt_state, noise_ema=noise_ema)
+  return new_state, sums
+
+
+def per_device_eval_step(state: TrainState, batch, *, model, config,
+                         axis_name: Optional[str] = AXIS):
+  logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
+                       batch['image'], train=False)
+  _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
+  return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
+
+
+# ----------------------------------------------------------------------------------------------
+# State and executors.
+
+
+def make_mesh(devices=None) -> jax.sharding.Mesh:
+  """The one mesh of the job: every device, in JAX's global order, on the ``data`` axis."""
+  devices = jax.devices() if devices is None else devices
+  return jax.make_mesh((len(devices),), (AXIS,), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def init_state(model, tx, image_size: int, seed: int) -> TrainState:
+  """Initial state (host-independent: every process computes the same values)."""
+  x = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  variables = model.init(jax.random.key(seed), x, train=False)
+  params = variables['params']
+  zero = jnp.zeros((), jnp.float32)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
+                    noise_ema={'g2': zero, 'trace': zero, 'weight': zero})
+
+
+@dataclasses.dataclass
+class Executor:
+  """Compiled train/eval steps plus the host→device transfer for one executor kind."""
+  kind: str
+  init: Callable[[], Any]
+  train_step: Callable
+  eval_step: Callable
+  to_device: Callable
+  fetch: Callable  # A replicated device value → numpy on this host.
+  unreplicate: Callable  # Executor state → TrainState with one copy of every leaf.
+
+
+def make_executor(config, model, tx, setup: Setup, mesh) -> Executor:
+  train_fn = functools.partial(per_device_train_step, model=model, tx=tx, config=config,
+                               accum_steps=setup.accum_steps, num_devices=setup.devices)
+  eval_fn = functools.partial(per_device_eval_step, model=model, config=config)
+  init_fn = functools.partial(init_state, model, tx, config.image_size, config.seed)
+
+  if config.executor == 'jit':
+    replicated = NamedSharding(mesh, P())
+    data = NamedSharding(mesh, P(AXIS))
+    train_sm = jax.shard_map(train_fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()))
+    eval_sm = jax.shard_map(eval_fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P())
+    return Executor(
+        kind='jit',
+        init=jax.jit(init_fn, out_shardings=replicated),
+        train_step=jax.jit(train_sm, in_shardings=(replicated, data),
+                           out_shardings=(replicated, replicated), donate_argnums=(0,)),
+        eval_step=jax.jit(eval_sm, in_shardings=(replicated, data), out_shardings=replicated),
+        to_device=lambda batch: jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(data, x), batch),
+        fetch=lambda x: jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), x),
+        unreplicate=lambda s: s)
+
+  n_local = jax.local_device_count()
+
+  def replicate(tree):
+    stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n_local,) + x.shape), tree)
+    return jax.pmap(lambda t: t)(stacked)
+
+  def to_device(batch):
+    return jax.tree.map(lambda x: x.reshape((n_local, -1) + x.shape[1:]), batch)
+
+  return Executor(
+      kind='pmap',
+      init=lambda: replicate(jax.device_get(jax.jit(init_fn)())),
+      train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
+      eval_step=jax.pmap(eval_fn, axis_name=AXIS),
+      to_device=to_device,
+      fetch=lambda x: jax.tree.map(lambda a: np.asarray(a[0]), x),
+      unreplicate=lambda s: jax.tree.map(lambda a: a[0], s))
+
+
+# ----------------------------------------------------------------------------------------------
+# The training loop.
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: TrainState  # Unreplicated final state.
+  history: list  # Logged train/eval metric dicts, in order.
+  final_eval: Dict[str, float]
+  setup: Setup
+  wall_time_s: float
+
+
+def evaluate(executor: Executor, state, builder, config, setup: Setup, split: str):
+  """Exact evaluation: every example of `split` counted once (padding masked out)."""
+  ds = pipeline.eval_dataset(builder, config, per_process_batch=setup.eval_per_process_batch,
+                             split=split)
+  total = None
+  n = 0
+  for batch in pipeline.global_batches(ds, None, to_device=executor.to_device):
+    sums = executor.eval_step(state, batch)
+    total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    n += 1
+  if n != setup.num_eval_batches:
+    raise RuntimeError(f'Evaluation produced {n} batches, expected {setup.num_eval_batches}.')
+  return executor.fetch(total)
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Training diverged: the loss became NaN or Inf."""
+
+
+def _check_finite(metrics: Dict[str, float], step: int, lr: float):
+  loss = metrics.get('train/loss')
+  if loss is not None and not math.isfinite(loss):
+    raise NonFiniteLossError(
+        f'Training stopped: the loss is {loss} at step {step} (learning rate {lr:.4g}). '
+        'Lower config.base_lr, add warmup (config.warmup_epochs) or gradient clipping '
+        '(config.grad_clip_norm). Checkpoints written before this step are intact.')
+
+
+def _train_metrics(executor, pending, state, schedule, step, setup, config):
+  """Fetches the accumulated step sums and turns them into logged means; NaN/Inf guard."""
+  host = [executor.fetch(s) for s in pending]
+  grad_norm = float(np.mean([h.pop('_grad_norm') for h in host]))
+  totals = {k: sum(h[k] for h in host) for k in host[0]}
+  metrics = summarize(totals, 'train')
+  metrics['train/grad_norm'] = grad_norm
+  metrics['train/lr'] = float(schedule(step - 1))
+  metrics['train/epoch'] = step / setup.steps_per_epoch
+  if config.get('noise_scale', True):
+    ema = executor.fetch(state.noise_ema)
+    if ema['weight'] > 0 and ema['g2'] > 0:
+      metrics['train/noise_scale_b_simple'] = float(ema['trace'] / ema['g2'])
+  _check_finite(metrics, step, metrics['train/lr'])
+  return metrics
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
+  """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
+  t_start = time.time()
+  validate_config(config)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  is_main = jax.process_index() == 0
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    if is_main:
+      probe = os.path.join(workdir, '.write_test')
+      with open(probe, 'w') as f:
+        f.write('ok')
+      os.remove(probe)
+  except OSError as e:
+    raise PermissionError(f'The workdir {workdir!r} is not writable: {e}') from e
+
+  builder = pipeline.get_builder(config)
+  meta = pipeline.dataset_meta(builder, config)
+  setup = resolve_setup(config, meta.train_size, meta.eval_size)
+  logging.info('Setup: %s', setup.describe())
+  if is_main:
+    print(f'anp_jax | {setup.describe()}', flush=True)
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+  mesh = make_mesh()
+  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
+                              axis_name=AXIS)
+  schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
+  tx = optim.create_optimizer(config, schedule)
+  executor = make_executor(config, model, tx, setup, mesh)
+
+  ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None)
+  state = executor.init()
+  state, start_step = ckpt.restore_or_init(state, executor)
+  writer = reporting.MetricWriter(workdir)
+  history = []
+
+  if config.get('eval_only', False):
+    sums = evaluate(executor, state, builder, config, setup, meta.eval_split)
+    final = summarize(sums, 'eval')
+    writer.write(start_step, final)
+    writer.close()
+    return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
+
+  ds = pipeline.train_dataset(builder, config, per_process_batch=setup.per_process_batch,
+                              steps_per_epoch=setup.steps_per_epoch, start_step=start_step)
+  batches = pipeline.global_batches(ds, None, to_device=executor.to_device)
+  bar = reporting.ProgressBar(setup.total_steps, setup.batch_size, start_step,
+                              enabled=config.progress_bar)
+  pending = []
+  final_eval: Dict[str, float] = {}
+  step = start_step
+  try:
+    while step < setup.total_steps:
+      batch = next(batches)
+      state, sums = executor.train_step(state, batch)
+      pending.append(sums)
+      step += 1
+      if step == start_step + 1:
+        bar.reset_clock(step)  # Exclude compilation from the rates.
+      last = step == setup.total_steps
+      save_now, preempted = ckpt.save_due(step, force=last)
+      # Metrics are fetched (and checked for NaN/Inf) before every save, so a diverged state is
+      # never written over good checkpoints.
+      if step % config.log_every_steps == 0 or last or save_now:
+        metrics = _train_metrics(executor, pending, state, schedule, step, setup, config)
+        pending = []
+        sps, ips = bar.rates(step)
+        metrics['train/steps_per_s'], metrics['train/images_per_s'] = sps, ips
+        writer.write(step, metrics)
+        history.append({'step': step, **metrics})
+        bar.update(step, {'loss': metrics['train/loss'], 'top1': metrics['train/anp_top1']},
+                   force=True)
+      else:
+        bar.update(step)
+      evaluated = None
+      if step % setup.eval_every_steps == 0 or last:
+        sums = evaluate(executor, state, builder, config, setup, meta.eval_split)
+        final_eval = evaluated = summarize(sums, 'eval')
+        final_eval['eval/epoch'] = step / setup.steps_per_epoch
+        writer.write(step, final_eval)
+        history.append({'step': step, **final_eval})
+        if is_main:
+          bar.close()
+          print(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
+                f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
+                f'{final_eval["eval/loss"]:.3f}', flush=True)
+      if save_now:
+        host_state = (jax.device_get(executor.unreplicate(state)) if executor.kind == 'pmap'
+                      else None)
+        ckpt.save(step, state, evaluated, host_state=host_state)
+      if preempted and not last:
+        ckpt.wait()
+        if is_main:
+          bar.close()
+          print(f'Preempted: checkpoint written at step {step}; exiting with code '
+                f'{checkpointing.EXIT_PREEMPTED} so that the launcher requeues the job.',
+                flush=True)
+        raise checkpointing.Preempted(step)
+  finally:
+    bar.close()
+    writer.close()
+    ckpt.close()
+  wall = time.time() - t_start
+  if is_main:
+    with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
+      json.dump({'step': step, 'wall_time_s': wall, **final_eval}, f, indent=2)
+  from anp_jax import distributed
+  distributed.barrier('train_and_evaluate_end')
+  return TrainResult(executor.unreplicate(state), history, final_eval, setup, wall)

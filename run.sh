@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# anp_jax launcher: one call per node (srun starts one task per node) or by hand.
+#
+#   ./run.sh                                   # CPU demo: default config, workdir workdirs/demo
+#   ./run.sh --config=anp_jax/configs/musa2_resnet50.py --workdir=/scratch/run1 --config.batch_size=512
+#   srun --ntasks-per-node=1 ./run.sh --workdir=/shared/run1 ...   # multi-node under SLURM
+#
+# Creates the virtual environment from requirements.txt on first use (ANP_VENV, default
+# ./.venv; put it on a shared filesystem for multi-node jobs), passes every flag through to
+# `python -m anp_jax.main`, and turns exit code 75 (preempted, checkpoint written) into a SLURM
+# requeue when running inside a batch job.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="${ANP_VENV:-$HERE/.venv}"
+PY="${ANP_PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
+   ! cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"; then
+  if [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_PROCID}" != "0" ]; then
+    # Other tasks wait for task 0 to build the shared environment.
+    for _ in $(seq 1 900); do
+      [ -f "$VENV/.anp_requirements_ok" ] && cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok" && break
+      sleep 2
+    done
+  else
+    echo "run.sh: creating the Python environment in $VENV (first run only, a few minutes)..." >&2
+    "$PY" -m venv "$VENV" || { echo "run.sh: could not create a venv with $PY" >&2; exit 2; }
+    "$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true
+    "$VENV/bin/python" -m pip install -q -r "$HERE/requirements.txt" >&2 || {
+      echo "run.sh: pip install -r requirements.txt failed" >&2; exit 2; }
+    cp "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"
+  fi
+fi
+
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export PYTHONUNBUFFERED=1
+
+args=("$@")
+has_workdir=0
+for a in "${args[@]}"; do case "$a" in --workdir=*|--workdir) has_workdir=1;; esac; done
+[ "$has_workdir" = 1 ] || args+=("--workdir=$HERE/workdirs/demo")
+has_data=0
+for a in "${args[@]}"; do case "$a" in --config.data_dir=*) has_data=1;; esac; done
+[ "$has_data" = 1 ] || [ -z "${ANP_DATA_DIR:-}" ] || args+=("--config.data_dir=$ANP_DATA_DIR")
+
+echo "run.sh: host $(hostname) task ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} job ${SLURM_JOB_ID:-none}" >&2
+"$VENV/bin/python" -m anp_jax.main "${args[@]}"
+rc=$?
+if [ "$rc" = 75 ]; then
+  echo "run.sh: preempted; checkpoint written (exit 75)." >&2
+  if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_PROCID:-0}" = 0 ] && command -v scontrol >/dev/null \
+     && [ "${ANP_REQUEUE:-1}" = 1 ]; then
+    echo "run.sh: requeueing SLURM job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID" || true
+  fi
+fi
+exit "$rc"

@@ -1,0 +1,54 @@
+"""Test set-up: 8 simulated CPU devices, a tiny generated dataset shared by the session."""
+
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
+
+import pytest  # noqa: E402
+
+from anp_jax.configs import default  # noqa: E402
+
+# 8 ANPs of 4 adjectives x 4 nouns, 16 px; 104 eval examples: not a multiple of any batch used.
+TINY_SYNTHETIC = dict(num_adjectives=4, num_nouns=4, num_pairs=8, image_size=16,
+                      train_per_class=32, eval_per_class=13, label_noise=0.0, seed=0)
+
+
+def tiny_config(data_dir, **overrides):
+  """A config that trains in seconds: ResNet-8 at width 0.25 on 16 px images."""
+  c = default.get_config()
+  c.data_dir = str(data_dir)
+  c.synthetic.update(TINY_SYNTHETIC)
+  c.image_size = 16
+  c.model.name = 'resnet8'
+  c.model.width = 0.5
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  c.bn_mode = 'ghost'
+  c.bn_group_size = 4
+  c.num_train_steps = 6
+  c.log_every_steps = 2
+  c.eval_every_epochs = 0
+  c.warmup_epochs = 0
+  c.progress_bar = False
+  c.checkpoint_every_steps = 0
+  c.checkpoint_every_minutes = 0
+  c.async_checkpointing = False
+  for key, value in overrides.items():
+    node = c
+    parts = key.split('.')
+    for p in parts[:-1]:
+      node = node[p]
+    node[parts[-1]] = value
+  return c
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory):
+  """A prepared tiny synthetic_anp dataset (generated once per test session)."""
+  path = tmp_path_factory.mktemp('tfds')
+  from anp_jax.data import pipeline
+  pipeline.get_builder(tiny_config(path))
+  return path

@@ -1,0 +1,98 @@
+"""Model structure: output heads, shapes, parameter counts, init options, dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from anp_jax import models
+from anp_jax.models import build_resnet
+
+
+def _param_count(model, size):
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, size, size, 3)),
+                                             train=False))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes['params']))
+
+
+@pytest.mark.parametrize('name,expected', [
+    ('resnet18', 11_689_512), ('resnet34', 21_797_672), ('resnet50', 25_557_032),
+    ('resnet101', 44_549_160), ('resnet152', 60_192_808)])
+def test_imagenet_resnet_parameter_counts_match_torchvision(name, expected):
+  # torchvision's published counts for 1000 classes (v1.5 has the same parameters as v1).
+  assert _param_count(build_resnet(name, num_anps=1000), 224) == expected
+
+
+@pytest.mark.parametrize('name,expected', [('resnet20', 0.27e6), ('resnet32', 0.46e6),
+                                           ('resnet56', 0.85e6)])
+def test_cifar_resnet_parameter_counts_match_he_et_al(name, expected):
+  count = _param_count(build_resnet(name, num_anps=10), 32)
+  assert abs(count - expected) / expected < 0.03, count
+
+
+def test_width_multiplier_scales_parameters_quadratically():
+  base = _param_count(build_resnet('resnet20', num_anps=10), 32)
+  wide = _param_count(build_resnet('resnet20', num_anps=10, width=2.0), 32)
+  assert 3.7 < wide / base < 4.1
+
+
+def test_heads_and_shapes():
+  model = build_resnet('resnet8', num_anps=7, num_adjectives=3, num_nouns=5, width=0.5)
+  x = jnp.ones((4, 16, 16, 3))
+  variables = model.init(jax.random.key(0), x, train=False)
+  out = model.apply(variables, x, train=False)
+  assert {k: v.shape for k, v in out.items()} == {'anp': (4, 7), 'adjective': (4, 3),
+                                                 'noun': (4, 5)}
+  out, mutated = model.apply(variables, x, train=True, mutable=['batch_stats'])
+  assert 'batch_stats' in mutated
+  no_aux = build_resnet('resnet8', num_anps=7, width=0.5)
+  assert set(no_aux.apply(no_aux.init(jax.random.key(0), x, train=False), x,
+                          train=False)) == {'anp'}
+
+
+def test_zero_init_last_bn_scale_is_an_option():
+  x = jnp.ones((2, 16, 16, 3))
+  for flag, expected in ((True, 0.0), (False, 1.0)):
+    model = build_resnet('resnet8', num_anps=4, width=0.5, zero_init_last_bn=flag)
+    params = model.init(jax.random.key(0), x, train=False)['params']
+    block = params['BasicBlock_0']
+    # The second BN of the block (before the residual add) is the last one.
+    assert float(jnp.mean(block['BatchNorm_1']['scale'])) == expected
+    assert float(jnp.mean(block['BatchNorm_0']['scale'])) == 1.0
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  model = build_resnet('resnet8', num_anps=4, width=0.5, dtype=jnp.bfloat16)
+  x = jnp.ones((2, 16, 16, 3))
+  variables = model.init(jax.random.key(0), x, train=False)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables['params']))
+  assert model.apply(variables, x, train=False)['anp'].dtype == jnp.float32
+
+
+def test_bottleneck_v15_strides_on_the_3x3_conv():
+  model = build_resnet('resnet50', num_anps=10)
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)),
+                                             train=False))['params']
+  block = params['BottleneckBlock_3']  # First block of stage 2 (downsampling).
+  assert block['Conv_0']['kernel'].shape[:2] == (1, 1)
+  assert block['Conv_1']['kernel'].shape[:2] == (3, 3)
+  # The stride sits on Conv_1: checked through the output spatial size of a traced module.
+  out = jax.eval_shape(lambda: model.apply(
+      model.init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)), train=False),
+      jnp.zeros((1, 64, 64, 3)), train=False, capture_intermediates=True,
+      mutable=['intermediates']))
+  inter = out[1]['intermediates']['BottleneckBlock_3']
+  assert inter['Conv_0']['__call__'][0].shape[1] == 16  # 1x1 keeps 16x16 (stride 1)
+  assert inter['Conv_1']['__call__'][0].shape[1] == 8  # 3x3 halves it
+
+
+def test_unknown_model_name_is_rejected():
+  with pytest.raises(ValueError, match='Unknown model'):
+    build_resnet('resnet51', num_anps=3)
+
+
+def test_create_model_from_config():
+  from anp_jax.configs import default
+  c = default.get_config()
+  model = models.create_model(c, num_anps=32, num_adjectives=8, num_nouns=8)
+  assert model.num_anps == 32 and model.bn_group_size == 32
