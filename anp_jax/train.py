@@ -230,8 +230,14 @@ def _noise_scale_update(ema, small_sq, big_sq, b_small, b_big, decay):
 
 
 def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_steps: int,
-                          num_devices: int, axis_name: Optional[str] = AXIS):
-  """One optimizer step on this device's shard; collectives over `axis_name`."""
+                          num_devices: int, axis_name: Optional[str] = AXIS,
+                          in_shard_map: bool = False):
+  """One optimizer step on this device's shard; collectives over `axis_name`.
+
+  Under `shard_map` the replicated parameters are first cast to 'varying' so that `jax.grad`
+  returns this device's gradient (otherwise shard_map's AD would already sum it over devices);
+  the explicit `pmean` below then averages, exactly as under `pmap`.
+  """
 
   def grads_of(params, batch_stats, mb):
     def loss_fn(p):
@@ -242,8 +248,11 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
     (_, (sums, new_stats)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return g, sums, new_stats
 
+  params = state.params
+  if in_shard_map and axis_name is not None:
+    params = jax.lax.pcast(params, axis_name, to='varying')
   if accum_steps == 1:
-    grads, sums, new_stats = grads_of(state.params, state.batch_stats, batch)
+    grads, sums, new_stats = grads_of(params, state.batch_stats, batch)
     small_sq = optim.global_norm_sq(grads)
   else:
     micro = jax.tree.map(lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
@@ -252,16 +261,15 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
       g_acc, s_acc, bs_acc, sq_acc = carry
       # Every micro-batch starts from the same running statistics, and their updates are
       # averaged: with ghost BN this equals one step on the whole batch.
-      g, s, bs = grads_of(state.params, state.batch_stats, mb)
+      g, s, bs = grads_of(params, state.batch_stats, mb)
       add = lambda a, b: jax.tree.map(jnp.add, a, b)
       return (add(g_acc, g), add(s_acc, s), add(bs_acc, bs),
               sq_acc + optim.global_norm_sq(g)), None
 
-    g0, s0, bs0 = jax.eval_shape(grads_of, state.params, state.batch_stats,
-                                 jax.tree.map(lambda x: x[0], micro))
-    zeros = lambda t: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), t)
+    # The first micro-batch seeds the carry (it has the right types, also under shard_map).
+    g0, s0, bs0 = grads_of(params, state.batch_stats, jax.tree.map(lambda x: x[0], micro))
     (grads, sums, new_stats, sq), _ = jax.lax.scan(
-        body, (zeros(g0), zeros(s0), zeros(bs0), jnp.zeros((), jnp.float32)), micro)
+        body, (g0, s0, bs0, optim.global_norm_sq(g0)), jax.tree.map(lambda x: x[1:], micro))
     grads = jax.tree.map(lambda g: g / accum_steps, grads)
     new_stats = jax.tree.map(lambda s: s / accum_steps, new_stats)
     small_sq = sq / accum_steps
@@ -339,7 +347,7 @@ def make_executor(config, model, tx, setup: Setup, mesh) -> Executor:
   if config.executor == 'jit':
     replicated = NamedSharding(mesh, P())
     data = NamedSharding(mesh, P(AXIS))
-    train_sm = jax.shard_map(train_fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()))
+    train_sm = jax.shard_map(functools.partial(train_fn, in_shard_map=True), mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P()))
     eval_sm = jax.shard_map(eval_fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P())
     return Executor(
         kind='jit',
@@ -373,6 +381,56 @@ def make_executor(config, model, tx, setup: Setup, mesh) -> Executor:
 
 # ----------------------------------------------------------------------------------------------
 # The training loop.
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a run is built from; also the handle for interactive use (see README)."""
+  config: ml_collections.ConfigDict
+  builder: Any
+  meta: pipeline.DatasetMeta
+  setup: Setup
+  mesh: jax.sharding.Mesh
+  model: nn.Module
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+  executor: Executor
+
+  def init_state(self):
+    return self.executor.init()
+
+  def train_batches(self, start_step: int = 0):
+    """Global training batches (device arrays), from `start_step` on."""
+    ds = pipeline.train_dataset(self.builder, self.config,
+                                per_process_batch=self.setup.per_process_batch,
+                                steps_per_epoch=self.setup.steps_per_epoch, start_step=start_step)
+    return pipeline.global_batches(ds, None, to_device=self.executor.to_device)
+
+  def train_step(self, state, batch):
+    return self.executor.train_step(state, batch)
+
+  def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
+    sums = evaluate(self.executor, state, self.builder, self.config, self.setup,
+                    split or self.meta.eval_split)
+    return summarize(sums, 'eval')
+
+  def fetch(self, tree):
+    return self.executor.fetch(tree)
+
+
+def build(config: ml_collections.ConfigDict) -> Run:
+  """Validates `config`, prepares the dataset and builds mesh, model, optimizer and executor."""
+  validate_config(config)
+  builder = pipeline.get_builder(config)
+  meta = pipeline.dataset_meta(builder, config)
+  setup = resolve_setup(config, meta.train_size, meta.eval_size)
+  mesh = make_mesh()
+  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
+                              axis_name=AXIS)
+  schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
+  tx = optim.create_optimizer(config, schedule)
+  executor = make_executor(config, model, tx, setup, mesh)
+  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor)
 
 
 @dataclasses.dataclass
@@ -445,21 +503,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   except OSError as e:
     raise PermissionError(f'The workdir {workdir!r} is not writable: {e}') from e
 
-  builder = pipeline.get_builder(config)
-  meta = pipeline.dataset_meta(builder, config)
-  setup = resolve_setup(config, meta.train_size, meta.eval_size)
+  run = build(config)
+  builder, meta, setup, mesh = run.builder, run.meta, run.setup, run.mesh
+  schedule, executor = run.schedule, run.executor
   logging.info('Setup: %s', setup.describe())
   if is_main:
     print(f'anp_jax | {setup.describe()}', flush=True)
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-
-  mesh = make_mesh()
-  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
-                              axis_name=AXIS)
-  schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
-  tx = optim.create_optimizer(config, schedule)
-  executor = make_executor(config, model, tx, setup, mesh)
 
   ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None)
   state = executor.init()
@@ -474,9 +525,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     writer.close()
     return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
 
-  ds = pipeline.train_dataset(builder, config, per_process_batch=setup.per_process_batch,
-                              steps_per_epoch=setup.steps_per_epoch, start_step=start_step)
-  batches = pipeline.global_batches(ds, None, to_device=executor.to_device)
+  batches = run.train_batches(start_step)
   bar = reporting.ProgressBar(setup.total_steps, setup.batch_size, start_step,
                               enabled=config.progress_bar)
   pending = []
