@@ -32,6 +32,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
   fi
 fi
 
+[ "${ANP_SETUP_ONLY:-0}" = 1 ] && exit 0
+
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export PYTHONUNBUFFERED=1

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import time
 from typing import List, Optional
 
 
@@ -133,6 +134,10 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     kwargs.update(cluster_detection_method='slurm')
   if topo.local_device_ids is not None:
     kwargs['local_device_ids'] = topo.local_device_ids
+  if topo.mode == 'explicit' and topo.process_id != 0:
+    # JAX's client aborts the whole process on a connection time-out; check first, so that the
+    # user gets a message that says what is wrong.
+    _wait_for_coordinator(topo.coordinator_address, kwargs['initialization_timeout'])
   try:
     jax.distributed.initialize(**kwargs)
   except Exception as e:
@@ -143,6 +148,22 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
         'process was given the same number of processes.') from e
   _initialized = True
   return topo
+
+
+def _wait_for_coordinator(address: str, timeout_s: float):
+  host, port = address.rsplit(':', 1)
+  deadline = time.time() + timeout_s
+  last_error = None
+  while time.time() < deadline:
+    try:
+      with socket.create_connection((host.strip('[]'), int(port)), timeout=5):
+        return
+    except OSError as e:
+      last_error = e
+      time.sleep(1)
+  raise RuntimeError(f'The coordinator {address} (process 0) was not reachable within '
+                     f'{timeout_s:.0f} s ({last_error}). Start process 0, or check the address, '
+                     'port and firewall.')
 
 
 def identity_line() -> str:

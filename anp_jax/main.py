@@ -31,7 +31,11 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the progress bar.
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  except (ValueError, RuntimeError) as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return 2
   import jax  # noqa: F401  (after initialize)
   from anp_jax import checkpointing, train
   logging.info(distributed.identity_line())

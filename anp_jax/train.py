@@ -150,14 +150,14 @@ def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int
     raise ValueError(f'config.eval_batch_size={eb} is not divisible by the {devices} devices; '
                      f'use a multiple of {devices}.')
   per_process = b // process_count
-  if train_size // process_count < per_process:
-    raise ValueError(f'The training split has {train_size} examples: fewer than one per-process '
-                     f'batch ({per_process}) for each of the {process_count} processes. Lower '
+  if train_size // devices < per_device:
+    raise ValueError(f'The training split has {train_size} examples: fewer than one per-device '
+                     f'batch ({per_device}) for each of the {devices} devices. Lower '
                      'batch_size or use more data.')
   if eval_size < process_count:
     raise ValueError(f'The evaluation split has {eval_size} examples, fewer than the '
                      f'{process_count} processes.')
-  steps_per_epoch = (train_size // process_count) // per_process
+  steps_per_epoch = (train_size // devices) // per_device  # Every device reads its own shard.
   if config.num_train_steps > 0:
     total = int(config.num_train_steps)
   else:
@@ -402,8 +402,10 @@ class Run:
   def train_batches(self, start_step: int = 0):
     """Global training batches (device arrays), from `start_step` on."""
     ds = pipeline.train_dataset(self.builder, self.config,
-                                per_process_batch=self.setup.per_process_batch,
-                                steps_per_epoch=self.setup.steps_per_epoch, start_step=start_step)
+                                per_device_batch=self.setup.per_device_batch,
+                                steps_per_epoch=self.setup.steps_per_epoch,
+                                num_shards=self.setup.devices,
+                                shards=pipeline.local_shards(self.mesh), start_step=start_step)
     return pipeline.global_batches(ds, None, to_device=self.executor.to_device)
 
   def train_step(self, state, batch):

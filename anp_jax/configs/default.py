@@ -18,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.data_dir = '~/tensorflow_datasets'
   c.synthetic = ml_collections.ConfigDict(dict(
       num_adjectives=8, num_nouns=8, num_pairs=32, image_size=32,
-      train_per_class=300, eval_per_class=53, label_noise=0.0, seed=0))
+      train_per_class=250, eval_per_class=53, label_noise=0.0, seed=0))
   c.anp = ml_collections.ConfigDict(dict(config_name=''))  # Used with dataset='anp'.
   c.eval_split = 'validation'
   c.image_size = 32
@@ -56,13 +56,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.grad_clip_norm = 0.0  # 0 disables.
   c.adam_b1, c.adam_b2 = 0.9, 0.999
   c.lars_trust_coefficient = 0.001
-  c.num_epochs = 8.0
+  c.num_epochs = 5.0
   c.num_train_steps = -1  # > 0 overrides num_epochs.
 
   # Execution.
   c.executor = 'jit'  # 'jit' (mesh + shardings) or 'pmap' (for comparison).
   c.log_every_steps = 25
-  c.eval_every_epochs = 2.0
+  c.eval_every_epochs = 1.0
   c.progress_bar = True
   c.noise_scale = True  # Log the gradient noise scale B_simple (McCandlish et al. 2018).
   c.noise_scale_ema = 0.95

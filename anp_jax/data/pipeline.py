@@ -186,43 +186,65 @@ def _process_split(split: str, process_count: int, process_index: int, drop_rema
   return tfds.even_splits(split, n=process_count, drop_remainder=drop_remainder)[process_index]
 
 
-def train_dataset(builder, config, *, per_process_batch: int, steps_per_epoch: int,
-                  start_step: int = 0, process_index: Optional[int] = None,
-                  process_count: Optional[int] = None) -> tf.data.Dataset:
-  """Infinite per-process training batches, starting exactly at global step ``start_step``."""
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
-  split = _process_split('train', process_count, process_index, drop_remainder=True)
-  base = builder.as_dataset(split=split, shuffle_files=False,
-                            decoders={'image': tfds.decode.SkipDecoding()})
-  if config.get('cache', True):
-    base = base.cache()
-  examples_per_epoch = steps_per_epoch * per_process_batch
+def local_shards(mesh: Optional[jax.sharding.Mesh] = None) -> Sequence[int]:
+  """Global indices of this process's devices in the mesh order: the data shards it reads."""
+  if mesh is None:
+    return list(range(jax.local_device_count()))
+  flat = list(mesh.devices.flat)
+  local = [i for i, d in enumerate(flat) if d.process_index == jax.process_index()]
+  if local != list(range(local[0], local[0] + len(local))):
+    raise ValueError('The mesh interleaves devices of different processes; per-process batches '
+                     'need each process\'s devices to be contiguous in the mesh.')
+  return local
+
+
+def train_dataset(builder, config, *, per_device_batch: int, steps_per_epoch: int,
+                  num_shards: int, shards: Sequence[int],
+                  start_step: int = 0) -> tf.data.Dataset:
+  """Infinite training batches for the devices `shards`, starting exactly at ``start_step``.
+
+  The training split is cut into ``num_shards`` (= devices of the job) disjoint shards; device
+  ``d`` always reads shard ``d``, shuffled per epoch with seed ``(seed, d, epoch)``. A process
+  yields the concatenation of its devices' batches. So the global batch of a step does not
+  depend on how devices are grouped into processes: one process with 8 devices and two with 4
+  see exactly the same data, and each process reads only its own shards.
+  """
   seed = int(config.seed)
-  shard_size = _split_size(builder, split)
-  buffer = min(shard_size, config.get('shuffle_buffer', 16384))
-
-  def epoch(e):
-    ds = base.shuffle(buffer, seed=seed * 1_000_003 + 97 * process_index + e,
-                      reshuffle_each_iteration=False)
-    ds = ds.take(examples_per_epoch).enumerate()
-    return ds.map(lambda i, ex: (e, i, ex))
-
-  start_epoch, offset = divmod(start_step, steps_per_epoch)
-  ds = tf.data.Dataset.range(start_epoch, 2**62).flat_map(epoch)
-  ds = ds.skip(offset * per_process_batch)
-
   stored = _stored_size(builder)
+  start_epoch, offset = divmod(start_step, steps_per_epoch)
+  examples_per_epoch = steps_per_epoch * per_device_batch
+  splits = tfds.even_splits('train', n=num_shards, drop_remainder=True)
 
-  def map_fn(e, i, ex):
-    example_seed = tf.stack([tf.cast(seed * 7919 + e, tf.int64),
-                             tf.cast(i, tf.int64) * process_count + process_index])
-    return preprocess(ex, train=True, config=config, seed=example_seed, stored_size=stored)
+  def shard_stream(d: int) -> tf.data.Dataset:
+    base = builder.as_dataset(split=splits[d], shuffle_files=False,
+                              decoders={'image': tfds.decode.SkipDecoding()})
+    if config.get('cache', True):
+      base = base.cache()
+    buffer = min(_split_size(builder, splits[d]), config.get('shuffle_buffer', 16384))
 
-  ds = ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(per_process_batch, drop_remainder=True)
-  ds = ds.prefetch(tf.data.AUTOTUNE)
-  return ds.with_options(_read_options())
+    def epoch(e):
+      ds = base.shuffle(buffer, seed=seed * 1_000_003 + 7_919 * d + e,
+                        reshuffle_each_iteration=False)
+      return ds.take(examples_per_epoch).enumerate().map(lambda i, ex: (e, i, ex))
+
+    ds = tf.data.Dataset.range(start_epoch, 2**62).flat_map(epoch)
+    ds = ds.skip(offset * per_device_batch)
+
+    def map_fn(e, i, ex):
+      example_seed = tf.stack([tf.cast(seed * 7919 + e, tf.int64),
+                               tf.cast(i, tf.int64) * num_shards + d])
+      return preprocess(ex, train=True, config=config, seed=example_seed, stored_size=stored)
+
+    ds = ds.map(map_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(per_device_batch, drop_remainder=True)
+
+  streams = [shard_stream(d) for d in shards]
+  if len(streams) == 1:
+    ds = streams[0]
+  else:
+    ds = tf.data.Dataset.zip(tuple(streams)).map(
+        lambda *bs: jax.tree.map(lambda *xs: tf.concat(xs, axis=0), *bs))
+  return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
 
 
 def num_eval_batches(eval_size: int, process_count: int, per_process_batch: int) -> int:

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the test suite (8 simulated CPU devices; multi-process tests on 127.0.0.1).
+# Creates the environment from requirements.txt first if it is missing. Extra args go to pytest.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ANP_SETUP_ONLY=1 "$HERE/run.sh"
+cd "$HERE"
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
+exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
