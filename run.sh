@@ -47,8 +47,18 @@ for a in "${args[@]}"; do case "$a" in --config.data_dir=*) has_data=1;; esac; d
 [ "$has_data" = 1 ] || [ -z "${ANP_DATA_DIR:-}" ] || args+=("--config.data_dir=$ANP_DATA_DIR")
 
 echo "run.sh: host $(hostname) task ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} job ${SLURM_JOB_ID:-none}" >&2
-"$VENV/bin/python" -m anp_jax.main "${args[@]}"
-rc=$?
+# Forward SIGTERM/SIGUSR1 (SLURM preemption / time-limit warning) to the trainer, which
+# checkpoints at the next step boundary and exits with 75.
+"$VENV/bin/python" -m anp_jax.main "${args[@]}" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM
+trap 'kill -USR1 "$child" 2>/dev/null' USR1
+rc=0
+while :; do
+  wait "$child"; rc=$?
+  # wait returns >128 when interrupted by a trapped signal while the child still runs.
+  kill -0 "$child" 2>/dev/null || break
+done
 if [ "$rc" = 75 ]; then
   echo "run.sh: preempted; checkpoint written (exit 75)." >&2
   if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_PROCID:-0}" = 0 ] && command -v scontrol >/dev/null \
