@@ -66,6 +66,8 @@ class Checkpointer:
     self._last_save_time = time.time()
     self._preempt_signal = None
     self._mesh = mesh
+    if jax.process_index() == 0:
+      remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(config.get('keep_checkpoints', 3)),
         enable_async_checkpointing=bool(config.get('async_checkpointing', True)),
