@@ -54,7 +54,7 @@ def main(argv):
           f'(top-5 {100 * fe["eval/anp_top5"]:.2f}%), adjective top-1 '
           f'{100 * fe.get("eval/adjective_top1", float("nan")):.2f}%, noun top-1 '
           f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. Logs: {FLAGS.workdir} '
-          '(metrics.jsonl, TensorBoard events, config.json, checkpoints/)', flush=True)
+          '(curves.png, metrics.jsonl, TensorBoard events, config.json, checkpoints/)', flush=True)
   return 0
 
 

@@ -93,3 +93,33 @@ class ProgressBar:
     if self.enabled and self.tty:
       self.stream.write('\n')
       self.stream.flush()
+
+
+def plot_history(history, path: str) -> str:
+  """Training loss and evaluation top-1 / top-5 against epochs, as one PNG."""
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  train = [h for h in history if 'train/loss' in h]
+  evals = [h for h in history if 'eval/anp_top1' in h]
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+  if train:
+    ax_loss.plot([h['train/epoch'] for h in train], [h['train/loss'] for h in train], '-o', ms=2)
+  ax_loss.set(xlabel='epoch', ylabel='training loss (all heads)', title='Training loss')
+  ax_loss.grid(alpha=0.3)
+  for head, style in (('anp', '-o'), ('adjective', '--'), ('noun', ':')):
+    key = f'eval/{head}_top1'
+    if evals and key in evals[0]:
+      ax_acc.plot([h['eval/epoch'] for h in evals], [100 * h[key] for h in evals], style,
+                  label=f'{head} top-1')
+  if evals:
+    ax_acc.plot([h['eval/epoch'] for h in evals], [100 * h['eval/anp_top5'] for h in evals],
+                '-.', label='anp top-5')
+  ax_acc.set(xlabel='epoch', ylabel='accuracy (%)', title='Evaluation', ylim=(0, 100))
+  ax_acc.grid(alpha=0.3)
+  ax_acc.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

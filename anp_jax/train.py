@@ -580,6 +580,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                 f'{checkpointing.EXIT_PREEMPTED} so that the launcher requeues the job.',
                 flush=True)
         raise checkpointing.Preempted(step)
+    if not final_eval:  # Resumed a finished run: report its accuracy again.
+      if is_main:
+        print(f'The run in {workdir} already finished (step {step}); evaluating its final '
+              'checkpoint. Use another --workdir for a new run.', flush=True)
+      final_eval = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split),
+                             'eval')
+      final_eval['eval/epoch'] = step / setup.steps_per_epoch
   finally:
     bar.close()
     writer.close()
@@ -588,6 +595,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   if is_main:
     with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
       json.dump({'step': step, 'wall_time_s': wall, **final_eval}, f, indent=2)
+    if history:
+      reporting.plot_history(history, os.path.join(workdir, 'curves.png'))
   from anp_jax import distributed
   distributed.barrier('train_and_evaluate_end')
   return TrainResult(executor.unreplicate(state), history, final_eval, setup, wall)

@@ -30,6 +30,7 @@ def test_short_run_learns_and_writes_logs(data_dir, tmp_path):
   assert any('eval/anp_top1' in l for l in lines) and any('train/loss' in l for l in lines)
   assert json.load(open(tmp_path / 'config.json'))['model']['name'] == 'resnet8'
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path))
+  assert (tmp_path / 'curves.png').stat().st_size > 1000
   assert 'train/noise_scale_b_simple' in lines[0]
 
 
