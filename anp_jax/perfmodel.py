@@ -1,0 +1,1095 @@
+"""A SPRINT-style performance model of data-parallel ResNet training on a GPU cluster.
+
+SPRINT (Oyama et al., "Predicting statistics of asynchronous SGD parameters for a large-scale
+distributed deep learning system on GPU supercomputers", IEEE BigData 2016) predicts the time per
+step, the throughput and, for asynchronous SGD, the distribution of gradient staleness and of the
+effective mini-batch size from a handful of hardware and model parameters. This module does the
+same for the training strategies compared in the seed paper (Campos et al., ICCS 2017: ResNet-50
+on MinoTauro, synchronous vs. asynchronous vs. mixed-asynchronous), so that configurations can be
+compared, and a cluster sized, before anyone queues a job:
+
+* `ring_allreduce_time` / `hierarchical_allreduce_time`: bandwidth-latency (alpha-beta) cost of the
+  gradient all-reduce; `compute_time`: time of one forward+backward pass on one device.
+* `predict(cluster, workload, per_device_batch, method=...)`: a `Prediction` with step time,
+  images/s, epoch time, speed-ups and, for the asynchronous methods, staleness statistics.
+* `simulate_async`: a discrete-event simulation of workers and parameter servers, the source of
+  the staleness and effective-batch distributions; `staleness_sampler` exposes its staleness
+  samples to an SGD simulator.
+* `best_configuration`: enumerate nodes x devices per node x per-device batch for a target global
+  batch and return the fastest configuration by epoch time.
+* `workload_from_flax`: FLOPs and parameter bytes of a Flax model from XLA's cost analysis.
+* ``python -m anp_jax.perfmodel ...``: the same from the command line (see `main`).
+
+Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The module is
+pure Python + numpy; JAX is imported only inside `workload_from_flax`, and TensorFlow never.
+
+What the model leaves out, so that its numbers are read as what they are: input-pipeline stalls,
+framework overheads beyond a fixed per-step cost (`Device.step_overhead_s`), network contention
+with other jobs, and the convergence cost of large or stale batches (time to *accuracy* is
+epochs-to-accuracy, from experiments, times the epoch time predicted here).
+"""
+
+import argparse
+import dataclasses
+import heapq
+import math
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+# ImageNet-1k training images; the default dataset size of the ImageNet-style presets.
+IMAGENET_TRAIN_IMAGES = 1_281_167
+CIFAR10_TRAIN_IMAGES = 50_000
+
+METHODS = ('sync', 'async', 'mixed')
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation helpers: every error names the offending field.
+
+def _require_positive(owner: str, field: str, value, integer: bool = False):
+  if integer:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise ValueError(f'{owner}.{field} must be a positive integer, got {value!r}.')
+  elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    raise ValueError(f'{owner}.{field} must be a positive number, got {value!r}.')
+  if not value > 0 or not math.isfinite(value):
+    raise ValueError(f'{owner}.{field} must be positive (and finite), got {value!r}.')
+
+
+def _require_non_negative(owner: str, field: str, value):
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    raise ValueError(f'{owner}.{field} must be a non-negative number, got {value!r}.')
+  if not value >= 0 or not math.isfinite(value):
+    raise ValueError(f'{owner}.{field} must be non-negative (and finite), got {value!r}.')
+
+
+# ----------------------------------------------------------------------------------------------
+# Hardware and workload descriptions.
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+  """One accelerator (one GPU die, or one CPU socket), characterised in one of two ways.
+
+  * From its datasheet: ``peak_flops`` (FLOP/s at the training precision) times ``efficiency``
+    (the fraction of peak a convolutional network's training step actually achieves) is the
+    sustained rate; a step on b images then takes ``step_overhead_s + b * FLOP/image / rate``.
+  * From a measurement: ``step_time_s`` seconds for one training step at ``measured_batch``
+    images, scaled linearly in the batch around the fixed ``step_overhead_s``. A measurement
+    belongs to one model: set ``measured_workload`` to its `Workload.name` and `compute_time`
+    refuses to apply it to another model.
+
+  ``memory_bytes`` (0: unknown) bounds the per-device batch through `check_memory`.
+  """
+  name: str
+  peak_flops: Optional[float] = None
+  efficiency: Optional[float] = None
+  memory_bytes: float = 0.0
+  step_time_s: Optional[float] = None
+  measured_batch: Optional[int] = None
+  measured_workload: Optional[str] = None
+  step_overhead_s: float = 0.0
+
+  def __post_init__(self):
+    owner = f'Device({self.name!r})'
+    _require_non_negative(owner, 'memory_bytes', self.memory_bytes)
+    _require_non_negative(owner, 'step_overhead_s', self.step_overhead_s)
+    if self.step_time_s is None:
+      if self.peak_flops is None or self.efficiency is None:
+        raise ValueError(f'{owner}: give either peak_flops and efficiency, or a measured '
+                         'step_time_s with measured_batch.')
+      _require_positive(owner, 'peak_flops', self.peak_flops)
+      _require_positive(owner, 'efficiency', self.efficiency)
+      if self.efficiency > 1:
+        raise ValueError(f'{owner}.efficiency is the achieved fraction of peak_flops and must be '
+                         f'in (0, 1], got {self.efficiency!r}.')
+    else:
+      _require_positive(owner, 'step_time_s', self.step_time_s)
+      if self.measured_batch is None:
+        raise ValueError(f'{owner}.measured_batch is required with step_time_s.')
+      _require_positive(owner, 'measured_batch', self.measured_batch, integer=True)
+      if self.step_overhead_s >= self.step_time_s:
+        raise ValueError(f'{owner}.step_overhead_s={self.step_overhead_s!r} must be smaller than '
+                         f'step_time_s={self.step_time_s!r}.')
+
+  @property
+  def sustained_flops(self) -> Optional[float]:
+    """Achieved FLOP/s (None for a device given by a measured step time)."""
+    if self.step_time_s is not None:
+      return None
+    return self.peak_flops * self.efficiency
+
+
+@dataclasses.dataclass(frozen=True)
+class Interconnect:
+  """Links between devices: alpha-beta (latency + bytes/bandwidth) parameters.
+
+  ``intra_node_bandwidth`` is the per-direction bandwidth a device achieves to its ring neighbour
+  inside a node (PCIe, NVLink). ``inter_node_bandwidth`` is the per-direction bandwidth of one
+  node's network interface; every transfer leaving a node shares it. Both are *effective*
+  (achieved by the communication library), not signalling rates.
+  """
+  intra_node_bandwidth: float
+  intra_node_latency: float
+  inter_node_bandwidth: float
+  inter_node_latency: float
+
+  def __post_init__(self):
+    _require_positive('Interconnect', 'intra_node_bandwidth', self.intra_node_bandwidth)
+    _require_positive('Interconnect', 'inter_node_bandwidth', self.inter_node_bandwidth)
+    _require_non_negative('Interconnect', 'intra_node_latency', self.intra_node_latency)
+    _require_non_negative('Interconnect', 'inter_node_latency', self.inter_node_latency)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """``nodes`` identical nodes of ``devices_per_node`` devices each.
+
+  ``max_devices_per_node`` is what the node physically holds (None: unconstrained); asking for
+  more devices per node than that is an error rather than a silent extrapolation.
+  """
+  nodes: int
+  devices_per_node: int
+  device: Device
+  interconnect: Interconnect
+  max_devices_per_node: Optional[int] = None
+  name: str = 'cluster'
+
+  def __post_init__(self):
+    _require_positive('Cluster', 'nodes', self.nodes, integer=True)
+    _require_positive('Cluster', 'devices_per_node', self.devices_per_node, integer=True)
+    if self.max_devices_per_node is not None:
+      _require_positive('Cluster', 'max_devices_per_node', self.max_devices_per_node,
+                        integer=True)
+      if self.devices_per_node > self.max_devices_per_node:
+        raise ValueError(
+            f'Cluster({self.name!r}).devices_per_node={self.devices_per_node} exceeds '
+            f'max_devices_per_node={self.max_devices_per_node}: a node of this cluster holds '
+            f'at most {self.max_devices_per_node} {self.device.name} devices.')
+    if not isinstance(self.device, Device):
+      raise ValueError(f'Cluster.device must be a Device, got {type(self.device).__name__}.')
+    if not isinstance(self.interconnect, Interconnect):
+      raise ValueError('Cluster.interconnect must be an Interconnect, got '
+                       f'{type(self.interconnect).__name__}.')
+
+  @property
+  def num_devices(self) -> int:
+    return self.nodes * self.devices_per_node
+
+  def resized(self, nodes: Optional[int] = None,
+              devices_per_node: Optional[int] = None) -> 'Cluster':
+    """The same hardware with another number of nodes and/or devices per node (validated)."""
+    return dataclasses.replace(
+        self, nodes=self.nodes if nodes is None else nodes,
+        devices_per_node=self.devices_per_node if devices_per_node is None else devices_per_node)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What one training image costs, and what one update moves.
+
+  ``flops_per_image_fwd`` is the forward pass (2 FLOP per multiply-add); a training step costs
+  ``train_flops_factor`` times that (3: the backward pass computes gradients with respect to both
+  activations and weights, each about one forward). ``param_bytes`` is what a parameter pull
+  moves; ``gradient_bytes`` (default: ``param_bytes``) what a gradient push or all-reduce moves.
+  ``activation_bytes_per_image`` (0: unknown) and ``training_state_factor`` (copies of the
+  parameters a device keeps: weights, gradients, momentum) feed `check_memory`.
+  """
+  name: str
+  flops_per_image_fwd: float
+  param_bytes: float
+  dataset_size: int
+  train_flops_factor: float = 3.0
+  gradient_bytes: Optional[float] = None
+  activation_bytes_per_image: float = 0.0
+  training_state_factor: float = 3.0
+
+  def __post_init__(self):
+    owner = f'Workload({self.name!r})'
+    _require_positive(owner, 'flops_per_image_fwd', self.flops_per_image_fwd)
+    _require_positive(owner, 'param_bytes', self.param_bytes)
+    _require_positive(owner, 'dataset_size', self.dataset_size, integer=True)
+    _require_positive(owner, 'train_flops_factor', self.train_flops_factor)
+    if self.gradient_bytes is not None:
+      _require_positive(owner, 'gradient_bytes', self.gradient_bytes)
+    _require_non_negative(owner, 'activation_bytes_per_image', self.activation_bytes_per_image)
+    _require_positive(owner, 'training_state_factor', self.training_state_factor)
+
+  @property
+  def flops_per_image_train(self) -> float:
+    return self.flops_per_image_fwd * self.train_flops_factor
+
+  @property
+  def grad_bytes(self) -> float:
+    return self.param_bytes if self.gradient_bytes is None else self.gradient_bytes
+
+  @property
+  def backward_fraction(self) -> float:
+    """Share of a training step spent in the backward pass (what communication can hide behind)."""
+    return (self.train_flops_factor - 1.0) / self.train_flops_factor
+
+
+# ----------------------------------------------------------------------------------------------
+# Presets. Every number below is an assumption with a stated source; override them freely.
+
+def resnet50(dataset_size: int = IMAGENET_TRAIN_IMAGES) -> Workload:
+  """ResNet-50 (v1.5) at 224x224, float32 parameters and gradients.
+
+  4.1e9 multiply-adds = 8.2e9 FLOP forward per image (the commonly quoted 4.1 GMACs; XLA's cost
+  analysis of `anp_jax.models` ResNet-50 gives 8.0e9, see the tests). 25,557,032 parameters
+  (torchvision's count for 1000 classes) x 4 bytes. Activation memory: 27.7 M float32 module
+  outputs per image in training mode (measured with Flax ``capture_intermediates``), ~111 MB.
+  ``dataset_size`` defaults to ImageNet-1k; pass the ANP dataset's size for its epochs.
+  """
+  return Workload(name='resnet50', flops_per_image_fwd=8.2e9, param_bytes=25_557_032 * 4,
+                  dataset_size=dataset_size, activation_bytes_per_image=27.7e6 * 4)
+
+
+def resnet20(dataset_size: int = CIFAR10_TRAIN_IMAGES) -> Workload:
+  """CIFAR ResNet-20 (He et al. 2016, section 4.2) at 32x32 with 10 classes, float32.
+
+  7.6e7 FLOP forward per image and 272,474 parameters: XLA's cost analysis and the parameter tree
+  of `anp_jax.models` ResNet-20 (the tests check `workload_from_flax` against these). Activation
+  memory: 0.49 M float32 module outputs per image in training mode.
+  """
+  return Workload(name='resnet20', flops_per_image_fwd=7.6e7, param_bytes=272_474 * 4,
+                  dataset_size=dataset_size, activation_bytes_per_image=0.49e6 * 4)
+
+
+def k80() -> Device:
+  """One GK210 die of a Tesla K80 board (a K80 board is two such devices), float32.
+
+  Peak: 2496 CUDA cores x 2 FLOP x 875 MHz boost = 4.37 TFLOP/s per die (half of the board's
+  8.74 TFLOP/s; at the 560 MHz base clock it is 2.8 TFLOP/s, which a power-capped board may
+  approach under sustained load). Efficiency and per-step overhead are calibrated on TensorFlow's
+  published benchmark (tensorflow.org/performance/benchmarks, Google Compute Engine, one K80 die,
+  ResNet-50, synthetic data): 49.5 images/s at batch 32 and 52 images/s at batch 64. A line
+  through the two step times gives 18.3 ms/image (1.35 TFLOP/s sustained = 30.8 % of boost
+  peak) plus 62 ms per step. Memory: 12 GB GDDR5 per die.
+  """
+  return Device(name='k80', peak_flops=4.37e12, efficiency=0.308, memory_bytes=12e9,
+                step_overhead_s=0.062)
+
+
+def v100() -> Device:
+  """Tesla V100 SXM2 16 GB with mixed precision (tensor cores), as used with ResNet-50 from 2018.
+
+  Peak 125 TFLOP/s (fp16 tensor cores). Efficiency 0.2 assumes ~1,000 ResNet-50 training images/s
+  per GPU, the middle of the 800-1,400 images/s that NVIDIA's published mixed-precision
+  ResNet-50 results span across frameworks; not measured here.
+  """
+  return Device(name='v100', peak_flops=125e12, efficiency=0.2, memory_bytes=16e9)
+
+
+def h200() -> Device:
+  """NVIDIA H200 SXM (141 GB HBM3e) in bfloat16.
+
+  Peak 989 TFLOP/s dense bf16 (the H100 SXM tensor-core figure; H200 has the same compute and more,
+  faster memory). ResNet-50 is bandwidth- and launch-bound on this class of GPU: efficiency 0.075
+  assumes ~3,000 training images/s per GPU, the order of MLPerf-class H100 ResNet-50 results;
+  not measured here. Calibrate with a measured `Device(step_time_s=..., measured_batch=...)`.
+  """
+  return Device(name='h200', peak_flops=989e12, efficiency=0.075, memory_bytes=141e9)
+
+
+def cpu(cores: int = 16, clock_hz: float = 2.5e9, flops_per_cycle: int = 32,
+        efficiency: float = 0.3, memory_bytes: float = 128e9) -> Device:
+  """A CPU socket in float32: cores x clock x FLOP/cycle (32 = two AVX2 FMA units on 8 lanes).
+
+  The defaults (a 16-core AVX2 socket at 2.5 GHz = 1.28 TFLOP/s) and the 30 % efficiency of
+  oneDNN-style convolutions are assumptions; set them for the machine at hand.
+  """
+  return Device(name=f'cpu{cores}', peak_flops=cores * clock_hz * flops_per_cycle,
+                efficiency=efficiency, memory_bytes=memory_bytes)
+
+
+def minotauro_interconnect() -> Interconnect:
+  """MinoTauro's links (BSC; K80 partition), effective rates assumed for a tuned library.
+
+  Intra-node: PCIe 3.0 x16 per K80 board (15.75 GB/s signalling, ~12 GB/s achieved by DMA); the two
+  dies of a board share it through an on-board PCIe switch and the two boards hang off different
+  sockets, so a ring through all four dies is assumed to achieve 10 GB/s per direction, 10 us per
+  hop (CUDA copy launch + PCIe). Inter-node: one InfiniBand FDR 4x HCA per node (56 Gb/s, 6.8 GB/s
+  of data), ~6 GB/s effective with verbs/MPI, 2 us latency. A gRPC-over-IPoIB stack (TensorFlow
+  1.x of the seed paper) achieves far less; lower ``inter_node_bandwidth`` to model it.
+  """
+  return Interconnect(intra_node_bandwidth=10e9, intra_node_latency=10e-6,
+                      inter_node_bandwidth=6e9, inter_node_latency=2e-6)
+
+
+def minotauro(nodes: int = 16, devices_per_node: int = 4,
+              device: Optional[Device] = None) -> Cluster:
+  """BSC MinoTauro's K80 nodes: two K80 boards (= 4 GK210 devices) per node, FDR InfiniBand.
+
+  See `k80` and `minotauro_interconnect` for the assumptions. The seed paper used up to 16 nodes.
+  """
+  return Cluster(nodes=nodes, devices_per_node=devices_per_node, device=device or k80(),
+                 interconnect=minotauro_interconnect(), max_devices_per_node=4, name='minotauro')
+
+
+WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}
+DEVICES = {'k80': k80, 'v100': v100, 'h200': h200, 'cpu': cpu}
+CLUSTERS = {'minotauro': minotauro}
+
+
+# ----------------------------------------------------------------------------------------------
+# Communication and computation costs.
+
+def _check_transfer_args(nbytes, n, bandwidth, latency):
+  _require_non_negative('allreduce', 'bytes', nbytes)
+  _require_positive('allreduce', 'n', n, integer=True)
+  _require_positive('allreduce', 'bandwidth', bandwidth)
+  _require_non_negative('allreduce', 'latency', latency)
+
+
+def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+  """Bandwidth-optimal ring all-reduce of ``nbytes`` over ``n`` participants.
+
+  A reduce-scatter then an all-gather, each of n-1 steps moving nbytes/n per link:
+  2(n-1)/n * nbytes / bandwidth + 2(n-1) * latency. One participant communicates nothing.
+  """
+  _check_transfer_args(nbytes, n, bandwidth, latency)
+  if n == 1:
+    return 0.0
+  return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * latency
+
+
+def ring_reduce_scatter_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
+  """Half of a ring all-reduce: (n-1)/n * nbytes / bandwidth + (n-1) * latency (also all-gather)."""
+  _check_transfer_args(nbytes, n, bandwidth, latency)
+  if n == 1:
+    return 0.0
+  return (n - 1) / n * nbytes / bandwidth + (n - 1) * latency
+
+
+def hierarchical_allreduce_time(nbytes: float, nodes: int, devices_per_node: int,
+                                interconnect: Interconnect) -> float:
+  """Two-level all-reduce: intra-node reduce-scatter, inter-node ring, intra-node all-gather.
+
+  After the reduce-scatter each of the d devices of a node owns 1/d of the sum; d concurrent rings
+  over the nodes (one per shard) all-reduce the shards. Those d rings share the node's one network
+  interface, so together they move 2(N-1)/N * nbytes through it, as one ring of the whole buffer
+  would; their latencies overlap. One node reduces to a plain intra-node ring, one device per node
+  to a plain inter-node ring.
+  """
+  ic = interconnect
+  if nodes == 1:
+    return ring_allreduce_time(nbytes, devices_per_node, ic.intra_node_bandwidth,
+                               ic.intra_node_latency)
+  inter = ring_allreduce_time(nbytes, nodes, ic.inter_node_bandwidth, ic.inter_node_latency)
+  if devices_per_node == 1:
+    return inter
+  intra = ring_reduce_scatter_time(nbytes, devices_per_node, ic.intra_node_bandwidth,
+                                   ic.intra_node_latency)
+  return 2.0 * intra + inter
+
+
+def check_memory(workload: Workload, device: Device, per_device_batch: int):
+  """Raise ValueError when parameters, optimizer state and activations exceed device memory.
+
+  Counts ``training_state_factor`` copies of the parameters plus the activations of
+  ``per_device_batch`` images; workspace and fragmentation are not counted, so passing is
+  necessary, not sufficient. Skipped when the device memory or activation size is unknown (0).
+  """
+  _require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
+  if not device.memory_bytes or not workload.activation_bytes_per_image:
+    return
+  need = (workload.training_state_factor * workload.param_bytes +
+          per_device_batch * workload.activation_bytes_per_image)
+  if need > device.memory_bytes:
+    fit = int((device.memory_bytes - workload.training_state_factor * workload.param_bytes) //
+              workload.activation_bytes_per_image)
+    raise ValueError(
+        f'per_device_batch={per_device_batch} of {workload.name} needs ~{need / 1e9:.1f} GB on '
+        f'{device.name}, which has {device.memory_bytes / 1e9:.1f} GB '
+        f'(at most ~{max(fit, 0)} images fit).')
+
+
+def compute_time(workload: Workload, device: Device, per_device_batch: int) -> float:
+  """Seconds of one forward+backward pass of ``per_device_batch`` images on one device."""
+  check_memory(workload, device, per_device_batch)
+  if device.step_time_s is not None:
+    if device.measured_workload is not None and device.measured_workload != workload.name:
+      raise ValueError(f'Device({device.name!r}).step_time_s was measured for '
+                       f'{device.measured_workload!r}, not for workload {workload.name!r}.')
+    per_image = (device.step_time_s - device.step_overhead_s) / device.measured_batch
+    return device.step_overhead_s + per_device_batch * per_image
+  return (device.step_overhead_s +
+          per_device_batch * workload.flops_per_image_train / device.sustained_flops)
+
+
+# ----------------------------------------------------------------------------------------------
+# Discrete-event simulation of asynchronous SGD with parameter servers.
+
+@dataclasses.dataclass
+class AsyncSimResult:
+  """Samples recorded by `simulate_async` after its warm-up.
+
+  ``staleness[i]``: updates the server applied between the moment the worker of the i-th recorded
+  gradient read its parameters and the update that applies that gradient. ``effective_batch[j]``:
+  images in the j-th recorded update (worker batch x gradients merged into it).
+  """
+  staleness: np.ndarray
+  worker: np.ndarray
+  apply_time: np.ndarray
+  effective_batch: np.ndarray
+  elapsed: float
+  num_workers: int
+  worker_batch: int
+
+  @property
+  def mean_staleness(self) -> float:
+    return float(self.staleness.mean())
+
+  @property
+  def gradients_per_s(self) -> float:
+    return len(self.staleness) / self.elapsed if self.elapsed > 0 else math.inf
+
+  @property
+  def updates_per_s(self) -> float:
+    return len(self.effective_batch) / self.elapsed if self.elapsed > 0 else math.inf
+
+  @property
+  def images_per_s(self) -> float:
+    return self.gradients_per_s * self.worker_batch
+
+  def staleness_pmf(self) -> Dict[int, float]:
+    return _pmf(self.staleness)
+
+  def effective_batch_pmf(self) -> Dict[int, float]:
+    return _pmf(self.effective_batch)
+
+
+def _pmf(samples: np.ndarray) -> Dict[int, float]:
+  values, counts = np.unique(samples, return_counts=True)
+  return {int(v): float(c) / len(samples) for v, c in zip(values, counts)}
+
+
+class _UnitSampler:
+  """Buffered unit-mean step-time multipliers with a given coefficient of variation."""
+
+  def __init__(self, cv: float, distribution: str, rng: np.random.Generator, block: int = 8192):
+    if distribution not in ('gamma', 'lognormal'):
+      raise ValueError(f"distribution={distribution!r}; choose 'gamma' or 'lognormal'.")
+    self.cv, self.distribution, self.rng, self.block = cv, distribution, rng, block
+    self._buf, self._i = np.empty(0), 0
+
+  def __call__(self) -> float:
+    if self.cv == 0:
+      return 1.0
+    if self._i == len(self._buf):
+      if self.distribution == 'gamma':
+        shape = 1.0 / self.cv**2
+        self._buf = self.rng.gamma(shape, 1.0 / shape, self.block)
+      else:
+        sigma2 = math.log1p(self.cv**2)
+        self._buf = self.rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), self.block)
+      self._i = 0
+    self._i += 1
+    return float(self._buf[self._i - 1])
+
+
+def simulate_async(num_workers: int, compute_time_mean: Union[float, Sequence[float]],
+                   compute_time_cv: float = 0.0, comm_time: float = 0.0,
+                   num_updates: int = 10_000, seed: int = 0, *, server_time: float = 0.0,
+                   apply_time: float = 0.0, push_fraction: float = 0.5,
+                   distribution: str = 'gamma', merge: bool = False, worker_batch: int = 1,
+                   warmup: Optional[int] = None) -> AsyncSimResult:
+  """Simulate N workers training asynchronously against a parameter server; record staleness.
+
+  Each worker loops: compute a gradient (``compute_time_mean`` seconds on average, one value or
+  one per worker; gamma- or lognormal-distributed with coefficient of variation
+  ``compute_time_cv``), push it, and read the new parameters back. The time line of one push:
+
+  * the server's links are a FIFO resource occupied ``server_time`` seconds per gradient (the
+    serialised part: gradient bytes over the servers' aggregate bandwidth);
+  * the worker's own link needs ``push_fraction * comm_time`` seconds; the gradient reaches the
+    server when both are done;
+  * the server applies updates one at a time, ``apply_time`` seconds each. With ``merge`` it sums
+    every gradient that arrived while it was busy into the next update (SPRINT's server, whose
+    effective mini-batch then varies); without, each gradient is its own update (TensorFlow's
+    asynchronous parameter servers, as in the seed paper).
+
+  The worker reads the parameters as they are right after its update and spends the remaining
+  ``(1 - push_fraction) * comm_time`` receiving them. Staleness = updates applied between that
+  read and the update that applies the worker's next gradient. For N identical workers, each
+  other worker's updates fall into every such interval once on average: mean staleness N-1
+  whatever the step-time distribution (without merging).
+
+  The first ``warmup`` gradients (default 10 per worker; all workers start in lock-step) are
+  dropped; ``num_updates`` gradients are recorded after it.
+  """
+  _require_positive('simulate_async', 'num_workers', num_workers, integer=True)
+  _require_positive('simulate_async', 'num_updates', num_updates, integer=True)
+  _require_positive('simulate_async', 'worker_batch', worker_batch, integer=True)
+  _require_non_negative('simulate_async', 'compute_time_cv', compute_time_cv)
+  for field, value in (('comm_time', comm_time), ('server_time', server_time),
+                       ('apply_time', apply_time)):
+    _require_non_negative('simulate_async', field, value)
+  if not 0 <= push_fraction <= 1:
+    raise ValueError(f'simulate_async.push_fraction must be in [0, 1], got {push_fraction!r}.')
+  means = np.broadcast_to(np.asarray(compute_time_mean, dtype=float), (num_workers,)).copy()
+  if np.any(~np.isfinite(means)) or np.any(means <= 0):
+    raise ValueError('simulate_async.compute_time_mean must be positive, got '
+                     f'{compute_time_mean!r}.')
+  if warmup is None:
+    warmup = 10 * num_workers
+  _require_non_negative('simulate_async', 'warmup', warmup)
+
+  rng = np.random.default_rng(seed)
+  draw = _UnitSampler(compute_time_cv, distribution, rng)
+  push_time = push_fraction * comm_time
+  pull_time = comm_time - push_time
+
+  # Events: (time, sequence, kind, payload); the sequence number keeps ties in FIFO order.
+  REQUEST, ARRIVE, APPLIED = 0, 1, 2
+  events: List[Tuple[float, int, int, object]] = []
+  seq = 0
+
+  def schedule(t, kind, payload):
+    nonlocal seq
+    heapq.heappush(events, (t, seq, kind, payload))
+    seq += 1
+
+  read_version = np.zeros(num_workers, dtype=np.int64)
+  for w in range(num_workers):
+    schedule(means[w] * draw(), REQUEST, w)
+
+  link_free = 0.0
+  version = 0
+  busy = False
+  queue: List[int] = []
+  staleness, workers, times, eff_batch = [], [], [], []
+  seen = 0
+  last_applied = 0.0  # time of the latest update; the recording window opens at one
+  t_start = None
+  target = warmup + num_updates
+
+  def start_update(t):
+    nonlocal busy, queue
+    if merge:
+      batch, queue = queue, []
+    else:
+      batch = [queue.pop(0)]
+    busy = True
+    schedule(t + apply_time, APPLIED, batch)
+
+  while seen < target:
+    t, _, kind, payload = heapq.heappop(events)
+    if kind == REQUEST:
+      start = max(t, link_free)
+      link_free = start + server_time
+      schedule(max(link_free, t + push_time), ARRIVE, payload)
+    elif kind == ARRIVE:
+      queue.append(payload)
+      if not busy:
+        start_update(t)
+    else:
+      busy = False
+      if seen + len(payload) > warmup:
+        if t_start is None:
+          t_start = last_applied
+        eff_batch.append(len(payload) * worker_batch)
+      for w in payload:
+        if seen >= warmup:
+          staleness.append(version - read_version[w])
+          workers.append(w)
+          times.append(t)
+        seen += 1
+        read_version[w] = version + 1
+        schedule(t + pull_time + means[w] * draw(), REQUEST, w)
+      version += 1
+      last_applied = t
+      if queue:
+        start_update(t)
+  # A merged last update may overshoot the target: keep exactly num_updates gradients.
+  staleness, workers, times = staleness[:num_updates], workers[:num_updates], times[:num_updates]
+  return AsyncSimResult(staleness=np.asarray(staleness, dtype=np.int64),
+                        worker=np.asarray(workers, dtype=np.int64),
+                        apply_time=np.asarray(times, dtype=float),
+                        effective_batch=np.asarray(eff_batch, dtype=np.int64),
+                        elapsed=float(times[-1] - t_start), num_workers=num_workers,
+                        worker_batch=worker_batch)
+
+
+def staleness_sampler(num_workers: int, num_samples: int, *, compute_time_cv: float = 0.1,
+                      comm_to_compute: float = 0.0, server_to_compute: float = 0.0,
+                      distribution: str = 'gamma', merge: bool = False,
+                      seed: int = 0) -> np.ndarray:
+  """``num_samples`` staleness values (int64) of asynchronous SGD with ``num_workers`` workers.
+
+  For a simulated asynchronous SGD that needs realistic delays: the values come from
+  `simulate_async` in the order the server applies the gradients (so their temporal correlation
+  is kept), with times in units of the mean compute time: ``comm_to_compute`` is the worker-side
+  push+pull time and ``server_to_compute`` the serialised server time per gradient, both relative
+  to one compute step. The mean is num_workers - 1 unless the server saturates with ``merge``.
+  """
+  result = simulate_async(num_workers, 1.0, compute_time_cv, comm_to_compute, num_samples, seed,
+                          server_time=server_to_compute, distribution=distribution, merge=merge)
+  return result.staleness
+
+
+# ----------------------------------------------------------------------------------------------
+# Whole-system prediction.
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """Predicted performance of one configuration.
+
+  ``step_time`` is the wall time of one training step: of the synchronous global step for
+  'sync' and local-SGD, of one worker's local step (mean) for the asynchronous methods.
+  ``compute_time`` is a device's forward+backward time of one step, ``comm_time`` the
+  communication time per step before overlap (amortised over the local steps), and
+  ``exposed_comm_time`` what of it is not hidden behind the backward pass (or, asynchronously,
+  what the worker waits for its transfers and the server).
+
+  ``global_batch`` is images per step summed over all devices; asynchronously each update carries
+  only one worker's share, whose distribution is ``effective_batch_distribution`` (images per
+  update -> probability). ``staleness_distribution`` maps staleness (updates applied between a
+  worker's read of the parameters and the update applying its gradient) to probability; local
+  SGD reports the local steps since the last global average instead. Speed-ups compare images/s
+  with one device training alone (no communication) and with one node of the same method.
+  """
+  method: str
+  nodes: int
+  devices_per_node: int
+  per_device_batch: int
+  global_batch: int
+  compute_time: float
+  comm_time: float
+  exposed_comm_time: float
+  step_time: float
+  images_per_s: float
+  epoch_time: float
+  speedup_vs_one_device: float
+  speedup_vs_one_node: float
+  efficiency: float
+  num_workers: int
+  worker_batch: int
+  updates_per_s: float
+  mean_staleness: float
+  staleness_distribution: Dict[int, float]
+  effective_batch_distribution: Dict[int, float]
+  description: str = ''
+  cluster: Optional[Cluster] = dataclasses.field(default=None, repr=False, compare=False)
+
+  @property
+  def num_devices(self) -> int:
+    return self.nodes * self.devices_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class _Core:
+  """What `_predict_core` computes; `predict` adds the speed-ups against reference runs."""
+  compute_time: float
+  comm_time: float
+  exposed_comm_time: float
+  step_time: float
+  images_per_s: float
+  num_workers: int
+  worker_batch: int
+  updates_per_s: float
+  staleness: Dict[int, float]
+  effective_batch: Dict[int, float]
+  description: str
+
+
+def _exposed(comm: float, overlap: float, backward: float) -> float:
+  """Communication left after hiding ``overlap`` of it behind (at most) the backward pass."""
+  return comm - min(overlap * comm, backward)
+
+
+def _ps_transfer_time(nbytes: float, senders: int, num_ps: int, ic: Interconnect) -> float:
+  """Time for ``senders`` nodes to each move ``nbytes`` to (or from) ``num_ps`` servers at once.
+
+  Each server link carries senders * nbytes / num_ps; each sender's link carries nbytes; the
+  slower of the two bounds the phase. Servers sit on their own network links (dedicated nodes).
+  """
+  bw = ic.inter_node_bandwidth
+  return max(senders * nbytes / (num_ps * bw), nbytes / bw) + ic.inter_node_latency
+
+
+def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, overlap: float,
+                  num_ps: int, local_steps: int, async_worker: str, mixed_mode: str,
+                  sync_comm: str, ps_merge: bool, ps_apply_time: float, compute_cv: float,
+                  sim_updates: int, seed: int) -> _Core:
+  ic = cluster.interconnect
+  n, d = cluster.nodes, cluster.devices_per_node
+  t_c = compute_time(workload, cluster.device, b)
+  backward = (t_c - cluster.device.step_overhead_s) * workload.backward_fraction
+  grad, params = workload.grad_bytes, workload.param_bytes
+  intra = ring_allreduce_time(grad, d, ic.intra_node_bandwidth, ic.intra_node_latency)
+  global_batch = n * d * b
+
+  if method == 'sync':
+    if sync_comm == 'allreduce':
+      comm = hierarchical_allreduce_time(grad, n, d, ic)
+      how = f'hierarchical ring all-reduce over {n}x{d}'
+    else:
+      # Reduce to a leader per node, push to / pull from the servers, broadcast inside the node.
+      comm = (intra + ring_allreduce_time(params, d, ic.intra_node_bandwidth,
+                                          ic.intra_node_latency) +
+              _ps_transfer_time(grad, n, num_ps, ic) + _ps_transfer_time(params, n, num_ps, ic))
+      how = f'{num_ps} parameter server(s), node-level aggregation'
+    exposed = _exposed(comm, overlap, backward)
+    step = t_c + exposed
+    return _Core(t_c, comm, exposed, step, global_batch / step, 1, global_batch, 1 / step,
+                 {0: 1.0}, {global_batch: 1.0}, f'synchronous SGD, {how}')
+
+  if method == 'mixed' and mixed_mode == 'local_sgd':
+    node_step = t_c + _exposed(intra, overlap, backward)
+    average = hierarchical_allreduce_time(params, n, d, ic) if n > 1 else 0.0
+    step = node_step + average / local_steps
+    comm = intra + average / local_steps
+    stale = {j: 1.0 / local_steps for j in range(local_steps)} if n > 1 else {0: 1.0}
+    return _Core(t_c, comm, step - t_c, step, global_batch / step, n, d * b, 1 / step, stale,
+                 {d * b: 1.0},
+                 f'local SGD: synchronous inside each node, parameters averaged over {n} nodes '
+                 f'every {local_steps} step(s)')
+
+  # Asynchronous parameter-server training: 'async' (workers = devices or nodes) or the seed
+  # paper's mixed-asynchronous (workers = nodes, synchronous inside each node).
+  worker_is_node = method == 'mixed' or async_worker == 'node'
+  if worker_is_node:
+    num_workers, worker_batch, sharing = n, d * b, 1
+    worker_compute = t_c + _exposed(intra, overlap, backward)
+  else:
+    num_workers, worker_batch, sharing = n * d, b, d
+    worker_compute = t_c
+  worker_bw = ic.inter_node_bandwidth / sharing  # devices of a node share its interface
+  # A worker pushes a gradient / pulls parameters once per `local_steps` local steps.
+  push = grad / worker_bw + ic.inter_node_latency
+  pull = params / worker_bw + ic.inter_node_latency
+  server = grad / (num_ps * ic.inter_node_bandwidth) + ic.inter_node_latency
+  sim = simulate_async(num_workers, local_steps * worker_compute, compute_cv, push + pull,
+                       sim_updates, seed, server_time=server, apply_time=ps_apply_time,
+                       push_fraction=push / (push + pull), merge=ps_merge,
+                       worker_batch=local_steps * worker_batch)
+  images_per_s = sim.images_per_s
+  step = num_workers * worker_batch / images_per_s
+  comm = (push + pull) / local_steps + (intra if worker_is_node else 0.0)
+  who = f'{num_workers} node workers (synchronous inside)' if worker_is_node else (
+      f'{num_workers} device workers')
+  name = 'mixed-asynchronous' if method == 'mixed' else 'asynchronous'
+  return _Core(t_c, comm, step - t_c, step, images_per_s, num_workers, worker_batch,
+               sim.updates_per_s, sim.staleness_pmf(), sim.effective_batch_pmf(),
+               f'{name} SGD, {who}, {num_ps} parameter server(s)'
+               f'{", merging" if ps_merge else ""}'
+               f'{f", {local_steps} local steps per push" if local_steps > 1 else ""}')
+
+
+def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method: str = 'sync', *,
+            overlap: float = 0.0, num_ps: int = 1, local_steps: int = 1,
+            async_worker: str = 'device', mixed_mode: str = 'async',
+            sync_comm: str = 'allreduce', ps_merge: bool = False, ps_apply_time: float = 0.0,
+            compute_cv: float = 0.1, sim_updates: int = 20_000, seed: int = 0) -> Prediction:
+  """Predict step time, throughput, epoch time and speed-ups of one training configuration.
+
+  Methods:
+
+  * ``'sync'``: synchronous data parallelism. ``sync_comm='allreduce'`` (default) sums the
+    gradients with `hierarchical_allreduce_time`; ``'ps'`` as TensorFlow 1.x's replicated
+    parameter servers do: each node reduces its gradients, pushes them to ``num_ps`` servers and
+    pulls the parameters back (`_ps_transfer_time`), then broadcasts them inside the node.
+    ``overlap`` in [0, 1] is the fraction of the communication hidden behind the backward pass
+    (bucketed all-reduce), never more than the backward pass itself.
+  * ``'async'``: asynchronous SGD against ``num_ps`` parameter servers, simulated by
+    `simulate_async`. ``async_worker='device'`` makes every device a worker (the devices of a
+    node then share its network interface); ``'node'`` makes every node one worker that is
+    synchronous inside (then identical to ``'mixed'``). Gradient bytes are split evenly over
+    the servers, each of which has an inter-node link of its own. ``compute_cv`` is the
+    coefficient of variation of a worker's step time: it shapes the staleness distribution,
+    not its mean. ``ps_merge`` switches to SPRINT's merging server (see `simulate_async`), with
+    ``ps_apply_time`` seconds per update.
+  * ``'mixed'`` with ``mixed_mode='async'`` (default): the seed paper's *mixed-asynchronous*
+    scheme: synchronous all-reduce inside each node, asynchronous parameter servers across nodes;
+    ``local_steps`` > 1 lets a node take that many synchronous steps between pushes.
+    ``mixed_mode='local_sgd'``: synchronous inside each node, and every ``local_steps`` steps a
+    synchronous all-reduce averages the parameters across nodes (local SGD / periodic model
+    averaging); there is no staleness, and the reported 'staleness' is the local steps since
+    the last average.
+  """
+  if method not in METHODS:
+    raise ValueError(f'method={method!r}; choose one of {METHODS}.')
+  if not isinstance(cluster, Cluster):
+    raise ValueError(f'cluster must be a Cluster, got {type(cluster).__name__}.')
+  if not isinstance(workload, Workload):
+    raise ValueError(f'workload must be a Workload, got {type(workload).__name__}.')
+  _require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
+  _require_non_negative('predict', 'overlap', overlap)
+  if overlap > 1:
+    raise ValueError(f'predict.overlap is a fraction in [0, 1], got {overlap!r}.')
+  _require_positive('predict', 'num_ps', num_ps, integer=True)
+  _require_positive('predict', 'local_steps', local_steps, integer=True)
+  _require_non_negative('predict', 'ps_apply_time', ps_apply_time)
+  _require_non_negative('predict', 'compute_cv', compute_cv)
+  _require_positive('predict', 'sim_updates', sim_updates, integer=True)
+  if async_worker not in ('device', 'node'):
+    raise ValueError(f"predict.async_worker={async_worker!r}; choose 'device' or 'node'.")
+  if mixed_mode not in ('async', 'local_sgd'):
+    raise ValueError(f"predict.mixed_mode={mixed_mode!r}; choose 'async' or 'local_sgd'.")
+  if sync_comm not in ('allreduce', 'ps'):
+    raise ValueError(f"predict.sync_comm={sync_comm!r}; choose 'allreduce' or 'ps'.")
+  if method == 'sync' and local_steps != 1:
+    raise ValueError("predict.local_steps applies to method='mixed' (and 'async'); synchronous "
+                     'SGD communicates every step.')
+
+  args = (workload, per_device_batch, method, overlap, num_ps, local_steps, async_worker,
+          mixed_mode, sync_comm, ps_merge, ps_apply_time, compute_cv, sim_updates, seed)
+  core = _predict_core(cluster, *args)
+  one_node = core if cluster.nodes == 1 else _predict_core(cluster.resized(nodes=1), *args)
+  one_device_rate = per_device_batch / compute_time(workload, cluster.device, per_device_batch)
+  speedup_device = core.images_per_s / one_device_rate
+  mean_staleness = sum(k * p for k, p in core.staleness.items())
+  return Prediction(
+      method=method, nodes=cluster.nodes, devices_per_node=cluster.devices_per_node,
+      per_device_batch=per_device_batch, global_batch=cluster.num_devices * per_device_batch,
+      compute_time=core.compute_time, comm_time=core.comm_time,
+      exposed_comm_time=core.exposed_comm_time, step_time=core.step_time,
+      images_per_s=core.images_per_s, epoch_time=workload.dataset_size / core.images_per_s,
+      speedup_vs_one_device=speedup_device,
+      speedup_vs_one_node=core.images_per_s / one_node.images_per_s,
+      efficiency=speedup_device / cluster.num_devices, num_workers=core.num_workers,
+      worker_batch=core.worker_batch, updates_per_s=core.updates_per_s,
+      mean_staleness=mean_staleness, staleness_distribution=core.staleness,
+      effective_batch_distribution=core.effective_batch, description=core.description,
+      cluster=cluster)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration search.
+
+def rank_configurations(cluster_options: Union[Cluster, Iterable[Cluster]], workload: Workload,
+                        target_global_batch: int, *, match: str = 'at_least',
+                        per_device_batches: Optional[Sequence[int]] = None,
+                        node_counts: Optional[Sequence[int]] = None,
+                        device_counts: Optional[Sequence[int]] = None,
+                        **predict_kwargs) -> List[Prediction]:
+  """All feasible configurations for a target global batch, fastest epoch first.
+
+  For every cluster option (its ``nodes`` and ``max_devices_per_node`` — or ``devices_per_node``
+  when unconstrained — are the upper bounds), every node count ``node_counts`` (default
+  1..nodes) and devices per node ``device_counts`` (default 1..max) is tried with the per-device
+  batch that meets the target: with ``match='exact'`` the global batch must equal the target;
+  with ``'at_least'`` the smallest per-device batch whose global batch reaches the target. Given
+  ``per_device_batches``, only those candidates are tried (with 'at_least', every one that
+  reaches the target). Configurations whose batch does not fit in device memory are skipped.
+  ``predict_kwargs`` (method, overlap, ...) go to `predict`.
+  """
+  _require_positive('best_configuration', 'target_global_batch', target_global_batch,
+                    integer=True)
+  if match not in ('exact', 'at_least'):
+    raise ValueError(f"best_configuration.match={match!r}; choose 'exact' or 'at_least'.")
+  options = [cluster_options] if isinstance(cluster_options, Cluster) else list(cluster_options)
+  if not options:
+    raise ValueError('best_configuration.cluster_options is empty.')
+  results, rejected = [], []
+  for option in options:
+    max_d = option.max_devices_per_node or option.devices_per_node
+    for n in (node_counts or range(1, option.nodes + 1)):
+      if n > option.nodes:
+        continue
+      for d in (device_counts or range(1, max_d + 1)):
+        if d > max_d:
+          continue
+        devices = n * d
+        if per_device_batches is None:
+          if match == 'exact':
+            batches = [target_global_batch // devices] if (
+                target_global_batch % devices == 0) else []
+          else:
+            batches = [-(-target_global_batch // devices)]
+        else:
+          batches = [b for b in per_device_batches
+                     if (devices * b == target_global_batch if match == 'exact'
+                         else devices * b >= target_global_batch)]
+        for b in batches:
+          try:
+            results.append(predict(option.resized(n, d), workload, b, **predict_kwargs))
+          except ValueError as e:
+            rejected.append(f'{option.name} {n}x{d} batch {b}: {e}')
+  if not results:
+    why = '; '.join(rejected[:3]) if rejected else 'no node/device/batch combination matches'
+    raise ValueError(f'No configuration reaches global batch {target_global_batch} '
+                     f'({match}): {why}.')
+  return sorted(results, key=lambda p: (p.epoch_time, p.num_devices))
+
+
+def best_configuration(cluster_options: Union[Cluster, Iterable[Cluster]], workload: Workload,
+                       target_global_batch: int, **kwargs) -> Prediction:
+  """The fastest configuration (by epoch time) for the target global batch, SPRINT-style.
+
+  See `rank_configurations` for the search space and options; ties go to fewer devices.
+  """
+  return rank_configurations(cluster_options, workload, target_global_batch, **kwargs)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Workloads measured from a Flax model.
+
+def workload_from_flax(model, image_size: int, *, name: Optional[str] = None,
+                       dataset_size: int = IMAGENET_TRAIN_IMAGES, channels: int = 3,
+                       batch_size: int = 1, train_flops_factor: float = 3.0,
+                       input_dtype=None) -> Workload:
+  """A `Workload` from a Flax linen model: XLA's FLOP count of its forward pass, its parameters.
+
+  The forward pass ``model.apply(variables, x, train=False)`` on a ``batch_size`` x image_size x
+  image_size x channels batch is lowered and compiled on the default backend without running it
+  (parameters stay abstract); ``cost_analysis()['flops']`` / batch_size is the forward FLOP per
+  image. ``param_bytes`` sums the sizes of the 'params' collection in their own dtypes.
+  """
+  import jax  # Lazily: the rest of this module runs without JAX.
+  import jax.numpy as jnp
+
+  dtype = jnp.float32 if input_dtype is None else input_dtype
+  x = jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), dtype)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros(x.shape, dtype),
+                                                train=False))
+  compiled = jax.jit(lambda v, x: model.apply(v, x, train=False)).lower(variables, x).compile()
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per device program.
+    cost = cost[0]
+  if not cost or 'flops' not in cost:
+    raise ValueError('XLA cost analysis reported no FLOP count for this backend.')
+  param_bytes = sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+                    for leaf in jax.tree.leaves(variables['params']))
+  return Workload(name=name or type(model).__name__.lower(),
+                  flops_per_image_fwd=float(cost['flops']) / batch_size,
+                  param_bytes=float(param_bytes), dataset_size=dataset_size,
+                  train_flops_factor=train_flops_factor)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line.
+
+def _fmt_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return 'inf'
+  if seconds >= 3600:
+    return f'{seconds / 3600:.2f} h'
+  if seconds >= 60:
+    return f'{seconds / 60:.1f} min'
+  return f'{seconds:.1f} s' if seconds >= 10 else f'{seconds:.3g} s'
+
+
+def format_table(predictions: Sequence[Prediction]) -> str:
+  """A fixed-width text table of predictions, one row each ('comm' is the exposed part)."""
+  header = ('nodes', 'devices', 'global batch', 'step [ms]', 'comm [ms]', 'img/s', 'epoch',
+            'x 1 node', 'x 1 dev', 'efficiency', 'staleness')
+  rows = [header]
+  for p in predictions:
+    rows.append((str(p.nodes), str(p.num_devices), str(p.global_batch),
+                 f'{1e3 * p.step_time:,.2f}', f'{1e3 * p.exposed_comm_time:,.2f}',
+                 f'{p.images_per_s:,.1f}',
+                 _fmt_duration(p.epoch_time), f'{p.speedup_vs_one_node:.2f}',
+                 f'{p.speedup_vs_one_device:.2f}', f'{100 * p.efficiency:.1f} %',
+                 f'{p.mean_staleness:.2f}'))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+  lines = ['  '.join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+  lines.insert(1, '  '.join('-' * w for w in widths))
+  return '\n'.join(lines)
+
+
+def _int_list(text: str) -> List[int]:
+  try:
+    values = [int(v) for v in text.split(',') if v.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
+  if not values or any(v <= 0 for v in values):
+    raise argparse.ArgumentTypeError(f'expected positive integers, got {text!r}')
+  return values
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='python -m anp_jax.perfmodel',
+      description='Predict data-parallel training performance (SPRINT-style model).')
+  p.add_argument('--model', choices=sorted(WORKLOADS), default='resnet50')
+  p.add_argument('--dataset-size', type=int, default=None,
+                 help='training images per epoch (default: the preset\'s dataset)')
+  p.add_argument('--cluster', choices=sorted(CLUSTERS), default='minotauro',
+                 help='interconnect and node-size preset')
+  p.add_argument('--nodes', type=int, default=16)
+  p.add_argument('--gpus-per-node', type=int, default=4)
+  p.add_argument('--device', choices=sorted(DEVICES), default='k80')
+  p.add_argument('--per-device-batch', type=int, default=32)
+  p.add_argument('--method', choices=METHODS, default='sync')
+  p.add_argument('--sync-comm', choices=('allreduce', 'ps'), default='allreduce')
+  p.add_argument('--async-worker', choices=('device', 'node'), default='device')
+  p.add_argument('--mixed-mode', choices=('async', 'local_sgd'), default='async')
+  p.add_argument('--local-steps', type=int, default=1)
+  p.add_argument('--intra-bw', type=float, help='intra-node bandwidth, GB/s')
+  p.add_argument('--inter-bw', type=float, help='inter-node bandwidth per node, GB/s')
+  p.add_argument('--intra-lat', type=float, help='intra-node latency, microseconds')
+  p.add_argument('--inter-lat', type=float, help='inter-node latency, microseconds')
+  p.add_argument('--overlap', type=float, default=0.0,
+                 help='fraction of communication hidden behind the backward pass')
+  p.add_argument('--num-ps', type=int, default=1, help='parameter servers')
+  p.add_argument('--ps-merge', action='store_true', help="SPRINT's gradient-merging server")
+  p.add_argument('--compute-cv', type=float, default=0.1,
+                 help='coefficient of variation of a worker step time (async)')
+  p.add_argument('--sweep-nodes', type=_int_list, default=None, metavar='N1,N2,...',
+                 help='predict for each node count (default: just --nodes)')
+  p.add_argument('--target-global-batch', type=int, default=None,
+                 help='search nodes x devices x per-device batch for this global batch')
+  p.add_argument('--exact', action='store_true',
+                 help='with --target-global-batch: the global batch must equal the target')
+  p.add_argument('--seed', type=int, default=0)
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Print a prediction table; returns the exit status (2 for impossible configurations)."""
+  args = _parser().parse_args(argv)
+  try:
+    kwargs = {} if args.dataset_size is None else {'dataset_size': args.dataset_size}
+    workload = WORKLOADS[args.model](**kwargs)
+    base = CLUSTERS[args.cluster](device=DEVICES[args.device]())
+    ic = base.interconnect
+    ic = Interconnect(
+        intra_node_bandwidth=(ic.intra_node_bandwidth if args.intra_bw is None
+                              else args.intra_bw * 1e9),
+        intra_node_latency=(ic.intra_node_latency if args.intra_lat is None
+                            else args.intra_lat * 1e-6),
+        inter_node_bandwidth=(ic.inter_node_bandwidth if args.inter_bw is None
+                              else args.inter_bw * 1e9),
+        inter_node_latency=(ic.inter_node_latency if args.inter_lat is None
+                            else args.inter_lat * 1e-6))
+    nodes = args.sweep_nodes or [args.nodes]
+    cluster = dataclasses.replace(base, nodes=max(nodes), devices_per_node=args.gpus_per_node,
+                                  interconnect=ic)
+    predict_kwargs = dict(method=args.method, overlap=args.overlap, num_ps=args.num_ps,
+                          local_steps=args.local_steps, async_worker=args.async_worker,
+                          mixed_mode=args.mixed_mode, sync_comm=args.sync_comm,
+                          ps_merge=args.ps_merge, compute_cv=args.compute_cv, seed=args.seed)
+    if args.target_global_batch is not None:
+      ranked = rank_configurations(
+          cluster.resized(devices_per_node=args.gpus_per_node), workload,
+          args.target_global_batch, match='exact' if args.exact else 'at_least',
+          node_counts=nodes, device_counts=range(1, args.gpus_per_node + 1), **predict_kwargs)
+      predictions = sorted(ranked[:10], key=lambda p: (p.nodes, p.num_devices))
+    else:
+      predictions = [predict(cluster.resized(nodes=n), workload, args.per_device_batch,
+                             **predict_kwargs) for n in nodes]
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  widest = max(predictions, key=lambda p: p.num_devices)
+  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.2f} GFLOP/image forward, '
+        f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch')
+  print(f'{cluster.name}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
+        f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
+        f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us')
+  print(f'method: {widest.description}; overlap {args.overlap:g}')
+  print(format_table(predictions))
+  if args.target_global_batch is not None:
+    best = ranked[0]
+    print(f'best for global batch {args.target_global_batch}: {best.nodes} node(s) x '
+          f'{best.devices_per_node} device(s) x batch {best.per_device_batch} = '
+          f'{best.global_batch}, epoch {_fmt_duration(best.epoch_time)}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,218 @@
+"""The SPRINT-style performance model: collective costs, the async simulation, predictions, CLI."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from anp_jax import perfmodel as pm
+
+
+def _cluster(nodes=1, devices_per_node=4, **device_kwargs):
+  return pm.minotauro(nodes=nodes, devices_per_node=devices_per_node,
+                      device=pm.k80() if not device_kwargs else pm.Device(**device_kwargs))
+
+
+def test_import_needs_neither_tensorflow_nor_jax():
+  code = ('import sys, anp_jax.perfmodel; '
+          'print(sorted(m for m in ("tensorflow", "jax", "flax") if m in sys.modules))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == '[]'
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 4, 8, 16, 64])
+def test_ring_allreduce_is_the_2_n_minus_1_over_n_formula(n):
+  nbytes, bw, lat = 102.2e6, 6e9, 2e-6
+  expected = 0.0 if n == 1 else 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+  assert pm.ring_allreduce_time(nbytes, n, bw, lat) == expected
+
+
+def test_hierarchical_allreduce_reduces_to_flat_rings_and_shares_the_nic():
+  ic = pm.minotauro_interconnect()
+  g = 1e8
+  intra = pm.ring_allreduce_time(g, 4, ic.intra_node_bandwidth, ic.intra_node_latency)
+  inter = pm.ring_allreduce_time(g, 16, ic.inter_node_bandwidth, ic.inter_node_latency)
+  assert pm.hierarchical_allreduce_time(g, 1, 4, ic) == intra
+  assert pm.hierarchical_allreduce_time(g, 16, 1, ic) == inter
+  both = pm.hierarchical_allreduce_time(g, 16, 4, ic)
+  half = pm.ring_reduce_scatter_time(g, 4, ic.intra_node_bandwidth, ic.intra_node_latency)
+  assert both == pytest.approx(2 * half + inter)
+  assert both == pytest.approx(intra + inter)  # RS + AG inside = one intra all-reduce
+
+
+@pytest.mark.parametrize('n', [4, 8, 16])
+def test_simulated_mean_staleness_of_identical_workers_is_n_minus_1(n):
+  result = pm.simulate_async(n, 1.0, compute_time_cv=0.3, comm_time=0.1, num_updates=20_000,
+                             seed=n)
+  assert len(result.staleness) == 20_000
+  assert abs(result.mean_staleness - (n - 1)) <= 0.05 * (n - 1)
+  # The staleness varies with jitter but the pmf is a distribution over non-negative integers.
+  pmf = result.staleness_pmf()
+  assert min(pmf) >= 0 and len(pmf) > 1 and sum(pmf.values()) == pytest.approx(1.0)
+  # Throughput: n workers, each cycle = compute + comm (the server is not a bottleneck here).
+  assert result.gradients_per_s == pytest.approx(n / 1.1, rel=0.03)
+
+
+def test_deterministic_workers_have_constant_staleness_and_lognormal_works():
+  result = pm.simulate_async(8, 1.0, 0.0, 0.2, 2_000)
+  assert set(result.staleness.tolist()) == {7}
+  result = pm.simulate_async(8, 1.0, 0.2, 0.2, 10_000, distribution='lognormal')
+  assert abs(result.mean_staleness - 7) < 0.35
+
+
+def test_saturated_server_caps_throughput_and_merging_grows_the_effective_batch():
+  # Server link time 0.25 s per gradient: at most 4 gradients/s whatever the 8 workers do.
+  capped = pm.simulate_async(8, 1.0, 0.2, 0.0, 10_000, server_time=0.25)
+  assert capped.gradients_per_s == pytest.approx(4.0, rel=0.02)
+  merged = pm.simulate_async(8, 1.0, 0.2, 0.0, 10_000, apply_time=0.25, merge=True,
+                             worker_batch=32)
+  pmf = merged.effective_batch_pmf()
+  assert max(pmf) > 32 and all(b % 32 == 0 for b in pmf)
+  assert merged.mean_staleness < 7  # Merged gradients see fewer, larger updates.
+
+
+def test_staleness_sampler_returns_the_requested_samples():
+  samples = pm.staleness_sampler(6, 5_000, compute_time_cv=0.2, seed=3)
+  assert samples.shape == (5_000,) and samples.dtype == np.int64
+  assert abs(samples.mean() - 5) < 0.25
+  assert np.array_equal(samples, pm.staleness_sampler(6, 5_000, compute_time_cv=0.2, seed=3))
+
+
+@pytest.mark.parametrize('build,message', [
+    (lambda: pm.Interconnect(0.0, 1e-6, 6e9, 2e-6), 'intra_node_bandwidth'),
+    (lambda: pm.Interconnect(10e9, 1e-6, -1.0, 2e-6), 'inter_node_bandwidth'),
+    (lambda: pm.Interconnect(10e9, -1e-6, 6e9, 2e-6), 'intra_node_latency'),
+    (lambda: pm.minotauro(nodes=2, devices_per_node=8), 'max_devices_per_node'),
+    (lambda: pm.minotauro(nodes=0), 'nodes'),
+    (lambda: pm.Device('gpu', peak_flops=1e12, efficiency=1.5), 'efficiency'),
+    (lambda: pm.Device('gpu', peak_flops=-1e12, efficiency=0.5), 'peak_flops'),
+    (lambda: pm.Device('gpu', step_time_s=0.5), 'measured_batch'),
+    (lambda: pm.Workload('w', 8e9, 0.0, 1000), 'param_bytes'),
+    (lambda: pm.predict(_cluster(), pm.resnet50(), 0), 'per_device_batch'),
+    (lambda: pm.predict(_cluster(), pm.resnet50(), 32, overlap=1.5), 'overlap'),
+    (lambda: pm.predict(_cluster(), pm.resnet50(), 32, method='hogwild'), 'method'),
+    (lambda: pm.predict(_cluster(), pm.resnet50(), 32, method='async', num_ps=0), 'num_ps'),
+    (lambda: pm.predict(_cluster(), pm.resnet50(), 1024), 'per_device_batch=1024'),
+])
+def test_impossible_hardware_or_settings_raise_value_error_naming_the_field(build, message):
+  with pytest.raises(ValueError, match=message):
+    build()
+
+
+def test_compute_time_from_flops_and_from_a_measurement():
+  w = pm.resnet50()
+  k80 = pm.k80()
+  # Calibrated on TensorFlow's K80 benchmark: ~49.5 images/s at batch 32, ~52 at batch 64.
+  assert 32 / pm.compute_time(w, k80, 32) == pytest.approx(49.5, rel=0.02)
+  assert 64 / pm.compute_time(w, k80, 64) == pytest.approx(52.0, rel=0.02)
+  measured = pm.Device('gpu', step_time_s=0.5, measured_batch=64, measured_workload='resnet50',
+                       step_overhead_s=0.1)
+  assert pm.compute_time(w, measured, 32) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match='measured'):
+    pm.compute_time(pm.resnet20(), measured, 32)
+
+
+def test_intra_node_scaling_is_near_linear_when_compute_dominates():
+  w = pm.resnet50()
+  for d in (1, 2, 4):
+    p = pm.predict(_cluster(devices_per_node=d), w, 32)
+    assert p.global_batch == 32 * d
+    assert p.speedup_vs_one_device == pytest.approx(d, rel=0.03)
+    assert p.efficiency > 0.97
+
+
+def test_communication_bound_scaling_degrades_and_overlap_helps():
+  w = pm.resnet50()
+  slow = pm.Interconnect(10e9, 10e-6, 0.5e9, 50e-6)  # 4 Gb/s Ethernet-class links
+  cluster = pm.Cluster(16, 4, pm.k80(), slow, max_devices_per_node=4)
+  plain = pm.predict(cluster, w, 32)
+  hidden = pm.predict(cluster, w, 32, overlap=1.0)
+  assert plain.efficiency < 0.8
+  assert hidden.step_time < plain.step_time
+  # The backward pass bounds what overlap can hide.
+  backward = (plain.compute_time - cluster.device.step_overhead_s) * w.backward_fraction
+  assert hidden.exposed_comm_time == pytest.approx(plain.comm_time - min(plain.comm_time,
+                                                                         backward))
+  assert plain.epoch_time == pytest.approx(w.dataset_size / plain.images_per_s)
+
+
+def test_async_mixed_and_local_sgd_predictions():
+  w = pm.resnet50()
+  cluster = _cluster(nodes=4)
+  asyn = pm.predict(cluster, w, 32, method='async', sim_updates=5_000)
+  assert asyn.num_workers == 16 and asyn.worker_batch == 32
+  assert asyn.mean_staleness == pytest.approx(15, rel=0.05)
+  assert sum(asyn.staleness_distribution.values()) == pytest.approx(1.0)
+  assert asyn.effective_batch_distribution == {32: 1.0}
+  mixed = pm.predict(cluster, w, 32, method='mixed', num_ps=4, sim_updates=5_000)
+  assert mixed.num_workers == 4 and mixed.worker_batch == 128
+  assert mixed.mean_staleness == pytest.approx(3, rel=0.05)
+  # More servers split the serialised server traffic: never slower.
+  assert (pm.predict(cluster, w, 32, method='async', num_ps=4, sim_updates=5_000).images_per_s
+          >= asyn.images_per_s * 0.99)
+  local = pm.predict(cluster, w, 32, method='mixed', mixed_mode='local_sgd', local_steps=8)
+  sync = pm.predict(cluster, w, 32)
+  assert local.images_per_s > sync.images_per_s
+  assert local.mean_staleness == pytest.approx(3.5)
+
+
+def test_best_configuration_meets_the_target_global_batch():
+  w = pm.resnet50()
+  cluster = pm.minotauro(nodes=8)
+  best = pm.best_configuration(cluster, w, 512)
+  assert best.global_batch >= 512 and best.global_batch - 512 < best.num_devices
+  ranked = pm.rank_configurations(cluster, w, 512, match='exact')
+  assert all(p.global_batch == 512 for p in ranked)
+  assert [p.epoch_time for p in ranked] == sorted(p.epoch_time for p in ranked)
+  assert ranked[0] == pm.best_configuration(cluster, w, 512, match='exact')
+  # With a fixed global batch and compute-bound steps, all 32 devices win.
+  assert (best.nodes, best.devices_per_node, best.per_device_batch) == (8, 4, 16)
+  # Memory bounds the per-device batch: a 4096 global batch cannot run on 2 K80 dies.
+  small = pm.minotauro(nodes=1, devices_per_node=2)
+  with pytest.raises(ValueError, match='No configuration'):
+    pm.best_configuration(small, w, 4096, node_counts=[1], device_counts=[1, 2])
+  # Given candidate batches, only those meeting the target are considered.
+  chosen = pm.best_configuration([cluster], w, 256, per_device_batches=[8, 16, 32, 64])
+  assert chosen.global_batch >= 256 and chosen.per_device_batch in (8, 16, 32, 64)
+
+
+def test_cli_prints_a_table(capsys):
+  assert pm.main(['--model', 'resnet50', '--nodes', '16', '--gpus-per-node', '4', '--device',
+                  'k80', '--per-device-batch', '32', '--method', 'sync',
+                  '--sweep-nodes', '1,2,4,8,16']) == 0
+  out = capsys.readouterr().out
+  lines = out.splitlines()
+  header = next(i for i, line in enumerate(lines) if line.lstrip().startswith('nodes'))
+  assert 'img/s' in lines[header] and 'staleness' in lines[header]
+  rows = lines[header + 2:header + 7]
+  assert [int(r.split()[0]) for r in rows] == [1, 2, 4, 8, 16]
+  assert rows[-1].split()[2] == '2048'  # 16 nodes x 4 devices x 32
+
+
+def test_cli_async_target_batch_and_errors(capsys):
+  assert pm.main(['--method', 'async', '--nodes', '2', '--num-ps', '2', '--inter-bw', '3']) == 0
+  assert 'asynchronous SGD, 8 device workers' in capsys.readouterr().out
+  assert pm.main(['--target-global-batch', '256', '--sweep-nodes', '1,2,4']) == 0
+  assert 'best for global batch 256' in capsys.readouterr().out
+  assert pm.main(['--gpus-per-node', '8']) == 2
+  assert 'max_devices_per_node' in capsys.readouterr().err
+
+
+def test_resnet50_forward_flops_from_xla_cost_analysis():
+  from anp_jax.models import build_resnet
+  w = pm.workload_from_flax(build_resnet('resnet50', num_anps=1000), 224, name='resnet50')
+  assert abs(w.flops_per_image_fwd - 8.2e9) <= 0.1 * 8.2e9, w.flops_per_image_fwd
+  assert w.param_bytes == 25_557_032 * 4
+  preset = pm.resnet50()
+  assert math.isclose(w.flops_per_image_fwd, preset.flops_per_image_fwd, rel_tol=0.1)
+
+
+def test_resnet20_preset_matches_the_flax_model():
+  from anp_jax.models import build_resnet
+  w = pm.workload_from_flax(build_resnet('resnet20', num_anps=10), 32, name='resnet20',
+                            dataset_size=pm.CIFAR10_TRAIN_IMAGES)
+  preset = pm.resnet20()
+  assert w.param_bytes == preset.param_bytes
+  assert w.flops_per_image_fwd == pytest.approx(preset.flops_per_image_fwd, rel=0.02)
