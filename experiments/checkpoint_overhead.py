@@ -1,0 +1,62 @@
+"""Checkpoint save cost: time the training loop is blocked vs. the background write, per model.
+
+  python experiments/checkpoint_overhead.py --models resnet20,resnet50 --repeats 3
+
+Builds the real `TrainState` (params, SGD momentum, BN statistics) of each model, saves it with
+the same `Checkpointer` the trainer uses (async orbax), and reports the blocking time (what a
+training step pays), the total time until the checkpoint is committed, and the size on disk.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import jax
+
+from anp_jax import checkpointing, models, optim, train
+from anp_jax.configs import default
+
+
+def measure(name: str, repeats: int, image_size: int, num_anps: int):
+  config = default.get_config()
+  config.model.name = name
+  config.image_size = image_size
+  config.optimizer = 'sgd'
+  model = models.create_model(config, num_anps, 8, 8)
+  tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
+  state = jax.jit(lambda: train.init_state(model, tx, image_size, 0))()
+  jax.block_until_ready(state)
+  rows = []
+  with tempfile.TemporaryDirectory() as workdir:
+    ckpt = checkpointing.Checkpointer(workdir, config)
+    for step in range(1, repeats + 1):
+      t0 = time.perf_counter()
+      ckpt.save(step, state)
+      blocking = time.perf_counter() - t0
+      ckpt.wait()
+      total = time.perf_counter() - t0
+      rows.append((blocking, total))
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in
+               os.walk(os.path.join(workdir, 'checkpoints', str(repeats))) for f in fs)
+    ckpt.close()
+  params = sum(x.size for x in jax.tree.leaves(state.params))
+  return {'model': name, 'params': int(params), 'bytes_on_disk': size,
+          'blocking_s_median': sorted(r[0] for r in rows)[len(rows) // 2],
+          'total_s_median': sorted(r[1] for r in rows)[len(rows) // 2]}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('--models', default='resnet20,resnet50')
+  parser.add_argument('--repeats', type=int, default=3)
+  args = parser.parse_args()
+  for name in args.models.split(','):
+    size = 224 if models.ARCHS[name][2] == 'imagenet' else 32
+    num = 553 if size == 224 else 32
+    print(json.dumps(measure(name, args.repeats, size, num)))
+
+
+if __name__ == '__main__':
+  main()
