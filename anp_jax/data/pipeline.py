@@ -242,8 +242,9 @@ def train_dataset(builder, config, *, per_device_batch: int, steps_per_epoch: in
   if len(streams) == 1:
     ds = streams[0]
   else:
-    ds = tf.data.Dataset.zip(tuple(streams)).map(
-        lambda *bs: jax.tree.map(lambda *xs: tf.concat(xs, axis=0), *bs))
+    def concat(*batches):
+      return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
+    ds = tf.data.Dataset.zip(tuple(streams)).map(concat)
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
 
 
