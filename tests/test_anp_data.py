@@ -1,0 +1,371 @@
+"""The `anp` TFDS builder on a tiny generated manual dir: both layouts, every image mode, bad files,
+reports, stratified deterministic splits, and every bad-input error naming its file or row."""
+
+import collections
+import csv
+import io
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from PIL import Image
+
+from anp_jax.data import anp, prepare as prepare_cli
+
+# 6 kept ANPs x 12 images; 'tiny_cat' has 3 and is dropped by MIN. 'old_school_bus' checks the
+# first-separator rule: adjective 'old', noun 'school_bus'.
+ANPS = ('happy_dog', 'happy_street', 'dark_street', 'dark_forest', 'old_school_bus', 'old_dog')
+SMALL_ANP, SMALL_COUNT = 'tiny_cat', 3
+PER_CLASS, MIN, RESIZE = 12, 5, 40
+# One image of every kind, cycled per class: (file suffix, PIL mode to save, format).
+KINDS = (('jpg', 'RGB', 'JPEG'), ('png', 'RGB', 'PNG'), ('gif', 'P', 'GIF'),
+         ('jpg', 'L', 'JPEG'), ('png', 'L', 'PNG'), ('jpg', 'CMYK', 'JPEG'),
+         ('png', 'RGBA', 'PNG'), ('png', 'P', 'PNG'))
+# Extra files that must be skipped: name -> expected reason prefix.
+BAD = {'happy_dog/corrupt.png': 'corrupt image', 'dark_street/truncated.jpg': 'truncated image',
+       'dark_forest/empty.jpg': 'empty file', 'old_dog/notes.txt': 'not an image'}
+DUPLICATE = ('old_dog/copy_of_happy_dog.jpg', 'happy_dog/img_00.jpg')  # (dropped, kept)
+
+
+def photo(seed: int, height: int, width: int) -> np.ndarray:
+  """A photo-like RGB image: a smooth colour gradient with a few filled shapes and noise."""
+  rng = np.random.default_rng(seed)
+  yy, xx = np.mgrid[0:height, 0:width] / max(height, width)
+  corners = rng.uniform(0, 255, (2, 2, 3))
+  img = ((1 - yy)[..., None] * ((1 - xx)[..., None] * corners[0, 0] + xx[..., None] *
+                                corners[0, 1]) +
+         yy[..., None] * ((1 - xx)[..., None] * corners[1, 0] + xx[..., None] * corners[1, 1]))
+  for _ in range(3):
+    cy, cx, r = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.1, 0.3)
+    mask = (yy - cy) ** 2 + (xx - cx) ** 2 < r * r
+    if rng.uniform() < 0.5:
+      mask = (np.abs(yy - cy) < r) & (np.abs(xx - cx) < r)
+    img[mask] = rng.uniform(0, 255, 3)
+  img += rng.normal(0, 6, img.shape)
+  return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, mode: str, fmt: str) -> bytes:
+  img = Image.fromarray(array)
+  if mode == 'RGBA':
+    alpha = np.full(array.shape[:2], 255, np.uint8)
+    alpha[: array.shape[0] // 3] = 90
+    img.putalpha(Image.fromarray(alpha))
+  elif mode == 'P':
+    img = img.convert('P', palette=Image.Palette.ADAPTIVE, colors=64)
+  elif mode != 'RGB':
+    img = img.convert(mode)
+  out = io.BytesIO()
+  img.save(out, format=fmt, **({'quality': 92} if fmt == 'JPEG' else {}))
+  return out.getvalue()
+
+
+def write_class(root: str, anp_name: str, count: int, seed: int, prefix: str = 'img'):
+  """Writes `count` images of every kind in turn into ``root/anp_name``; returns their names."""
+  os.makedirs(os.path.join(root, anp_name), exist_ok=True)
+  names = []
+  for i in range(count):
+    suffix, mode, fmt = KINDS[i % len(KINDS)]
+    h, w = ((48, 64), (64, 48), (48, 48), (72, 96))[i % 4]
+    name = f'{anp_name}/{prefix}_{i:02d}.{suffix}'
+    with open(os.path.join(root, name), 'wb') as f:
+      f.write(encode(photo(seed * 1000 + i, h, w), mode, fmt))
+    names.append(name)
+  return names
+
+
+def write_csv(path: str, rows, header=('image', 'anp')):
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+@pytest.fixture(scope='module')
+def manual_dir(tmp_path_factory):
+  """ROOT/<anp>/ folders with every image kind, bad files, a duplicate, and images.csv."""
+  root = str(tmp_path_factory.mktemp('manual'))
+  listed = []
+  for k, name in enumerate(ANPS + (SMALL_ANP,)):
+    listed += write_class(root, name, SMALL_COUNT if name == SMALL_ANP else PER_CLASS, k)
+  good_jpeg = encode(photo(99, 48, 64), 'RGB', 'JPEG')
+  png = bytearray(encode(photo(98, 48, 64), 'RGB', 'PNG'))
+  idat = png.find(b'IDAT')
+  png[idat + 20:idat + 60] = bytes(40)
+  contents = {'happy_dog/corrupt.png': bytes(png),
+              'dark_street/truncated.jpg': good_jpeg[:len(good_jpeg) // 2],
+              'dark_forest/empty.jpg': b'',
+              'old_dog/notes.txt': b'adjective noun pairs\n'}
+  for name, data in contents.items():
+    with open(os.path.join(root, name), 'wb') as f:
+      f.write(data)
+  shutil.copyfile(os.path.join(root, DUPLICATE[1]), os.path.join(root, DUPLICATE[0]))
+  with open(os.path.join(root, 'happy_dog', '.DS_Store'), 'wb') as f:  # Hidden: ignored.
+    f.write(b'\0\1')
+  listed += sorted(BAD) + [DUPLICATE[0], 'happy_dog/missing.jpg']
+  write_csv(os.path.join(root, 'images.csv'), [(n, n.split('/')[0]) for n in listed])
+  return root
+
+
+@pytest.fixture(scope='module')
+def folder_builder(manual_dir, tmp_path_factory):
+  return anp.prepare(manual_dir, str(tmp_path_factory.mktemp('folder_data')), layout='folder',
+                     min_images_per_anp=MIN, resize=RESIZE, num_workers=2)
+
+
+def read_split(builder, split, decode=True):
+  """[(file_name, anp name, adjective, noun, image)] of a split, in stored order."""
+  feats = builder.info.features
+  decoders = None if decode else {'image': tfds.decode.SkipDecoding()}
+  ds = builder.as_dataset(split=split, shuffle_files=False, decoders=decoders)
+  return [(ex['file_name'].decode(), feats['label_anp'].int2str(ex['label_anp']),
+           feats['label_adjective'].int2str(ex['label_adjective']),
+           feats['label_noun'].int2str(ex['label_noun']), ex['image'])
+          for ex in tfds.as_numpy(ds)]
+
+
+def test_folder_layout_counts_labels_and_vocabularies(folder_builder):
+  info = folder_builder.info
+  feats = info.features
+  assert feats['label_anp'].names == sorted(ANPS)
+  assert feats['label_adjective'].names == ['dark', 'happy', 'old']
+  assert feats['label_noun'].names == ['dog', 'forest', 'school_bus', 'street']
+  assert feats['image'].shape == (None, None, 3)
+  assert {s: info.splits[s].num_examples for s in info.splits} == {
+      'train': 60, 'validation': 6, 'test': 6}
+  report = anp.read_report(folder_builder.data_dir)
+  assert report['anps'] == sorted(ANPS)
+  assert report['adjectives'] == feats['label_adjective'].names
+  assert report['nouns'] == feats['label_noun'].names
+  assert report['dropped'] == [(SMALL_ANP, SMALL_COUNT)]
+  with open(os.path.join(folder_builder.data_dir, 'dropped_classes.txt')) as f:
+    assert f.read().startswith(f'{SMALL_ANP}\t{SMALL_COUNT}\tfewer than min_images_per_anp=5')
+  for split in info.splits:
+    for file_name, anp_name, adj, noun, image in read_split(folder_builder, split):
+      assert file_name.split('/')[0] == anp_name  # Labels follow the folder.
+      assert anp_name == f'{adj}_{noun}'
+      assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+      assert min(image.shape[:2]) <= RESIZE
+      assert file_name not in BAD and file_name != DUPLICATE[0]
+
+
+def test_every_image_kind_is_stored_as_rgb(folder_builder):
+  examples = {}
+  for split in folder_builder.info.splits:
+    for file_name, *_, image in read_split(folder_builder, split):
+      examples[file_name] = image
+  kinds = collections.Counter(KINDS[int(n.rsplit('_', 1)[1][:2]) % len(KINDS)][:2]
+                              for n in examples)
+  assert set(kinds) == {k[:2] for k in KINDS}  # JPEG, PNG, GIF, L, CMYK, RGBA and P all kept.
+  grey = examples['happy_dog/img_03.jpg']  # Saved as greyscale: the channels stay equal.
+  assert np.abs(grey[..., 0].astype(int) - grey[..., 2].astype(int)).max() <= 8
+  rgba = examples['happy_dog/img_06.png']  # Top third is 35 % opaque: composited on white.
+  assert rgba[:8].mean() > 160
+  assert examples['happy_dog/img_03.jpg'].shape[:2] == (40, 53)  # 48 x 64, shorter side 40.
+
+
+def test_skipped_and_duplicate_reports(folder_builder):
+  report = anp.read_report(folder_builder.data_dir)
+  skipped = dict(report['skipped'])
+  assert set(skipped) == set(BAD)  # The hidden .DS_Store is ignored, not reported.
+  for name, reason in BAD.items():
+    assert skipped[name].startswith(reason), (name, skipped[name])
+  assert report['duplicates'] == [DUPLICATE]
+  summary = report['summary']
+  assert summary['num_skipped'] == 4 and summary['num_duplicates'] == 1
+  assert summary['layout'] == 'folder' and not summary['source_splits']
+
+
+def test_split_is_stratified(folder_builder):
+  counts = {split: collections.Counter(r[1] for r in read_split(folder_builder, split, False))
+            for split in ('train', 'validation', 'test')}
+  for anp_name in ANPS:
+    assert (counts['train'][anp_name], counts['validation'][anp_name],
+            counts['test'][anp_name]) == (10, 1, 1)
+  summary = anp.read_report(folder_builder.data_dir)['summary']
+  assert summary['class_counts']['train'] == dict(sorted(counts['train'].items()))
+  assert anp.allocate(12, (0.8, 0.1, 0.1)) == [10, 1, 1]
+  assert anp.allocate(3, (0.8, 0.1, 0.1)) == [1, 1, 1]
+  assert anp.allocate(1000, (0.8, 0.1, 0.1)) == [800, 100, 100]
+
+
+def test_preparation_is_deterministic(folder_builder, manual_dir, tmp_path):
+  again = anp.prepare(manual_dir, str(tmp_path), layout='folder', min_images_per_anp=MIN,
+                      resize=RESIZE, num_workers=1)
+  assert again.builder_config.name == folder_builder.builder_config.name
+  for split in ('train', 'validation', 'test'):
+    assert read_split(again, split, False) == read_split(folder_builder, split, False)
+
+
+def test_reuse_and_read_only_loading(folder_builder, manual_dir):
+  data_dir = folder_builder.data_dir_root
+  same = anp.prepare(manual_dir, data_dir, layout='folder', min_images_per_anp=MIN,
+                     resize=RESIZE)  # Already prepared: reused, not regenerated.
+  assert same.info.splits['train'].num_examples == 60
+  info = anp.load_info(data_dir)
+  assert info.features['label_anp'].names == sorted(ANPS)
+  loaded = anp.load_builder(data_dir, folder_builder.builder_config.name)
+  assert read_split(loaded, 'test', False) == read_split(folder_builder, 'test', False)
+  elsewhere = os.path.join(os.path.dirname(manual_dir), 'other_manual')
+  shutil.copytree(manual_dir, elsewhere, dirs_exist_ok=True)
+  with pytest.raises(ValueError, match='was prepared from'):
+    anp.prepare(elsewhere, data_dir, layout='folder', min_images_per_anp=MIN, resize=RESIZE)
+
+
+def test_csv_layout(manual_dir, tmp_path):
+  builder = anp.prepare(manual_dir, str(tmp_path), resize=0, min_images_per_anp=MIN)
+  assert builder.builder_config.layout == 'auto'
+  report = anp.read_report(builder.data_dir)
+  assert report['summary']['layout'] == 'csv'
+  assert report['anps'] == sorted(ANPS)
+  assert {s: builder.info.splits[s].num_examples for s in builder.info.splits} == {
+      'train': 60, 'validation': 6, 'test': 6}
+  skipped = dict(report['skipped'])
+  assert set(skipped) == set(BAD) | {'happy_dog/missing.jpg'}
+  assert skipped['happy_dog/missing.jpg'].startswith('missing file (images.csv line ')
+  assert report['duplicates'] == [DUPLICATE]
+  # resize=0 keeps sizes; an RGB JPEG is stored byte for byte.
+  stored = {r[0]: r[4] for r in read_split(builder, 'train', False)}
+  stored.update({r[0]: r[4] for s in ('validation', 'test') for r in read_split(builder, s, False)})
+  with open(os.path.join(manual_dir, 'dark_forest/img_00.jpg'), 'rb') as f:
+    assert stored['dark_forest/img_00.jpg'] == f.read()
+  assert Image.open(io.BytesIO(stored['dark_forest/img_03.jpg'])).size == (96, 72)
+
+
+def test_source_splits_folder_and_csv(tmp_path):
+  root = str(tmp_path / 'split_manual')
+  expected = {}
+  for s, (split, n) in enumerate((('train', 4), ('val', 2), ('test', 3))):
+    for k, name in enumerate(('red_car', 'blue_car')):
+      for f in write_class(os.path.join(root, split), name, n, 10 * s + k):
+        expected[f'{split}/{f}'] = {'val': 'validation'}.get(split, split)
+  builder = anp.prepare(root, str(tmp_path / 'd1'), resize=RESIZE)
+  got = {r[0]: split for split in builder.info.splits for r in read_split(builder, split, False)}
+  assert got == expected
+  assert anp.read_report(builder.data_dir)['summary']['source_splits']
+
+  write_csv(os.path.join(root, 'list.csv'), [(f, f.split('/')[1], sp.upper())
+                                             for f, sp in sorted(expected.items())],
+            header=('path', 'label', 'subset'))
+  builder = anp.prepare(root, str(tmp_path / 'd2'), layout='csv', csv_file='list.csv',
+                        csv_image_column='path', csv_anp_column='label',
+                        csv_split_column='subset', resize=RESIZE)
+  got = {r[0]: split for split in builder.info.splits for r in read_split(builder, split, False)}
+  assert got == expected
+
+
+def test_max_images_per_anp_and_config_names(manual_dir, tmp_path):
+  builder = anp.prepare(manual_dir, str(tmp_path), layout='folder', min_images_per_anp=MIN,
+                        max_images_per_anp=8, resize=RESIZE)
+  summary = anp.read_report(builder.data_dir)['summary']
+  assert all(n == 4 for n in summary['capped_classes'].values())
+  assert sum(builder.info.splits[s].num_examples for s in builder.info.splits) == 6 * 8
+  names = {anp.make_config().name, anp.make_config(resize=128).name,
+           anp.make_config(split_fractions=(0.7, 0.2, 0.1)).name,
+           anp.make_config(separator='-').name, anp.make_config(source_tag='mvso_en').name}
+  assert len(names) == 5
+  assert anp.make_config(resize=128).name == anp.make_config(resize=128).name
+  assert anp.make_config(split_fractions='0.7,0.2,0.1').name == anp.make_config(
+      split_fractions=(0.7, 0.2, 0.1)).name
+
+
+def test_bad_inputs_raise_naming_the_file_or_row(manual_dir, tmp_path):
+  data_dir = str(tmp_path / 'data')
+  missing = str(tmp_path / 'nowhere')
+  with pytest.raises(FileNotFoundError, match='nowhere'):
+    anp.prepare(missing, data_dir)
+  with pytest.raises(FileNotFoundError, match='absent.csv'):
+    anp.prepare(manual_dir, data_dir, layout='csv', csv_file='absent.csv')
+
+  write_csv(os.path.join(manual_dir, 'cols.csv'), [('happy_dog/img_00.jpg', 'happy_dog')],
+            header=('image', 'label'))
+  with pytest.raises(ValueError, match=r"cols\.csv.*lacks the column\(s\) \['anp'\]"):
+    anp.prepare(manual_dir, data_dir, csv_file='cols.csv')
+
+  write_csv(os.path.join(manual_dir, 'bad_rows.csv'),
+            [('happy_dog/img_00.jpg', 'happy_dog'), ('happy_dog/img_01.png', ''),
+             ('happy_dog/img_02.gif', 'happy_dog')])
+  with pytest.raises(ValueError, match=r'bad_rows\.csv: line 3 has an empty or missing ANP'):
+    anp.prepare(manual_dir, data_dir, csv_file='bad_rows.csv')
+
+  write_csv(os.path.join(manual_dir, 'nosep.csv'),
+            [('happy_dog/img_00.jpg', 'happy_dog'), ('happy_dog/img_01.png', 'happydog')])
+  with pytest.raises(ValueError, match=r"'happydog' \(nosep\.csv line 3\)"):
+    anp.prepare(manual_dir, data_dir, csv_file='nosep.csv')
+
+  write_csv(os.path.join(manual_dir, 'badsplit.csv'),
+            [('happy_dog/img_00.jpg', 'happy_dog', 'holdout')], header=('image', 'anp', 'split'))
+  with pytest.raises(ValueError, match=r"badsplit\.csv line 2: unknown split 'holdout'"):
+    anp.prepare(manual_dir, data_dir, csv_file='badsplit.csv')
+
+  folder = str(tmp_path / 'nosep_folder')
+  write_class(folder, 'happy_dog', 2, 0)
+  write_class(folder, 'sunset', 2, 1)
+  with pytest.raises(ValueError, match=r"'sunset' \(folder .*sunset\)"):
+    anp.prepare(folder, data_dir)
+
+  with pytest.raises(ValueError, match='fewer than min_images_per_anp=500'):
+    anp.prepare(manual_dir, data_dir, layout='folder', min_images_per_anp=500)
+
+  junk = str(tmp_path / 'junk')
+  os.makedirs(os.path.join(junk, 'sad_cat'))
+  for name, data in (('a.jpg', b''), ('b.txt', b'text'), ('c.jpg', b'\xff\xd8\xff\xe0oops')):
+    with open(os.path.join(junk, 'sad_cat', name), 'wb') as f:
+      f.write(data)
+  with pytest.raises(ValueError, match=r'No usable images .*sad_cat/a\.jpg: empty file'):
+    anp.prepare(junk, data_dir)
+
+  empty = str(tmp_path / 'empty_manual')
+  os.makedirs(os.path.join(empty, 'sad_cat'))
+  with pytest.raises(ValueError, match='No images found'):
+    anp.prepare(empty, data_dir)
+
+  with pytest.raises(ValueError, match='split_fractions'):
+    anp.make_config(split_fractions=(0.8, 0.1, 0.2))
+  with pytest.raises(ValueError, match='Unknown anp option'):
+    anp.make_config(min_images=3)
+  assert not anp.prepared_dirs(data_dir)  # Failed preparations leave nothing behind.
+
+
+def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, tmp_path, capsys):
+  sheet = str(tmp_path / 'sheet.png')
+  data_dir = str(folder_builder.data_dir_root)
+  rc = prepare_cli.main(['--manual_dir', manual_dir, '--data_dir', data_dir, '--layout', 'folder',
+                         '--min_images_per_anp', str(MIN), '--resize', str(RESIZE),
+                         '--contact_sheet', sheet, '--contact_rows', '2', '--contact_cols', '4'])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert '6 ANPs, 3 adjectives, 4 nouns' in out
+  assert 'old_school_bus' in out
+  assert 'skipped files: 4' in out and 'duplicates (same bytes, first kept): 1' in out
+  assert f'dropped classes (< min_images_per_anp): 1: {SMALL_ANP} (3)' in out
+  train_line = next(line for line in out.splitlines() if line.strip().startswith('train '))
+  assert train_line.split()[1:5] == ['60', '6', '10', '10']
+  assert f'--config.anp.config_name={folder_builder.builder_config.name}' in out
+  with Image.open(sheet) as img:
+    assert img.format == 'PNG' and img.size[0] > img.size[1] > 100
+
+
+def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
+  """The MUSA2 recipe (ResNet v1.5, inception crops, per-device BN, SGD) shrunk to a tiny run."""
+  from anp_jax import train
+  from anp_jax.configs import musa2_resnet50
+  config = musa2_resnet50.get_config()
+  root = os.path.dirname(os.path.dirname(os.path.dirname(folder_builder.data_dir)))
+  config.data_dir = root
+  config.anp.config_name = folder_builder.builder_config.name
+  config.model.name, config.model.width, config.model.dtype = 'resnet18', 0.125, 'float32'
+  config.image_size = 32
+  config.batch_size, config.eval_batch_size = 16, 16
+  config.num_train_steps, config.log_every_steps = 3, 1
+  config.progress_bar = False
+  config.checkpoint_every_steps = 0
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result.setup.devices == 8
+  losses = [h['train/loss'] for h in result.history if 'train/loss' in h]
+  assert len(losses) == 3 and all(np.isfinite(losses))
+  n_eval = folder_builder.info.splits['validation'].num_examples
+  top1 = result.final_eval['eval/anp_top1'] * n_eval
+  assert abs(top1 - round(top1)) < 1e-4  # A mean over exactly the validation examples.
