@@ -115,8 +115,7 @@ class Checkpointer:
 
   # -- save / restore --------------------------------------------------------------------------
 
-  def save(self, step: int, state, eval_metrics: Optional[Dict[str, float]] = None,
-           host_state=None):
+  def save(self, step: int, state, host_state=None):
     """Saves `state` (all processes must call). `host_state` replaces it for pmap states."""
     ocp = self._ocp
     item = host_state if host_state is not None else state
@@ -124,11 +123,23 @@ class Checkpointer:
             'process_count': jax.process_count(), 'device_count': jax.device_count()}
     args = ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
     if self.manager.latest_step() != step:
-      self.manager.save(step, args=args)
+      try:
+        self.manager.save(step, args=args)
+      except Exception as e:
+        raise self._save_error(step, e) from e
     self._last_save_time = time.time()
-    if self.best_manager is not None and eval_metrics and self.best_metric in eval_metrics:
-      self.best_manager.save(step, args=args,
-                             metrics={self.best_metric: float(eval_metrics[self.best_metric])})
+
+  def save_best(self, step: int, state, eval_metrics: Dict[str, float], host_state=None):
+    """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
+    if self.best_manager is None or self.best_metric not in eval_metrics:
+      return
+    ocp = self._ocp
+    item = host_state if host_state is not None else state
+    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
+            self.best_metric: float(eval_metrics[self.best_metric])}
+    args = ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
+    self.best_manager.save(step, args=args,
+                           metrics={self.best_metric: float(eval_metrics[self.best_metric])})
 
   def _abstract(self, state):
     def leaf(x):
@@ -190,11 +201,21 @@ class Checkpointer:
       print(f'Resumed from checkpoint at step {step} in {self.directory}', flush=True)
     return state, step
 
+  def _save_error(self, step, error) -> OSError:
+    good = [s for s in self.manager.all_steps() if s != step]
+    return OSError(f'Saving the checkpoint of step {step} in {self.directory} failed '
+                   f'({type(error).__name__}: {error}). Checkpoints saved before are intact '
+                   f'(latest: {max(good) if good else "none"}); free disk space or fix the '
+                   'workdir, then rerun the same command to resume.')
+
   def wait(self):
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # An asynchronous save failed.
+      raise self._save_error(self.manager.latest_step(), e) from e
 
   def close(self):
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
     if self.best_manager is not None:
       self.best_manager.close()

@@ -45,7 +45,7 @@ def main(argv):
   except train.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return checkpointing.EXIT_DIVERGED
-  except (ValueError, FileNotFoundError, PermissionError) as e:
+  except (ValueError, OSError) as e:  # Bad config/input, unwritable workdir, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return checkpointing.EXIT_CONFIG
   if jax.process_index() == 0 and result.final_eval:

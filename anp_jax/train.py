@@ -568,10 +568,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
           print(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
                 f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
                 f'{final_eval["eval/loss"]:.3f}', flush=True)
-      if save_now:
+      if save_now or evaluated:
         host_state = (jax.device_get(executor.unreplicate(state)) if executor.kind == 'pmap'
                       else None)
-        ckpt.save(step, state, evaluated, host_state=host_state)
+        if save_now:
+          ckpt.save(step, state, host_state=host_state)
+        if evaluated:
+          ckpt.save_best(step, state, evaluated, host_state=host_state)
       if preempted and not last:
         ckpt.wait()
         if is_main:

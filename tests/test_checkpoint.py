@@ -184,3 +184,41 @@ def test_unwritable_workdir_is_a_clear_error(data_dir, tmp_path):
   blocker.write_text('not a directory')
   with pytest.raises(PermissionError, match='not writable'):
     _in_process(data_dir, blocker / 'sub', num_train_steps=3)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB tmpfs (the tests run as root, as CI does)."""
+  mount = tmp_path / 'small'
+  mount.mkdir()
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4M', 'tmpfs', str(mount)], check=True)
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def test_disk_full_while_saving_is_a_clear_error_and_keeps_older_checkpoints(data_dir,
+                                                                             small_disk):
+  workdir = small_disk / 'run'
+  _in_process(data_dir, workdir, num_train_steps=3)
+  stat = os.statvfs(small_disk)
+  with open(small_disk / 'filler', 'wb') as f:  # Leave a few KiB: too little for a checkpoint.
+    f.write(b'\0' * max(0, stat.f_bavail * stat.f_frsize - 16 * 1024))
+  with pytest.raises(OSError) as info:
+    _in_process(data_dir, workdir, num_train_steps=6)
+  assert 'No space left' in str(info.value) or 'space' in str(info.value).lower()
+  os.remove(small_disk / 'filler')
+  steps = sorted(int(n) for n in os.listdir(workdir / 'checkpoints') if n.isdigit())
+  assert steps == [3]
+  _, variables, _ = checkpointing.load_checkpoint(str(workdir))
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(variables))
+
+
+def test_best_checkpoint_is_kept_by_metric(data_dir, tmp_path):
+  _in_process(data_dir, tmp_path, num_train_steps=6, eval_every_epochs=0.25,
+              keep_checkpoints=1, keep_best_metric='eval/anp_top1')
+  best = [n for n in os.listdir(tmp_path / 'checkpoints_best') if n.isdigit()]
+  assert len(best) == 1
+  history = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  evals = {h['step']: h['eval/anp_top1'] for h in history if 'eval/anp_top1' in h}
+  assert evals[int(best[0])] == max(evals.values())
+  assert [n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()] == ['6']
