@@ -1,0 +1,399 @@
+"""The large-batch toolkit: noise-scale estimator, LARS/LAMB, scaling schedules, the sweep + report.
+
+The estimator is checked against a synthetic gradient distribution whose |G|² and tr(Σ) are
+known; LARS and LAMB against a step-by-step numpy transcription of their definitions; the sweep
+end to end on the tiny preset (2 batch sizes, a few steps each), including skipping finished runs,
+resuming an interrupted one and the report.
+"""
+
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from anp_jax import noise_scale, optim, train
+from conftest import TINY_SYNTHETIC
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+import batch_size_sweep as sweep  # noqa: E402
+import report  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------
+# (a) The gradient-noise-scale estimator.
+
+
+def _batch_norms_sq(rng, true_grad, chol, b_small, b_big, draws):
+  """|G_small|² (mean over the disjoint small batches of one big batch) and |G_big|², per draw.
+
+  Per-example gradients are g_i = G + L z_i with z_i ~ N(0, I), so Cov(g_i) = L Lᵀ = Σ.
+  """
+  d = true_grad.shape[0]
+  noise = rng.standard_normal((draws, b_big, d)) @ chol.T
+  per_example = true_grad + noise
+  small = per_example.reshape(draws, b_big // b_small, b_small, d).mean(axis=2)
+  small_sq = np.mean(np.sum(small ** 2, axis=-1), axis=1)
+  big_sq = np.sum(per_example.mean(axis=1) ** 2, axis=-1)
+  return small_sq, big_sq
+
+
+def test_noise_scale_estimator_recovers_known_gradient_and_trace():
+  rng = np.random.default_rng(0)
+  d, b_small, b_big, draws = 24, 4, 32, 6000
+  true_grad = rng.normal(0, 0.5, d)
+  chol = np.tril(rng.normal(0, 0.4, (d, d)))  # A full (correlated) covariance.
+  g2_true = float(true_grad @ true_grad)
+  trace_true = float(np.sum(chol ** 2))  # tr(L Lᵀ).
+  small_sq, big_sq = _batch_norms_sq(rng, true_grad, chol, b_small, b_big, draws)
+
+  g2, trace = noise_scale.estimate(small_sq, big_sq, b_small, b_big)
+  assert np.mean(g2) == pytest.approx(g2_true, rel=0.03)
+  assert np.mean(trace) == pytest.approx(trace_true, rel=0.03)
+  # The estimator is linear, so means of the norms give the same terms; their ratio is B_simple.
+  b = noise_scale.b_simple(np.mean(small_sq), np.mean(big_sq), b_small, b_big)
+  assert b == pytest.approx(trace_true / g2_true, rel=0.05)
+  # Single draws are noisy (why the trainer smooths both terms): far wider than the mean's error.
+  assert np.std(g2) > 0.1 * g2_true
+
+
+def test_noise_scale_module_matches_the_trainer_update():
+  rng = np.random.default_rng(1)
+  b_small, b_big, decay = 4, 32, 0.9
+  ours = noise_scale.init_ema_state()
+  theirs = {k: jnp.zeros((), jnp.float32) for k in noise_scale.EMA_KEYS}
+  tracker = noise_scale.NoiseScaleTracker(b_small, b_big, decay)
+  for _ in range(6):
+    big_sq = float(rng.uniform(1.0, 2.0))
+    small_sq = big_sq + float(rng.uniform(0.5, 3.0))  # |G_small|² > |G_big|² on average.
+    ours = noise_scale.update_ema_state(ours, small_sq, big_sq, b_small, b_big, decay)
+    theirs = train._noise_scale_update(theirs, jnp.float32(small_sq), jnp.float32(big_sq),
+                                       b_small, b_big, decay)
+    tracked = tracker.update(small_sq, big_sq)
+    for k in noise_scale.EMA_KEYS:
+      np.testing.assert_allclose(float(theirs[k]), ours[k], rtol=1e-5)
+    # What the trainer logs (ratio of the raw EMAs) equals the bias-corrected ratio.
+    assert noise_scale.b_simple_from_state(theirs) == pytest.approx(tracked, rel=1e-5)
+  assert noise_scale.b_simple_from_state(noise_scale.init_ema_state()) is None
+  ema = noise_scale.EMA(0.9)
+  assert ema.update(5.0) == pytest.approx(5.0)  # Bias-corrected from the first update.
+  assert ema.update(1.0) == pytest.approx((0.9 * 0.1 * 5 + 0.1 * 1) / (0.1 + 0.09))
+  with pytest.raises(ValueError, match='b_small < b_big'):
+    noise_scale.estimate(1.0, 1.0, 8, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) LARS and LAMB against a numpy transcription.
+
+
+def _opt_config(name):
+  from anp_jax.configs import default
+  c = default.get_config()
+  c.update(dict(optimizer=name, weight_decay=0.01, momentum=0.9, lars_trust_coefficient=0.02,
+                batch_size=256, base_batch_size=256, base_lr=0.5, lr_scaling='none',
+                schedule='constant', warmup_epochs=2.0, adam_b1=0.9, adam_b2=0.99))
+  return c
+
+
+def _param_tree(rng):
+  """A conv kernel (decayed, trust-ratio'd), a BN scale and a zero BN bias (both excluded)."""
+  return {'conv': {'kernel': rng.normal(0, 0.3, (3, 3, 2, 4)).astype(np.float32)},
+          'bn': {'scale': (1.0 + rng.normal(0, 0.1, 4)).astype(np.float32),
+                 'bias': np.zeros(4, np.float32)}}
+
+
+def _run_optax(name, params, grads_seq):
+  c = _opt_config(name)
+  # 2 warmup epochs of 1 step: lr(0) = peak / 2, lr(1) = peak.
+  tx = optim.create_optimizer(c, optim.create_lr_schedule(c, steps_per_epoch=1, total_steps=10))
+  p = jax.tree.map(jnp.asarray, params)
+  state = tx.init(p)
+  out = []
+  for g in grads_seq:
+    updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, p)
+    p = jax.tree.map(lambda a, u: a + u, p, updates)
+    out.append(jax.tree.map(np.asarray, p))
+  return out
+
+
+def _norm(x):
+  return float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+
+
+def _flat(tree):
+  return {f'{a}/{b}': v for a, sub in tree.items() for b, v in sub.items()}
+
+
+def _unflat(flat):
+  out = {}
+  for key, v in flat.items():
+    a, b = key.split('/')
+    out.setdefault(a, {})[b] = v
+  return out
+
+
+def test_lars_matches_hand_computation():
+  rng = np.random.default_rng(2)
+  params = _param_tree(rng)
+  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
+           for _ in range(2)]
+  got = _run_optax('lars', params, grads)
+  wd, mom, tc, lrs = 0.01, 0.9, 0.02, (0.25, 0.5)
+  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
+  trace = {k: np.zeros_like(v) for k, v in p.items()}
+  for step, g_tree in enumerate(grads):
+    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
+    for k in p:
+      decayed = k.endswith('kernel')  # The mask: only >= 2-D parameters.
+      u = g[k] + wd * p[k] if decayed else g[k]
+      if decayed:  # Trust ratio tc·|p|/|u| only where masked in (also 1 if a norm is 0).
+        pn, un = _norm(p[k]), _norm(u)
+        u = u * (tc * pn / un if pn > 0 and un > 0 else 1.0)
+      u = -lrs[step] * u
+      trace[k] = u + mom * trace[k]  # optax.trace after the learning rate (heavy ball).
+      p[k] = p[k] + trace[k]
+    for k, v in _flat(got[step]).items():
+      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
+
+
+def test_lamb_matches_hand_computation():
+  rng = np.random.default_rng(3)
+  params = _param_tree(rng)
+  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
+           for _ in range(2)]
+  got = _run_optax('lamb', params, grads)
+  wd, b1, b2, eps, lrs = 0.01, 0.9, 0.99, 1e-6, (0.25, 0.5)
+  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
+  mu = {k: np.zeros_like(v) for k, v in p.items()}
+  nu = {k: np.zeros_like(v) for k, v in p.items()}
+  for step, g_tree in enumerate(grads):
+    t = step + 1
+    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
+    for k in p:
+      mu[k] = b1 * mu[k] + (1 - b1) * g[k]
+      nu[k] = b2 * nu[k] + (1 - b2) * g[k] ** 2
+      u = (mu[k] / (1 - b1 ** t)) / (np.sqrt(nu[k] / (1 - b2 ** t)) + eps)
+      if k.endswith('kernel'):
+        u = u + wd * p[k]
+      pn, un = _norm(p[k]), _norm(u)  # Trust ratio on every leaf; 1 for the zero bias at t=1.
+      ratio = pn / un if pn > 0 and un > 0 else 1.0
+      p[k] = p[k] - lrs[step] * ratio * u
+    for k, v in _flat(got[step]).items():
+      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
+  # The zero-initialised bias moved by exactly lr·|adam step| on the first step (ratio 1).
+  assert np.all(np.abs(_flat(got[0])['bn/bias']) > 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) Scaling rules and warmup for the sweep's batch sizes.
+
+
+@pytest.mark.parametrize('rule', ['linear', 'sqrt', 'none'])
+@pytest.mark.parametrize('warmup', [True, False])
+def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
+  base = sweep.preset_config('cpu')  # base_lr 0.2 per 256, 1 warmup epoch, cosine, 10 epochs.
+  base.num_epochs = 10.0
+  peaks = {}
+  for batch in (32, 64, 128, 256, 512, 1024):
+    spec = sweep.RunSpec(batch, rule, warmup, seed=3, lr_mult=1.0)
+    c = sweep.make_run_config(base, spec, accum_steps=1)
+    assert (c.batch_size, c.lr_scaling, c.seed) == (batch, rule, 3)
+    setup = train.resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
+    assert setup.steps_per_epoch == 8000 // batch
+    schedule = optim.create_lr_schedule(c, setup.steps_per_epoch, setup.total_steps)
+    expected = {'linear': 0.2 * batch / 256, 'sqrt': 0.2 * math.sqrt(batch / 256),
+                'none': 0.2}[rule]
+    peak = optim.scaled_lr(c)
+    assert peak == pytest.approx(expected)
+    peaks[batch] = peak
+    w = setup.steps_per_epoch  # 1 epoch of warmup, in this batch size's steps.
+    if warmup:
+      assert float(schedule(0)) == pytest.approx(peak / w, rel=1e-4)
+      assert float(schedule(w - 1)) == pytest.approx(peak, rel=1e-4)
+      ramp = [float(schedule(i)) for i in range(w)]
+      assert np.all(np.diff(ramp) > 0)
+    else:
+      assert c.warmup_epochs == 0.0
+      assert float(schedule(0)) == pytest.approx(peak, rel=1e-4)
+    assert float(schedule(setup.total_steps)) == pytest.approx(0.0, abs=1e-6)  # Cosine to 0.
+  ratio = {'linear': 2.0, 'sqrt': math.sqrt(2.0), 'none': 1.0}[rule]
+  for b in (32, 64, 128, 256, 512):
+    assert peaks[2 * b] / peaks[b] == pytest.approx(ratio)
+  # An lr multiplier scales the base rate before the rule.
+  c = sweep.make_run_config(base, sweep.RunSpec(512, rule, warmup, 0, lr_mult=0.5), 1)
+  assert optim.scaled_lr(c) == pytest.approx(0.5 * peaks[512])
+
+
+def test_accumulation_is_chosen_to_fit_devices_and_bn_groups():
+  assert sweep.choose_accum(8, max_micro=4, group=4) == 2
+  assert sweep.choose_accum(512, max_micro=128, group=16) == 4
+  assert sweep.choose_accum(48, max_micro=32, group=16) == 3  # 2 x 24 breaks the BN groups.
+  assert sweep.choose_accum(6, max_micro=4, group=4) is None
+  problems = sweep.batch_problems([32, 36, 40, 48, 64], devices=8, max_micro=4, bn_mode='ghost',
+                                  bn_group=4)
+  assert sorted(problems) == [36, 40, 48]
+  assert 'not a multiple of the 8 devices' in problems[36]
+  assert sweep.batch_problems([40], 8, 4, 'global', 4) == {}  # No BN groups to respect.
+
+
+# ----------------------------------------------------------------------------------------------
+# The report's fit and the learning-rate selection (no training).
+
+
+def test_fit_steps_to_target_recovers_s_min_and_b_crit():
+  b = np.array([16, 32, 64, 128, 256, 512, 1024], np.float64)
+  s = 120.0 * (1 + 200.0 / b)
+  for relative in (True, False):
+    s_min, b_crit = report.fit_steps_to_target(b, s, relative=relative)
+    assert s_min == pytest.approx(120.0, rel=1e-9) and b_crit == pytest.approx(200.0, rel=1e-9)
+  noisy = s * np.exp(np.random.default_rng(4).normal(0, 0.03, b.shape))
+  s_min, b_crit = report.fit_steps_to_target(b, noisy)
+  assert s_min == pytest.approx(120.0, rel=0.1) and b_crit == pytest.approx(200.0, rel=0.15)
+  with pytest.raises(ValueError, match='two distinct batch sizes'):
+    report.fit_steps_to_target([64, 64], [10, 11])
+
+
+def _row(batch, mult, seed, steps, top1, status='finished'):
+  return {'batch': batch, 'rule': 'linear', 'warmup': 'on', 'lr_mult': mult, 'seed': seed,
+          'steps_to_target': steps, 'final_top1': top1, 'status': status}
+
+
+def test_best_lr_per_batch_is_fewest_steps_then_best_accuracy():
+  rows = [_row(64, 0.5, 0, 100, 0.4), _row(64, 0.5, 1, 120, 0.4),   # mean 110 steps
+          _row(64, 1.0, 0, 90, 0.3), _row(64, 1.0, 1, None, 0.2),   # one seed missed
+          _row(64, 2.0, 0, 80, 0.5, 'diverged'), _row(64, 2.0, 1, 70, 0.5),
+          _row(128, 1.0, 0, None, 0.25), _row(128, 2.0, 0, None, 0.28)]  # none reached
+  best = {(r['batch'], r['lr_mult']) for r in sweep.select_best_lr(rows) if r['best_lr']}
+  assert best == {(64, 0.5), (128, 2.0)}
+
+
+# ----------------------------------------------------------------------------------------------
+# (d) A tiny sweep end to end.
+
+
+def _argv(out, data_dir, *extra):
+  return ['--preset', 'tiny', '--out', str(out), '--target_top1', '0.05',
+          f'--config.data_dir={data_dir}', *extra]
+
+
+def _read_csv(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def test_tiny_preset_uses_the_test_dataset():
+  assert dict(sweep.preset_config('tiny').synthetic) == TINY_SYNTHETIC
+
+
+def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
+  out = tmp_path / 'sweep'
+  t0 = time.time()
+  rows = sweep.sweep(_argv(out, data_dir))
+  first_s = time.time() - t0
+  assert [(r['batch'], r['status']) for r in rows] == [(32, 'finished'), (64, 'finished')]
+  by_batch = {r['batch']: r for r in rows}
+  # B=64 on 8 devices is 8 per device: above the preset's 4, so 2 accumulated micro-batches.
+  assert by_batch[32]['accum_steps'] == 1 and by_batch[64]['accum_steps'] == 2
+  assert by_batch[32]['total_steps'] == 6 and by_batch[64]['total_steps'] == 3
+  assert by_batch[32]['lr'] == pytest.approx(0.1) and by_batch[64]['lr'] == pytest.approx(0.2)
+  for r in rows:
+    assert 0 <= r['final_top1'] <= r['final_top5'] <= 1
+    assert r['best_top1'] >= r['final_top1']
+    # The target 0.05 is below chance (1/8): reached at the first evaluation.
+    assert r['steps_to_target'] == r['steps_per_epoch'] // 2
+    assert r['examples_to_target'] == r['steps_to_target'] * r['batch']
+    assert r['wall_time_s'] > 0 and r['best_lr'] is True
+  table = _read_csv(out / 'results.csv')
+  assert [int(t['batch']) for t in table] == [32, 64]
+  assert set(sweep.CSV_COLUMNS) <= set(table[0])
+  assert json.load(open(out / 'results.json')) == rows
+  for name in ('report.md', 'accuracy_vs_batch.png', 'steps_vs_batch.png', 'noise_scale_fit.png',
+               'training_curves.png'):
+    assert (out / name).stat().st_size > 500, name
+  text = (out / 'report.md').read_text()
+  assert 'B_crit' in text and 'Steps to target' in text and '| 32 |' in text
+  # A stricter target is recomputed from the logs, no retraining needed.
+  assert all(r['steps_to_target'] is None for r in sweep.collect_results(str(out), 1.0))
+
+  # Emulate a kill after the step-4 checkpoint of the B=32 run: no final metrics, no step 6.
+  run32 = out / 'runs' / by_batch[32]['name']
+  run64 = out / 'runs' / by_batch[64]['name']
+  assert sorted(os.listdir(run32 / 'checkpoints')) == ['2', '4', '6']
+  os.remove(run32 / 'final_metrics.json')
+  shutil.rmtree(run32 / 'checkpoints' / '6')
+  stamp64 = (run64 / 'metrics.jsonl').stat()
+  capsys.readouterr()
+  rows2 = sweep.sweep(_argv(out, data_dir))
+  log = capsys.readouterr().out
+  assert f'{by_batch[64]["name"]}: finished earlier, skipped' in log
+  assert f'{by_batch[32]["name"]}: resuming' in log and 'Resumed from checkpoint at step 4' in log
+  assert (run64 / 'metrics.jsonl').stat().st_mtime_ns == stamp64.st_mtime_ns
+  again = {r['batch']: r for r in rows2}
+  for key in ('final_top1', 'final_top5', 'best_top1', 'steps_to_target', 'b_simple',
+              'final_step'):
+    assert again[32][key] == pytest.approx(by_batch[32][key], rel=1e-6, abs=1e-9), key
+  assert again[64] == by_batch[64]
+
+  # Everything finished: a third invocation trains nothing.
+  t0 = time.time()
+  rows3 = sweep.sweep(_argv(out, data_dir))
+  third_s = time.time() - t0
+  log = capsys.readouterr().out
+  assert log.count('finished earlier, skipped') == 2 and 'training' not in log
+  assert 'resuming' not in log and third_s < 0.5 * first_s, (third_s, first_s)
+  assert [r['final_top1'] for r in rows3] == [r['final_top1'] for r in rows2]
+  assert report.main([str(out)]) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# (e) Bad input fails before any training.
+
+
+@pytest.mark.parametrize('extra,message', [
+    (['--batch_sizes', '32,36,40,48'], r'do not fit 8 device.*36: not a multiple.*40: per-device '
+                                       r'batch 5.*48: per-device batch 6'),
+    (['--batch_sizes', ','], 'grid is empty'),
+    (['--seeds', ''], 'grid is empty'),
+    (['--target_top1', '0'], 'unreachable target'),
+    (['--target_top1', '1.5'], 'unreachable target'),
+    (['--rules', 'cubic'], 'unknown scaling rule'),
+    (['--warmup', 'maybe'], 'use on and/or off'),
+    (['--lr_search', '1,-2'], 'must be > 0'),
+    (['--epochs', '0'], 'must be > 0'),
+    (['--config.batch_size=64'], 'use --batch_sizes'),
+    (['--config.model.depth=3'], "no field 'model.depth'"),
+    (['--config.bn_group_size=abc'], 'expected int'),
+    (['--config.grad_accum_steps=2'], 'max_per_device_batch 0'),
+])
+def test_bad_sweep_input_fails_before_training(data_dir, tmp_path, extra, message):
+  out = tmp_path / 'bad'
+  with pytest.raises(sweep.SweepError, match=message):
+    sweep.sweep(_argv(out, data_dir, *extra))
+  assert not (out / 'runs').exists()
+
+
+def test_bad_input_exits_2_with_a_message(data_dir, tmp_path, capsys):
+  assert sweep.main(_argv(tmp_path / 'bad', data_dir, '--target_top1', '-0.1')) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('ERROR:') and 'unreachable target' in err
+
+
+def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
+  out = tmp_path / 'sweep'
+  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32'))
+  plans, _ = sweep.plan_runs(sweep.resolve(args, overrides))
+  run_dir = out / 'runs' / plans[0].spec.name
+  run_dir.mkdir(parents=True)
+  other = plans[0].config
+  other.num_epochs = 3.0
+  (run_dir / 'config.json').write_text(other.to_json_best_effort())
+  with pytest.raises(sweep.SweepError, match=r'other settings \(num_epochs: 3.0 there vs 0.75'):
+    sweep.sweep(_argv(out, data_dir, '--batch_sizes', '32'))
+  assert not (run_dir / 'final_metrics.json').exists()
