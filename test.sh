@@ -6,4 +6,4 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
-exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest tests -q -p no:cacheprovider "$@"
+exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest -q "$@"
