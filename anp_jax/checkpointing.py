@@ -117,11 +117,7 @@ class Checkpointer:
 
   def save(self, step: int, state, host_state=None):
     """Saves `state` (all processes must call). `host_state` replaces it for pmap states."""
-    ocp = self._ocp
-    item = host_state if host_state is not None else state
-    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
-            'process_count': jax.process_count(), 'device_count': jax.device_count()}
-    args = ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
+    args = self._save_args(step, host_state if host_state is not None else state)
     if self.manager.latest_step() != step:
       try:
         self.manager.save(step, args=args)
@@ -133,13 +129,18 @@ class Checkpointer:
     """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
     if self.best_manager is None or self.best_metric not in eval_metrics:
       return
-    ocp = self._ocp
-    item = host_state if host_state is not None else state
-    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
-            self.best_metric: float(eval_metrics[self.best_metric])}
-    args = ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
+    value = float(eval_metrics[self.best_metric])
+    args = self._save_args(step, host_state if host_state is not None else state,
+                           **{self.best_metric: value})
     self.best_manager.save(step, args=args,
-                           metrics={self.best_metric: float(eval_metrics[self.best_metric])})
+                           metrics={self.best_metric: value})
+
+  def _save_args(self, step: int, item, **extra):
+    """The state plus a JSON record of the run's identity (checked on restore)."""
+    ocp = self._ocp
+    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
+            'process_count': jax.process_count(), 'device_count': jax.device_count(), **extra}
+    return ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
 
   def _abstract(self, state):
     def leaf(x):
