@@ -198,6 +198,11 @@ def plot_accuracy(agg, path: str) -> str:
   ax.set_xscale('log', base=2)
   ax.set(xlabel='global batch size B', ylabel='final ANP top-1 (%)',
          title='Accuracy at a fixed epoch budget')
+  return _finish(plt, fig, ax, path)
+
+
+def _finish(plt, fig, ax, path: str) -> str:
+  """Grid, legend, tight layout; writes the PNG and frees the figure."""
   ax.grid(alpha=0.3, which='both')
   ax.legend(fontsize=8)
   fig.tight_layout()
@@ -224,12 +229,7 @@ def plot_steps(agg, target: float, path: str) -> str:
   ax.set_yscale('log')
   ax.set(xlabel='global batch size B', ylabel=f'steps to {100 * target:g} % top-1',
          title='Steps to target')
-  ax.grid(alpha=0.3, which='both')
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _finish(plt, fig, ax, path)
 
 
 def plot_fit(agg, fits, path: str) -> str:
