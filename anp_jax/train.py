@@ -117,11 +117,7 @@ def validate_config(config) -> None:
                      f'num_train_steps={config.num_train_steps}).')
   if config.base_lr <= 0:
     raise ValueError(f'config.base_lr must be > 0, got {config.base_lr}.')
-  if config.dataset == 'anp':
-    data_dir = os.path.expanduser(config.data_dir)
-    if not os.path.isdir(data_dir):
-      raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist: prepare the ANP '
-                              'dataset there first (python -m anp_jax.data.prepare).')
+  pipeline.check_data_dir(config)
 
 
 def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,

@@ -60,11 +60,17 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
     return builder
   if config.dataset == 'anp':
     from anp_jax.data import anp
-    if not os.path.isdir(data_dir):
-      raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist; prepare the ANP '
-                              'dataset first with `python -m anp_jax.data.prepare`.')
+    check_data_dir(config)
     return anp.builder_from_config(config, data_dir)
   raise ValueError(f'Unknown dataset {config.dataset!r}; choose synthetic_anp or anp.')
+
+
+def check_data_dir(config) -> None:
+  """A prepared (not generated) dataset needs an existing config.data_dir."""
+  data_dir = os.path.expanduser(config.data_dir)
+  if config.dataset == 'anp' and not os.path.isdir(data_dir):
+    raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist; prepare the ANP '
+                            'dataset there first with `python -m anp_jax.data.prepare`.')
 
 
 def _prepare_once(builder, data_dir: str):
