@@ -117,6 +117,19 @@ def validate_config(config) -> None:
                      f'num_train_steps={config.num_train_steps}).')
   if config.base_lr <= 0:
     raise ValueError(f'config.base_lr must be > 0, got {config.base_lr}.')
+  stop_metric = config.get('stop_at_metric', '')
+  if stop_metric:
+    head = stop_metric.split('/', 1)[-1]
+    if not (stop_metric.startswith('eval/') and head.rsplit('_', 1)[0] in HEADS
+            and head.rsplit('_', 1)[-1] in ('top1', 'top5')):
+      raise ValueError(f'config.stop_at_metric={stop_metric!r}: use an evaluation accuracy, e.g. '
+                       "'eval/anp_top1', 'eval/noun_top5' (or '' to train the whole budget).")
+    if not 0.0 < float(config.stop_at_value) <= 1.0:
+      raise ValueError(f'config.stop_at_value={config.stop_at_value} is an unreachable target '
+                       'for an accuracy: use a fraction in (0, 1].')
+    if config.eval_every_epochs <= 0:
+      raise ValueError('config.stop_at_metric needs periodic evaluation: set '
+                       'config.eval_every_epochs > 0.')
   pipeline.check_data_dir(config)
 
 
@@ -485,6 +498,12 @@ def _train_metrics(executor, pending, state, schedule, step, setup, config):
   return metrics
 
 
+def _target_reached(config, evaluated: Optional[Dict[str, float]]) -> bool:
+  """Whether `evaluated` meets config.stop_at_metric >= config.stop_at_value (if set)."""
+  metric = config.get('stop_at_metric', '')
+  return bool(metric and evaluated and evaluated.get(metric, -math.inf) >= config.stop_at_value)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
   """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
   t_start = time.time()
@@ -529,8 +548,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   pending = []
   final_eval: Dict[str, float] = {}
   step = start_step
+  stopped_at_target = False
+  if config.get('stop_at_metric', '') and 0 < start_step < setup.total_steps:
+    # A resumed early-stopping run may have stopped at this checkpoint already.
+    final_eval = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split),
+                           'eval')
+    final_eval['eval/epoch'] = step / setup.steps_per_epoch
+    stopped_at_target = _target_reached(config, final_eval)
+    if not stopped_at_target:
+      final_eval = {}
   try:
-    while step < setup.total_steps:
+    while step < setup.total_steps and not stopped_at_target:
       batch = next(batches)
       state, sums = executor.train_step(state, batch)
       pending.append(sums)
@@ -564,6 +592,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
           print(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
                 f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
                 f'{final_eval["eval/loss"]:.3f}', flush=True)
+      if _target_reached(config, evaluated):
+        stopped_at_target = True
+        if is_main:
+          print(f'{config.stop_at_metric} = {evaluated[config.stop_at_metric]:.4f} reached '
+                f'config.stop_at_value={config.stop_at_value:g} at step {step}: stopping.',
+                flush=True)
+        if not save_now:  # Keep the stopping point (and the progress) in a checkpoint.
+          save_now = True
       if save_now or evaluated:
         host_state = (jax.device_get(executor.unreplicate(state)) if executor.kind == 'pmap'
                       else None)
@@ -593,7 +629,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   wall = time.time() - t_start
   if is_main:
     with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
-      json.dump({'step': step, 'wall_time_s': wall, **final_eval}, f, indent=2)
+      json.dump({'step': step, 'wall_time_s': wall, 'stopped_at_target': stopped_at_target,
+                 **final_eval}, f, indent=2)
     if history:
       reporting.plot_history(history, os.path.join(workdir, 'curves.png'))
   from anp_jax import distributed

@@ -17,6 +17,8 @@ preset's ``base_lr`` (before the scaling rule) and the report keeps, per batch s
 reaches the target in the fewest steps (Shallue et al. 2018: compare batch sizes each at its own
 best learning rate, not at one fixed rule).
 
+* ``--stop_at_target`` ends each run at its first evaluation reaching ``--target_top1`` (the
+  epoch budget becomes a cap): time-to-accuracy without training past the target.
 * **Gradient accumulation** is chosen per batch: when the per-device batch exceeds
   ``--max_per_device_batch``, ``config.grad_accum_steps`` is the smallest count of micro-batches
   that fits and keeps every micro-batch a whole number of ghost-BN groups (with ghost BN this is
@@ -233,6 +235,9 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument('--checkpoint_every_epochs', type=float)
   parser.add_argument('--cpu_devices', type=int,
                       help='Simulated CPU devices (XLA flag, set before JAX starts); 0: none.')
+  parser.add_argument('--stop_at_target', action='store_true',
+                      help='Stop each run at the first evaluation reaching --target_top1 '
+                           '(time-to-accuracy; the epoch budget becomes a cap).')
   parser.add_argument('--dry_run', action='store_true',
                       help='Validate, print the grid and the time estimate; train nothing.')
   parser.add_argument('--no_report', action='store_true', help='Skip experiments/report.py.')
@@ -359,6 +364,10 @@ def resolve(args, overrides) -> Sweep:
   if not (isinstance(target, (int, float)) and 0.0 < target <= 1.0):
     raise SweepError(f'--target_top1={target} is an unreachable target: top-1 accuracy is a '
                      'fraction in (0, 1] (e.g. 0.3 for 30 %).')
+  if getattr(args, 'stop_at_target', False):
+    if base.eval_every_epochs <= 0:
+      raise SweepError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
+    base.stop_at_metric, base.stop_at_value = 'eval/anp_top1', float(target)
 
   batch_sizes = preset.batch_sizes if args.batch_sizes is None else args.batch_sizes
   seeds = preset.seeds if args.seeds is None else args.seeds
@@ -517,6 +526,10 @@ def check_existing(run_dir: str, config):
   with open(path) as f:
     old = _flatten(json.load(f))
   new = _flatten(json.loads(config.to_json_best_effort()))
+  # A field added to the config after that run was trained counts as its default value there.
+  from anp_jax.configs import default
+  defaults = _flatten(json.loads(default.get_config().to_json_best_effort()))
+  old.update({k: defaults[k] for k in new if k not in old and k in defaults})
   diff = {k: (old.get(k), new.get(k)) for k in set(old) | set(new)
           if k not in _NEUTRAL_FIELDS and old.get(k) != new.get(k)}
   if diff:

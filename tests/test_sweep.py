@@ -397,3 +397,20 @@ def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
   with pytest.raises(sweep.SweepError, match=r'other settings \(num_epochs: 3.0 there vs 0.75'):
     sweep.sweep(_argv(out, data_dir, '--batch_sizes', '32'))
   assert not (run_dir / 'final_metrics.json').exists()
+
+
+def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_path):
+  out = tmp_path / 'sweep'
+  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32'))
+  plans, _ = sweep.plan_runs(sweep.resolve(args, overrides))
+  run_dir = out / 'runs' / plans[0].spec.name
+  run_dir.mkdir(parents=True)
+  older = json.loads(plans[0].config.to_json_best_effort())
+  del older['stop_at_metric'], older['stop_at_value']  # A run from before those fields.
+  (run_dir / 'config.json').write_text(json.dumps(older))
+  sweep.check_existing(str(run_dir), plans[0].config)  # Same settings: reused.
+  # ... but asking now for a non-default value of such a field is a different run.
+  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32',
+                                           '--stop_at_target'))
+  with pytest.raises(sweep.SweepError, match=r"stop_at_metric: '' there vs 'eval/anp_top1'"):
+    sweep.plan_runs(sweep.resolve(args, overrides))

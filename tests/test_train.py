@@ -82,6 +82,11 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
     (dict(eval_batch_size=12), 'eval_batch_size'),
     (dict(batch_size=0), 'must be > 0'),
     (dict(executor='tpu'), 'executor'),
+    (dict(stop_at_metric='eval/anp_top1', stop_at_value=1.5, eval_every_epochs=1.0),
+     'unreachable target'),
+    (dict(stop_at_metric='train/loss', stop_at_value=0.5, eval_every_epochs=1.0),
+     'evaluation accuracy'),
+    (dict(stop_at_metric='eval/anp_top1', stop_at_value=0.5), 'periodic evaluation'),
 ])
 def test_bad_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = tiny_config(data_dir, **overrides)
@@ -94,3 +99,23 @@ def test_nan_loss_stops_with_a_clear_message(data_dir, tmp_path):
   config = tiny_config(data_dir, base_lr=1e30, num_train_steps=6, log_every_steps=2)
   with pytest.raises(train.NonFiniteLossError, match='loss is (nan|inf)'):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopped(
+    data_dir, tmp_path):
+  # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2) stops the run.
+  config = tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25,
+                       stop_at_metric='eval/anp_top5', stop_at_value=0.05)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  final = json.load(open(tmp_path / 'final_metrics.json'))
+  assert final['step'] == 2 and final['stopped_at_target'] is True
+  assert result.final_eval['eval/anp_top5'] >= 0.05
+  assert int(jax.device_get(result.state.step)) == 2
+  # Resuming the stopped run neither trains on nor loses the stopping point.
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert int(jax.device_get(again.state.step)) == 2
+  assert json.load(open(tmp_path / 'final_metrics.json'))['stopped_at_target'] is True
+  # Without the target the same config trains its whole budget.
+  full = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25),
+                                  str(tmp_path / 'full'))
+  assert int(jax.device_get(full.state.step)) == 16

@@ -58,6 +58,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.lars_trust_coefficient = 0.001
   c.num_epochs = 5.0
   c.num_train_steps = -1  # > 0 overrides num_epochs.
+  # Optionally stop early once an evaluation reaches a target accuracy (time-to-accuracy runs):
+  # e.g. stop_at_metric='eval/anp_top1', stop_at_value=0.25. '' trains the whole budget.
+  c.stop_at_metric = ''
+  c.stop_at_value = 0.0
 
   # Execution.
   c.executor = 'jit'  # 'jit' (mesh + shardings) or 'pmap' (for comparison).
