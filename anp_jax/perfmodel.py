@@ -1136,6 +1136,13 @@ def _parser() -> argparse.ArgumentParser:
       prog='python -m anp_jax.perfmodel',
       description='Predict data-parallel training performance (SPRINT-style model).')
   p.add_argument('--model', choices=sorted(WORKLOADS), default='resnet50')
+  p.add_argument('--flax-model', metavar='ARCH', default=None,
+                 help='instead of --model: count FLOPs and parameters of anp_jax.models ARCH '
+                      '(resnet8 ... resnet152) with XLA cost analysis (imports JAX)')
+  p.add_argument('--image-size', type=int, default=224, help='with --flax-model')
+  p.add_argument('--width', type=float, default=1.0, help='with --flax-model: channel multiplier')
+  p.add_argument('--num-classes', type=int, default=553,
+                 help='with --flax-model: ANP classes (553: MUSA2\'s ANPs)')
   p.add_argument('--dataset-size', type=int, default=None,
                  help='training images per epoch (default: the preset\'s dataset)')
   p.add_argument('--cluster', choices=sorted(CLUSTERS), default='minotauro',
@@ -1181,6 +1188,20 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _flax_workload(args, kwargs) -> Workload:
+  """--flax-model: the workload of one of anp_jax.models' ResNets, from XLA's cost analysis."""
+  from anp_jax import models  # Lazily: imports JAX and Flax.
+  if args.flax_model not in models.ARCHS:
+    raise ValueError(f'--flax-model {args.flax_model!r} is unknown; choose one of '
+                     f'{sorted(models.ARCHS)}.')
+  _require_positive('--flax-model', 'image_size', args.image_size, integer=True)
+  _require_positive('--flax-model', 'width', args.width)
+  _require_positive('--flax-model', 'num_classes', args.num_classes, integer=True)
+  model = models.build_resnet(args.flax_model, num_anps=args.num_classes, width=args.width)
+  name = args.flax_model + (f'_w{args.width:g}' if args.width != 1 else '')
+  return workload_from_flax(model, args.image_size, name=name, **kwargs)
+
+
 def _cli_device(args, workload: Workload) -> Device:
   """The --device preset, recalibrated by --peak-tflops/--efficiency or --step-time-ms."""
   device = DEVICES[args.device]()
@@ -1209,7 +1230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
   try:
     kwargs = {} if args.dataset_size is None else {'dataset_size': args.dataset_size}
-    workload = WORKLOADS[args.model](**kwargs)
+    workload = (_flax_workload(args, kwargs) if args.flax_model
+                else WORKLOADS[args.model](**kwargs))
     base = CLUSTERS[args.cluster](device=_cli_device(args, workload))
     ic = base.interconnect
     ic = Interconnect(
@@ -1242,7 +1264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   widest = max(predictions, key=lambda p: p.num_devices)
-  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.2f} GFLOP/image forward, '
+  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.3g} GFLOP/image forward, '
         f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch')
   print(f'{cluster.name}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
         f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '

@@ -288,3 +288,18 @@ def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input(capsys):
   assert 'inter_node_bandwidth' in capsys.readouterr().err
   assert pm.main(['--efficiency', '1.5']) == 2
   assert 'efficiency' in capsys.readouterr().err
+
+
+def test_cli_workload_from_a_flax_model(capsys):
+  assert pm.main(['--flax-model', 'resnet8', '--image-size', '16', '--width', '0.25',
+                  '--num-classes', '8', '--dataset-size', '1000', '--nodes', '1',
+                  '--gpus-per-node', '2', '--device', 'cpu', '--step-time-ms', '20',
+                  '--measured-batch', '32', '--devices-per-compute-pool', '2',
+                  '--per-device-batch', '16']) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('resnet8_w0.25:') and '1,000 images/epoch' in out
+  row = out.splitlines()[-1].split()
+  # Two devices share the measured pool: 32 images per step still take the measured 20 ms.
+  assert float(row[3]) == pytest.approx(20.0, rel=0.01)
+  assert pm.main(['--flax-model', 'resnet7']) == 2
+  assert 'resnet7' in capsys.readouterr().err
