@@ -70,13 +70,16 @@ class MeasureSpec:
   plumbing_only: bool = False
 
 
+# Every train step compiles for ~10-20 s of CPU: all batches on 1 device (the calibration and the
+# batch dependence), three of them on the multi-device configurations.
 FULL = dict(batches=(32, 64, 128, 256, 512), devices=(1, 2, 4), processes=2, calibration=128,
+            other_batches=(32, 128, 512),
             spec=dict(arch='resnet20', width=0.5, image_size=16, warmup_steps=2, timed_steps=5))
 # Quick (CI): every code path, the fewest compilations (a train step compiles in ~10 s of CPU
 # even for this model): both batches on 1 device, only the larger one elsewhere.
 # The multi-device path of the measurement is the multi-process one's with one process, so quick
 # mode measures 1 device and 2 processes only.
-QUICK = dict(batches=(16, 32), devices=(1,), processes=2, calibration=16, others_largest=True,
+QUICK = dict(batches=(16, 32), devices=(1,), processes=2, calibration=16, other_batches=(32,),
              spec=dict(arch='resnet8', width=0.25, image_size=16, warmup_steps=1, timed_steps=2,
                        min_timed_s=0.0, allreduce_bytes=(4096, 262144), allreduce_repeats=5,
                        train_per_class=4, plumbing_only=True))
@@ -284,16 +287,17 @@ def fit_alpha_beta(points: Sequence[dict], n: int) -> Dict[str, float]:
 
 def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], processes: int,
                 spec_kwargs: dict, timeout_s: float = 900.0, log=print,
-                others_largest: bool = False) -> dict:
+                other_batches: Optional[Sequence[int]] = None) -> dict:
   """All the measurements of experiment 1: one subprocess per device count, one multi-process job.
 
-  ``others_largest``: measure every batch on 1 device, only the largest on the other configs.
+  ``batches`` are measured on 1 device, ``other_batches`` (default: the same) on the others.
   """
+  other_batches = tuple(batches if other_batches is None else other_batches)
   os.makedirs(out_dir, exist_ok=True)
   data_dir = os.path.join(out_dir, 'tfds')
   spec = MeasureSpec(data_dir=data_dir, batches=tuple(batches), **spec_kwargs)
-  bad = [(b, d) for b in batches for d in list(devices) + ([processes] if processes > 1 else [])
-         if b % d or (b // d) % spec.bn_group_size]
+  bad = [(b, d) for d in list(devices) + ([processes] if processes > 1 else [])
+         for b in (batches if d == 1 else other_batches) if b % d or (b // d) % spec.bn_group_size]
   if bad:
     raise ValueError(f'Global batches must split into whole ghost-BN groups of '
                      f'{spec.bn_group_size} on every device count; not so for (batch, devices) '
@@ -302,15 +306,14 @@ def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], pr
   for d in devices:
     t0 = time.time()
     one = dataclasses.replace(spec, xla_flops=(d == 1 and not spec.plumbing_only),
-                              batches=(spec.batches if d == 1 or not others_largest
-                                       else (max(batches),)))
+                              batches=spec.batches if d == 1 else other_batches)
     runs[f'{d}dev'] = _launch(one, os.path.join(out_dir, f'measure_{d}dev.json'), d, 1,
                               os.path.join(out_dir, f'measure_{d}dev'), timeout_s)
     runs[f'{d}dev']['kind'] = 'simulated devices'
     log(f'measured {d} simulated device(s) in {time.time() - t0:.0f} s')
   if processes > 1:
     t0 = time.time()
-    mp_spec = dataclasses.replace(spec, batches=(max(batches),)) if others_largest else spec
+    mp_spec = dataclasses.replace(spec, batches=other_batches)
     runs[f'{processes}proc'] = _launch(mp_spec, os.path.join(out_dir, f'measure_{processes}proc.json'),
                                        1, processes, os.path.join(out_dir,
                                                                   f'measure_{processes}proc'),
@@ -773,6 +776,7 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
                    fit_method: str = 'mixed', timeout_s: float = 900.0, log=print) -> dict:
   """Both experiments end to end; writes the outputs into ``out_dir`` and returns the results."""
   preset = QUICK if quick else FULL
+  other_batches = tuple(batches or preset['other_batches'])
   batches = tuple(batches or preset['batches'])
   devices = tuple(devices or preset['devices'])
   processes = preset['processes'] if processes is None else processes
@@ -794,7 +798,7 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
              'load_before': _uptime()}
   if 'cpu' in parts:
     measured = measure_all(out_dir, batches, devices, processes, preset['spec'], timeout_s, log,
-                           others_largest=preset.get('others_largest', False))
+                           other_batches=other_batches)
     results['measured'] = measured
     results['cpu'] = predict_points(measured, calibration_batch)
   if 'paper' in parts:
