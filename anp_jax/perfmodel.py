@@ -344,9 +344,24 @@ def minotauro(nodes: int = 16, devices_per_node: int = 4,
                  interconnect=minotauro_interconnect(), max_devices_per_node=4, name='minotauro')
 
 
+def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
+             device: Optional[Device] = None) -> Cluster:
+  """DGX/HGX-H200-class nodes: 8 GPUs on NVLink/NVSwitch, 8 x 400 Gb/s InfiniBand NDR per node.
+
+  Assumptions (not measured here): intra-node 350 GB/s per direction, the all-reduce bus
+  bandwidth NCCL typically reaches on NVLink 4 (450 GB/s signalling per direction), 5 us per
+  step; inter-node 8 NICs x ~45 GB/s achieved = 360 GB/s per node, 5 us. For one GPU
+  (`devices_per_node` below 8) the NICs are assumed to stay shared by the node.
+  """
+  return Cluster(nodes=nodes, devices_per_node=devices_per_node, device=device or h200(),
+                 interconnect=Interconnect(intra_node_bandwidth=350e9, intra_node_latency=5e-6,
+                                           inter_node_bandwidth=360e9, inter_node_latency=5e-6),
+                 max_devices_per_node=8, name='dgx_h200')
+
+
 WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}
 DEVICES = {'k80': k80, 'v100': v100, 'h200': h200, 'cpu': cpu}
-CLUSTERS = {'minotauro': minotauro}
+CLUSTERS = {'minotauro': minotauro, 'dgx_h200': dgx_h200}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -86,6 +86,7 @@ def test_staleness_sampler_returns_the_requested_samples():
     (lambda: pm.Interconnect(10e9, -1e-6, 6e9, 2e-6), 'intra_node_latency'),
     (lambda: pm.minotauro(nodes=2, devices_per_node=8), 'max_devices_per_node'),
     (lambda: pm.minotauro(nodes=0), 'nodes'),
+    (lambda: pm.dgx_h200(devices_per_node=9), 'holds at most 8 h200'),
     (lambda: pm.Device('gpu', peak_flops=1e12, efficiency=1.5), 'efficiency'),
     (lambda: pm.Device('gpu', peak_flops=-1e12, efficiency=0.5), 'peak_flops'),
     (lambda: pm.Device('gpu', step_time_s=0.5), 'measured_batch'),
