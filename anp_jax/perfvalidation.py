@@ -194,7 +194,8 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
       jax.block_until_ready(f(x))
       t = _median_time(lambda: jax.block_until_ready(f(x)), spec.allreduce_repeats)
       allreduce.append({'bytes': n * 4, 'time_s': t})
-  return {'devices': ndev, 'processes': nproc, 'local_devices': jax.local_device_count(),
+  return {'spec': dataclasses.asdict(spec), 'devices': ndev, 'processes': nproc,
+          'local_devices': jax.local_device_count(),
           'workload': workload, 'steps': steps, 'allreduce': allreduce,
           'jax_version': jax.__version__}
 
@@ -287,10 +288,13 @@ def fit_alpha_beta(points: Sequence[dict], n: int) -> Dict[str, float]:
 
 def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], processes: int,
                 spec_kwargs: dict, timeout_s: float = 900.0, log=print,
-                other_batches: Optional[Sequence[int]] = None) -> dict:
+                other_batches: Optional[Sequence[int]] = None, reuse: bool = False,
+                budget_s: Optional[float] = None) -> dict:
   """All the measurements of experiment 1: one subprocess per device count, one multi-process job.
 
   ``batches`` are measured on 1 device, ``other_batches`` (default: the same) on the others.
+  ``reuse``: keep a job's earlier ``measure_<job>.json`` when its settings are the same.
+  ``budget_s``: start no further job after this many seconds (the skipped ones are listed).
   """
   other_batches = tuple(batches if other_batches is None else other_batches)
   os.makedirs(out_dir, exist_ok=True)
@@ -302,25 +306,47 @@ def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], pr
     raise ValueError(f'Global batches must split into whole ghost-BN groups of '
                      f'{spec.bn_group_size} on every device count; not so for (batch, devices) '
                      f'{bad}.')
-  runs = {}
-  for d in devices:
+  jobs = [(f'{d}dev', dataclasses.replace(spec, xla_flops=(d == 1 and not spec.plumbing_only),
+                                          batches=spec.batches if d == 1 else other_batches),
+           d, 1, 'simulated devices') for d in devices]
+  if processes > 1:  # Right after the 1-device job: under a time budget it matters most.
+    jobs.insert(1 if devices and devices[0] == 1 else 0,
+                (f'{processes}proc', dataclasses.replace(spec, batches=other_batches), 1,
+                 processes, 'processes (gloo, 127.0.0.1)'))
+  runs, skipped, start = {}, [], time.time()
+  for key, job_spec, per_process, nproc, kind in jobs:
+    out_json = os.path.join(out_dir, f'measure_{key}.json')
+    previous = _load_if_same(out_json, job_spec) if reuse else None
+    if previous is not None:
+      runs[key] = previous
+      log(f'{key}: reused {out_json} (same settings)')
+      continue
+    if budget_s is not None and time.time() - start > budget_s:
+      skipped.append(key)
+      log(f'{key}: skipped, the time budget of {budget_s:.0f} s is spent')
+      continue
     t0 = time.time()
-    one = dataclasses.replace(spec, xla_flops=(d == 1 and not spec.plumbing_only),
-                              batches=spec.batches if d == 1 else other_batches)
-    runs[f'{d}dev'] = _launch(one, os.path.join(out_dir, f'measure_{d}dev.json'), d, 1,
-                              os.path.join(out_dir, f'measure_{d}dev'), timeout_s)
-    runs[f'{d}dev']['kind'] = 'simulated devices'
-    log(f'measured {d} simulated device(s) in {time.time() - t0:.0f} s')
-  if processes > 1:
-    t0 = time.time()
-    mp_spec = dataclasses.replace(spec, batches=other_batches)
-    runs[f'{processes}proc'] = _launch(mp_spec, os.path.join(out_dir, f'measure_{processes}proc.json'),
-                                       1, processes, os.path.join(out_dir,
-                                                                  f'measure_{processes}proc'),
-                                       timeout_s)
-    runs[f'{processes}proc']['kind'] = 'processes (gloo, 127.0.0.1)'
-    log(f'measured {processes} processes in {time.time() - t0:.0f} s')
-  return {'spec': dataclasses.asdict(spec), 'runs': runs, 'load_before': _uptime()}
+    runs[key] = _launch(job_spec, out_json, per_process, nproc,
+                        os.path.join(out_dir, f'measure_{key}'), timeout_s)
+    runs[key]['kind'] = kind
+    with open(out_json, 'w') as f:  # With its kind and settings, for --reuse.
+      json.dump(runs[key], f)
+    log(f'{key}: measured in {time.time() - t0:.0f} s ({_uptime()})')
+  if '1dev' not in runs:
+    raise RuntimeError('The 1-device measurement is missing: nothing to calibrate on.')
+  return {'spec': dataclasses.asdict(spec), 'runs': runs, 'skipped': skipped,
+          'load_before': _uptime()}
+
+
+def _load_if_same(path: str, spec: MeasureSpec) -> Optional[dict]:
+  """A previous measurement at ``path`` if it was taken with exactly these settings."""
+  try:
+    with open(path) as f:
+      previous = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return previous if previous.get('spec') == json.loads(json.dumps(dataclasses.asdict(spec))) \
+      else None
 
 
 def _uptime() -> str:
@@ -622,6 +648,8 @@ def _cpu_section(cpu: dict, measured: dict) -> List[str]:
             f'{1e6 * ic["intra_node_latency"]:.0f} us/hop; 2 processes over loopback gloo '
             f'{ic["inter_node_bandwidth"] / 1e9:.2f} GB/s, '
             f'{1e6 * ic["inter_node_latency"]:.0f} us/hop.',
+            f'* **Not measured** (time budget): {", ".join(measured["skipped"])}.'
+            if measured.get('skipped') else '* All planned jobs were measured.',
             '* **Compute pool**: the simulated devices and the processes share the same '
             f'{CPU_CORES} cores: `Cluster.devices_per_compute_pool` = all devices of the job.',
             '', '| fit | devices | bandwidth GB/s | latency us | fit error |',
@@ -773,7 +801,8 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
                    batches: Optional[Sequence[int]] = None,
                    devices: Optional[Sequence[int]] = None, processes: Optional[int] = None,
                    calibration_batch: Optional[int] = None, num_ps: int = 1,
-                   fit_method: str = 'mixed', timeout_s: float = 900.0, log=print) -> dict:
+                   fit_method: str = 'mixed', timeout_s: float = 900.0, log=print,
+                   reuse: bool = False, budget_s: Optional[float] = None) -> dict:
   """Both experiments end to end; writes the outputs into ``out_dir`` and returns the results."""
   preset = QUICK if quick else FULL
   other_batches = tuple(batches or preset['other_batches'])
@@ -798,7 +827,7 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
              'load_before': _uptime()}
   if 'cpu' in parts:
     measured = measure_all(out_dir, batches, devices, processes, preset['spec'], timeout_s, log,
-                           other_batches=other_batches)
+                           other_batches=other_batches, reuse=reuse, budget_s=budget_s)
     results['measured'] = measured
     results['cpu'] = predict_points(measured, calibration_batch)
   if 'paper' in parts:

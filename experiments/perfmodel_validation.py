@@ -48,13 +48,18 @@ def main(argv=None):
                  choices=perfvalidation.FIT_METHODS,
                  help='method whose 16-node speed-up the transport-efficiency fit matches')
   p.add_argument('--timeout', type=float, default=900.0, help='seconds per measuring job')
+  p.add_argument('--budget', type=float, default=None,
+                 help='start no further measuring job after this many seconds')
+  p.add_argument('--reuse', action='store_true',
+                 help='keep earlier measure_*.json in --out taken with the same settings')
   args = p.parse_args(argv)
   try:
     results = perfvalidation.run_validation(
         args.out, quick=args.quick, parts=[x for x in args.parts.split(',') if x],
         batches=args.batches, devices=args.devices, processes=args.processes,
         calibration_batch=args.calibration_batch, num_ps=args.num_ps,
-        fit_method=args.fit_method, timeout_s=args.timeout)
+        fit_method=args.fit_method, timeout_s=args.timeout, reuse=args.reuse,
+        budget_s=args.budget)
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

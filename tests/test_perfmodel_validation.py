@@ -80,3 +80,8 @@ def test_quick_run_end_to_end(tmp_path):
   assert 'load average' in report  # The machine load is reported next to the figures.
   assert results['paper']['fitted'] is not None
   assert os.path.isdir(out / 'tfds')
+  # --reuse: the same settings take the earlier measurements instead of measuring again.
+  stamp = (out / 'measure_2proc.json').stat().st_mtime_ns
+  again = pv.run_validation(str(out), quick=True, parts=['cpu'], reuse=True)
+  assert (out / 'measure_2proc.json').stat().st_mtime_ns == stamp
+  assert again['cpu']['rows'] == cpu['rows'] and 'paper' not in again
