@@ -643,6 +643,8 @@ def _cpu_section(cpu: dict, measured: dict) -> List[str]:
             f'* **2-point variant** (a fit, for comparison): per-image time and a fixed per-step '
             f'overhead through 1-device batches {c["two_point"]["batches"]}: overhead '
             f'{1e3 * c["two_point"]["overhead_s"]:.1f} ms/step.',
+            '* **Interconnect**: not measured (no multi-device job in this run).'
+            if not cpu['allreduce_fits'] else
             f'* **Interconnect** from the `psum` micro-benchmark (alpha-beta ring fit): simulated '
             f'devices {ic["intra_node_bandwidth"] / 1e9:.2f} GB/s, '
             f'{1e6 * ic["intra_node_latency"]:.0f} us/hop; 2 processes over loopback gloo '
