@@ -148,6 +148,14 @@ class Cluster:
 
   ``max_devices_per_node`` is what the node physically holds (None: unconstrained); asking for
   more devices per node than that is an error rather than a silent extrapolation.
+
+  ``devices_per_compute_pool`` is how many of the job's devices run on one shared pool of compute
+  units; ``device`` then describes the whole pool. 1 (default) is a real accelerator per
+  device. N > 1 models N simulated XLA CPU devices (``--xla_force_host_platform_device_count``),
+  or N single-device processes, on one host's cores: they do not add compute, they split it, so
+  a step with per-device batch b costs what the pool needs for min(N, devices) x b images (see
+  `device_step_time`). Without it the model would credit simulated devices with a linear
+  speed-up that the cores cannot deliver.
   """
   nodes: int
   devices_per_node: int
@@ -155,10 +163,13 @@ class Cluster:
   interconnect: Interconnect
   max_devices_per_node: Optional[int] = None
   name: str = 'cluster'
+  devices_per_compute_pool: int = 1
 
   def __post_init__(self):
     _require_positive('Cluster', 'nodes', self.nodes, integer=True)
     _require_positive('Cluster', 'devices_per_node', self.devices_per_node, integer=True)
+    _require_positive('Cluster', 'devices_per_compute_pool', self.devices_per_compute_pool,
+                      integer=True)
     if self.max_devices_per_node is not None:
       _require_positive('Cluster', 'max_devices_per_node', self.max_devices_per_node,
                         integer=True)
@@ -176,6 +187,11 @@ class Cluster:
   @property
   def num_devices(self) -> int:
     return self.nodes * self.devices_per_node
+
+  @property
+  def pool_sharing(self) -> int:
+    """Devices of this job that share one compute pool (at most all of them)."""
+    return min(self.devices_per_compute_pool, self.num_devices)
 
   def resized(self, nodes: Optional[int] = None,
               devices_per_node: Optional[int] = None) -> 'Cluster':
@@ -328,9 +344,24 @@ def minotauro(nodes: int = 16, devices_per_node: int = 4,
                  interconnect=minotauro_interconnect(), max_devices_per_node=4, name='minotauro')
 
 
+def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
+             device: Optional[Device] = None) -> Cluster:
+  """DGX/HGX-H200-class nodes: 8 GPUs on NVLink/NVSwitch, 8 x 400 Gb/s InfiniBand NDR per node.
+
+  Assumptions (not measured here): intra-node 350 GB/s per direction, the all-reduce bus
+  bandwidth NCCL typically reaches on NVLink 4 (450 GB/s signalling per direction), 5 us per
+  step; inter-node 8 NICs x ~45 GB/s achieved = 360 GB/s per node, 5 us. For one GPU
+  (`devices_per_node` below 8) the NICs are assumed to stay shared by the node.
+  """
+  return Cluster(nodes=nodes, devices_per_node=devices_per_node, device=device or h200(),
+                 interconnect=Interconnect(intra_node_bandwidth=350e9, intra_node_latency=5e-6,
+                                           inter_node_bandwidth=360e9, inter_node_latency=5e-6),
+                 max_devices_per_node=8, name='dgx_h200')
+
+
 WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}
 DEVICES = {'k80': k80, 'v100': v100, 'h200': h200, 'cpu': cpu}
-CLUSTERS = {'minotauro': minotauro}
+CLUSTERS = {'minotauro': minotauro, 'dgx_h200': dgx_h200}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,6 +448,16 @@ def compute_time(workload: Workload, device: Device, per_device_batch: int) -> f
     return device.step_overhead_s + per_device_batch * per_image
   return (device.step_overhead_s +
           per_device_batch * workload.flops_per_image_train / device.sustained_flops)
+
+
+def device_step_time(cluster: Cluster, workload: Workload, per_device_batch: int) -> float:
+  """Forward+backward time of one step on one device of ``cluster``, compute-pool sharing included.
+
+  The devices that share a pool (`Cluster.devices_per_compute_pool`) run their steps at the same
+  time on the same cores, so each step lasts as long as the pool takes for all of their images.
+  """
+  check_memory(workload, cluster.device, per_device_batch)
+  return compute_time(workload, cluster.device, cluster.pool_sharing * per_device_batch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -630,6 +671,95 @@ def staleness_sampler(num_workers: int, num_samples: int, *, compute_time_cv: fl
   return result.staleness
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncAnalytic:
+  """Closed-form approximation of what `simulate_async` measures (no merging server).
+
+  ``server_bound``: the servers' serialised link time, not the workers, sets the throughput; the
+  mean-value formulas ignore queueing near that point, where the simulation is the reference.
+  """
+  gradients_per_s: float
+  images_per_s: float
+  mean_staleness: float
+  staleness_variance: float
+  staleness_pmf: Dict[int, float]
+  effective_batch_pmf: Dict[int, float]
+  server_bound: bool
+
+
+def analytic_async(num_workers: int, compute_time_mean: float, compute_time_cv: float = 0.0,
+                   comm_time: float = 0.0, *, server_time: float = 0.0,
+                   push_fraction: float = 0.5, worker_batch: int = 1) -> AsyncAnalytic:
+  """Throughput and staleness distribution of asynchronous SGD, without the simulation.
+
+  Same inputs as `simulate_async` (identical workers, non-merging server). Derivation:
+
+  * A worker's cycle is compute + pull + max(push, server time): N / cycle gradients per second,
+    capped at 1 / ``server_time`` when the servers' links saturate (``server_bound``).
+  * Mean staleness N - 1 (exact: between a worker's read and its next update, every other worker
+    updates once on average).
+  * Variance: N (N - 1) c^2 + (N - 1) c (1 - c) sqrt(2/pi) with c the cycle's coefficient
+    of variation (compute jitter over the whole cycle; transfers are deterministic). The first
+    term is exact for exponential cycles (c = 1: every update comes from a uniformly random
+    worker, so staleness is geometric with mean N - 1), and 0 for lock-step workers (c = 0:
+    staleness exactly N - 1); the second, the rounding of other workers' phase drift, is an
+    empirical fit to `simulate_async` for c in [0.1, 1] and N in [4, 16] (gamma step times).
+  * Shape: a negative binomial with that mean and variance when the variance exceeds the mean
+    (geometric at c = 1), otherwise a normal density rounded to the integers >= 0.
+
+  The tests hold the pmf to the simulation's within a total-variation distance of 0.15 for
+  servers below saturation. A saturated server queues the gradients and serves them nearly
+  round-robin, which narrows the distribution: there the simulation is the reference.
+  """
+  _require_positive('analytic_async', 'num_workers', num_workers, integer=True)
+  _require_positive('analytic_async', 'compute_time_mean', compute_time_mean)
+  _require_positive('analytic_async', 'worker_batch', worker_batch, integer=True)
+  for field, value in (('compute_time_cv', compute_time_cv), ('comm_time', comm_time),
+                       ('server_time', server_time)):
+    _require_non_negative('analytic_async', field, value)
+  if not 0 <= push_fraction <= 1:
+    raise ValueError(f'analytic_async.push_fraction must be in [0, 1], got {push_fraction!r}.')
+  n = num_workers
+  push = push_fraction * comm_time
+  cycle = compute_time_mean + (comm_time - push) + max(push, server_time)
+  rate = n / cycle
+  server_bound = server_time > 0 and 1.0 / server_time < rate
+  if server_bound:
+    rate = 1.0 / server_time
+  c = min(compute_time_cv * compute_time_mean / cycle, 1.0)
+  mean = float(n - 1)
+  var = n * (n - 1) * c**2 + (n - 1) * c * (1 - c) * math.sqrt(2 / math.pi)
+  pmf = _count_pmf(mean, var)
+  return AsyncAnalytic(gradients_per_s=rate, images_per_s=rate * worker_batch,
+                       mean_staleness=mean, staleness_variance=var, staleness_pmf=pmf,
+                       effective_batch_pmf={worker_batch: 1.0}, server_bound=server_bound)
+
+
+def _count_pmf(mean: float, var: float, tail: float = 1e-4) -> Dict[int, float]:
+  """A distribution over integers >= 0 with the given mean and variance (see `analytic_async`)."""
+  if mean == 0 or var <= 1e-12:
+    return {int(round(mean)): 1.0}
+  hi = int(math.ceil(mean + 12 * math.sqrt(var) + 10))
+  k = np.arange(hi + 1)
+  if var > mean:
+    r = mean**2 / (var - mean)
+    p = r / (r + mean)
+    logpmf = (np.array([math.lgamma(x + r) - math.lgamma(r) - math.lgamma(x + 1) for x in k]) +
+              r * math.log(p) + k * math.log1p(-p))
+    w = np.exp(logpmf)
+  else:
+    w = np.exp(-0.5 * (k - mean)**2 / var)
+  w = np.where(w / w.sum() >= tail, w, 0.0)  # Drop the far tail, then renormalise.
+  w = w / w.sum()
+  return {int(x): float(v) for x, v in zip(k, w) if v > 0}
+
+
+def total_variation(p: Dict[int, float], q: Dict[int, float]) -> float:
+  """Total-variation distance between two pmfs given as value -> probability dicts."""
+  keys = set(p) | set(q)
+  return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in keys)
+
+
 # ----------------------------------------------------------------------------------------------
 # Whole-system prediction.
 
@@ -650,6 +780,9 @@ class Prediction:
   worker's read of the parameters and the update applying its gradient) to probability; local
   SGD reports the local steps since the last global average instead. Speed-ups compare images/s
   with one device training alone (no communication) and with one node of the same method.
+  ``analytic_images_per_s`` / ``analytic_staleness_distribution``: the closed form of
+  `analytic_async` for the same asynchronous configuration (None where it does not apply:
+  synchronous methods, merging servers), next to the simulated values as a cross-check.
   """
   method: str
   nodes: int
@@ -673,6 +806,8 @@ class Prediction:
   effective_batch_distribution: Dict[int, float]
   description: str = ''
   cluster: Optional[Cluster] = dataclasses.field(default=None, repr=False, compare=False)
+  analytic_images_per_s: Optional[float] = None
+  analytic_staleness_distribution: Optional[Dict[int, float]] = None
 
   @property
   def num_devices(self) -> int:
@@ -693,6 +828,8 @@ class _Core:
   staleness: Dict[int, float]
   effective_batch: Dict[int, float]
   description: str
+  analytic_images_per_s: Optional[float] = None
+  analytic_staleness: Optional[Dict[int, float]] = None
 
 
 def _exposed(comm: float, overlap: float, backward: float) -> float:
@@ -716,7 +853,7 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
                   sim_updates: int, seed: int) -> _Core:
   ic = cluster.interconnect
   n, d = cluster.nodes, cluster.devices_per_node
-  t_c = compute_time(workload, cluster.device, b)
+  t_c = device_step_time(cluster, workload, b)
   backward = (t_c - cluster.device.step_overhead_s) * workload.backward_fraction
   grad, params = workload.grad_bytes, workload.param_bytes
   intra = ring_allreduce_time(grad, d, ic.intra_node_bandwidth, ic.intra_node_latency)
@@ -766,6 +903,11 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
                        sim_updates, seed, server_time=server, apply_time=ps_apply_time,
                        push_fraction=push / (push + pull), merge=ps_merge,
                        worker_batch=local_steps * worker_batch)
+  analytic = None
+  if not ps_merge and ps_apply_time == 0:  # The closed form covers the non-merging server.
+    analytic = analytic_async(num_workers, local_steps * worker_compute, compute_cv, push + pull,
+                              server_time=server, push_fraction=push / (push + pull),
+                              worker_batch=local_steps * worker_batch)
   images_per_s = sim.images_per_s
   step = num_workers * worker_batch / images_per_s
   comm = (push + pull) / local_steps + (intra if worker_is_node else 0.0)
@@ -776,7 +918,9 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
                sim.updates_per_s, sim.staleness_pmf(), sim.effective_batch_pmf(),
                f'{name} SGD, {who}, {num_ps} parameter server(s)'
                f'{", merging" if ps_merge else ""}'
-               f'{f", {local_steps} local steps per push" if local_steps > 1 else ""}')
+               f'{f", {local_steps} local steps per push" if local_steps > 1 else ""}',
+               analytic_images_per_s=analytic and analytic.images_per_s,
+               analytic_staleness=analytic and analytic.staleness_pmf)
 
 
 def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method: str = 'sync', *,
@@ -854,7 +998,8 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
       worker_batch=core.worker_batch, updates_per_s=core.updates_per_s,
       mean_staleness=mean_staleness, staleness_distribution=core.staleness,
       effective_batch_distribution=core.effective_batch, description=core.description,
-      cluster=cluster)
+      cluster=cluster, analytic_images_per_s=core.analytic_images_per_s,
+      analytic_staleness_distribution=core.analytic_staleness)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1006,6 +1151,13 @@ def _parser() -> argparse.ArgumentParser:
       prog='python -m anp_jax.perfmodel',
       description='Predict data-parallel training performance (SPRINT-style model).')
   p.add_argument('--model', choices=sorted(WORKLOADS), default='resnet50')
+  p.add_argument('--flax-model', metavar='ARCH', default=None,
+                 help='instead of --model: count FLOPs and parameters of anp_jax.models ARCH '
+                      '(resnet8 ... resnet152) with XLA cost analysis (imports JAX)')
+  p.add_argument('--image-size', type=int, default=224, help='with --flax-model')
+  p.add_argument('--width', type=float, default=1.0, help='with --flax-model: channel multiplier')
+  p.add_argument('--num-classes', type=int, default=553,
+                 help='with --flax-model: ANP classes (553: MUSA2\'s ANPs)')
   p.add_argument('--dataset-size', type=int, default=None,
                  help='training images per epoch (default: the preset\'s dataset)')
   p.add_argument('--cluster', choices=sorted(CLUSTERS), default='minotauro',
@@ -1013,6 +1165,18 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--nodes', type=int, default=16)
   p.add_argument('--gpus-per-node', type=int, default=4)
   p.add_argument('--device', choices=sorted(DEVICES), default='k80')
+  p.add_argument('--peak-tflops', type=float,
+                 help="override the device's peak, TFLOP/s (with --efficiency)")
+  p.add_argument('--efficiency', type=float,
+                 help="override the device's achieved fraction of peak, in (0, 1]")
+  p.add_argument('--step-time-ms', type=float,
+                 help='calibrate the device with a measured training step time (ms) of '
+                      '--model at --measured-batch images on one device (replaces peak/efficiency)')
+  p.add_argument('--measured-batch', type=int, help='images per step of --step-time-ms')
+  p.add_argument('--step-overhead-ms', type=float, default=None,
+                 help='fixed per-step cost in ms (default: the preset\'s; 0 with --step-time-ms)')
+  p.add_argument('--devices-per-compute-pool', type=int, default=1,
+                 help='devices that share one pool of cores (simulated CPU devices: all of them)')
   p.add_argument('--per-device-batch', type=int, default=32)
   p.add_argument('--method', choices=METHODS, default='sync')
   p.add_argument('--sync-comm', choices=('allreduce', 'ps'), default='allreduce')
@@ -1039,13 +1203,51 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
+def _flax_workload(args, kwargs) -> Workload:
+  """--flax-model: the workload of one of anp_jax.models' ResNets, from XLA's cost analysis."""
+  from anp_jax import models  # Lazily: imports JAX and Flax.
+  if args.flax_model not in models.ARCHS:
+    raise ValueError(f'--flax-model {args.flax_model!r} is unknown; choose one of '
+                     f'{sorted(models.ARCHS)}.')
+  _require_positive('--flax-model', 'image_size', args.image_size, integer=True)
+  _require_positive('--flax-model', 'width', args.width)
+  _require_positive('--flax-model', 'num_classes', args.num_classes, integer=True)
+  model = models.build_resnet(args.flax_model, num_anps=args.num_classes, width=args.width)
+  name = args.flax_model + (f'_w{args.width:g}' if args.width != 1 else '')
+  return workload_from_flax(model, args.image_size, name=name, **kwargs)
+
+
+def _cli_device(args, workload: Workload) -> Device:
+  """The --device preset, recalibrated by --peak-tflops/--efficiency or --step-time-ms."""
+  device = DEVICES[args.device]()
+  if args.step_time_ms is not None or args.measured_batch is not None:
+    if args.step_time_ms is None or args.measured_batch is None:
+      raise ValueError('--step-time-ms and --measured-batch go together: give the measured step '
+                       'time and the batch it was measured at.')
+    if args.peak_tflops is not None or args.efficiency is not None:
+      raise ValueError('--step-time-ms replaces --peak-tflops/--efficiency; give one or the other.')
+    overhead = 0.0 if args.step_overhead_ms is None else args.step_overhead_ms * 1e-3
+    return Device(name=f'{device.name} (measured)', memory_bytes=device.memory_bytes,
+                  step_time_s=args.step_time_ms * 1e-3, measured_batch=args.measured_batch,
+                  measured_workload=workload.name, step_overhead_s=overhead)
+  changes = {}
+  if args.peak_tflops is not None:
+    changes['peak_flops'] = args.peak_tflops * 1e12
+  if args.efficiency is not None:
+    changes['efficiency'] = args.efficiency
+  if args.step_overhead_ms is not None:
+    changes['step_overhead_s'] = args.step_overhead_ms * 1e-3
+  return dataclasses.replace(device, **changes) if changes else device
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Print a prediction table; returns the exit status (2 for impossible configurations)."""
   args = _parser().parse_args(argv)
   try:
     kwargs = {} if args.dataset_size is None else {'dataset_size': args.dataset_size}
-    workload = WORKLOADS[args.model](**kwargs)
-    base = CLUSTERS[args.cluster](device=DEVICES[args.device]())
+    workload = (_flax_workload(args, kwargs) if args.flax_model
+                else WORKLOADS[args.model](**kwargs))
+    base = CLUSTERS[args.cluster](device=_cli_device(args, workload))
     ic = base.interconnect
     ic = Interconnect(
         intra_node_bandwidth=(ic.intra_node_bandwidth if args.intra_bw is None
@@ -1058,7 +1260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             else args.inter_lat * 1e-6))
     nodes = args.sweep_nodes or [args.nodes]
     cluster = dataclasses.replace(base, nodes=max(nodes), devices_per_node=args.gpus_per_node,
-                                  interconnect=ic)
+                                  interconnect=ic,
+                                  devices_per_compute_pool=args.devices_per_compute_pool)
     predict_kwargs = dict(method=args.method, overlap=args.overlap, num_ps=args.num_ps,
                           local_steps=args.local_steps, async_worker=args.async_worker,
                           mixed_mode=args.mixed_mode, sync_comm=args.sync_comm,
@@ -1076,13 +1279,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   widest = max(predictions, key=lambda p: p.num_devices)
-  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.2f} GFLOP/image forward, '
+  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.3g} GFLOP/image forward, '
         f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch')
   print(f'{cluster.name}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
         f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
         f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us')
   print(f'method: {widest.description}; overlap {args.overlap:g}')
   print(format_table(predictions))
+  if widest.analytic_images_per_s is not None:
+    print(f'closed form (analytic_async) for the widest row: '
+          f'{widest.analytic_images_per_s:,.1f} img/s (simulated {widest.images_per_s:,.1f}); '
+          f'staleness pmf total-variation distance to the simulation '
+          f'{total_variation(widest.analytic_staleness_distribution, widest.staleness_distribution):.3f}')
   if args.target_global_batch is not None:
     best = ranked[0]
     print(f'best for global batch {args.target_global_batch}: {best.nodes} node(s) x '

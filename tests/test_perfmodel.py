@@ -86,6 +86,7 @@ def test_staleness_sampler_returns_the_requested_samples():
     (lambda: pm.Interconnect(10e9, -1e-6, 6e9, 2e-6), 'intra_node_latency'),
     (lambda: pm.minotauro(nodes=2, devices_per_node=8), 'max_devices_per_node'),
     (lambda: pm.minotauro(nodes=0), 'nodes'),
+    (lambda: pm.dgx_h200(devices_per_node=9), 'holds at most 8 h200'),
     (lambda: pm.Device('gpu', peak_flops=1e12, efficiency=1.5), 'efficiency'),
     (lambda: pm.Device('gpu', peak_flops=-1e12, efficiency=0.5), 'peak_flops'),
     (lambda: pm.Device('gpu', step_time_s=0.5), 'measured_batch'),
@@ -216,3 +217,90 @@ def test_resnet20_preset_matches_the_flax_model():
   preset = pm.resnet20()
   assert w.param_bytes == preset.param_bytes
   assert w.flops_per_image_fwd == pytest.approx(preset.flops_per_image_fwd, rel=0.02)
+
+
+def test_devices_sharing_a_compute_pool_split_it_instead_of_adding_to_it():
+  w = pm.resnet20()
+  host = pm.Device('host', peak_flops=1e11, efficiency=0.5)
+  loopback = pm.Interconnect(5e9, 20e-6, 1e9, 50e-6)
+  alone = pm.predict(pm.Cluster(1, 1, host, loopback), w, 64)
+  shared = pm.predict(pm.Cluster(1, 4, host, loopback, devices_per_compute_pool=4), w, 16)
+  separate = pm.predict(pm.Cluster(1, 4, host, loopback), w, 16)
+  # Four simulated devices on one host's cores: the same 64 images take as long as on one device.
+  assert shared.compute_time == pytest.approx(alone.compute_time)
+  assert shared.images_per_s < alone.images_per_s  # ... plus the all-reduce.
+  assert separate.images_per_s > 3 * alone.images_per_s
+  assert pm.device_step_time(pm.Cluster(1, 4, host, loopback, devices_per_compute_pool=4), w,
+                             16) == pytest.approx(pm.compute_time(w, host, 64))
+  # Two single-device processes on one host: the pool spans the 'nodes'.
+  two = pm.Cluster(2, 1, host, loopback, devices_per_compute_pool=2)
+  assert two.pool_sharing == 2 and two.resized(nodes=1).pool_sharing == 1
+  with pytest.raises(ValueError, match='devices_per_compute_pool'):
+    pm.Cluster(1, 2, host, loopback, devices_per_compute_pool=0)
+
+
+@pytest.mark.parametrize('n,cv,comm', [(2, 0.3, 0.0), (4, 0.1, 0.5), (8, 0.6, 0.2),
+                                       (16, 1.0, 0.0), (16, 0.3, 0.5), (64, 0.2, 0.1)])
+def test_analytic_async_matches_the_discrete_event_simulation(n, cv, comm):
+  sim = pm.simulate_async(n, 1.0, cv, comm, 20_000, seed=n)
+  ana = pm.analytic_async(n, 1.0, cv, comm, worker_batch=32)
+  assert ana.mean_staleness == n - 1
+  assert sum(ana.staleness_pmf.values()) == pytest.approx(1.0, abs=1e-3)
+  assert ana.staleness_variance == pytest.approx(sim.staleness.var(), rel=0.2)
+  assert pm.total_variation(ana.staleness_pmf, sim.staleness_pmf()) < 0.15
+  assert ana.images_per_s == pytest.approx(sim.gradients_per_s * 32, rel=0.02)
+  assert ana.effective_batch_pmf == {32: 1.0} and not ana.server_bound
+
+
+def test_analytic_async_limits_and_saturated_server():
+  # Lock-step workers: staleness exactly N - 1; exponential cycles: geometric, P(0) = 1/N.
+  assert pm.analytic_async(8, 1.0, 0.0).staleness_pmf == {7: 1.0}
+  geometric = pm.analytic_async(8, 1.0, 1.0).staleness_pmf
+  assert geometric[0] == pytest.approx(1 / 8, rel=1e-3)
+  assert geometric[3] == pytest.approx(1 / 8 * (7 / 8)**3, rel=1e-3)
+  ana = pm.analytic_async(8, 1.0, 0.2, 0.0, server_time=0.25)
+  sim = pm.simulate_async(8, 1.0, 0.2, 0.0, 10_000, server_time=0.25)
+  assert ana.server_bound and ana.gradients_per_s == 4.0
+  assert sim.gradients_per_s == pytest.approx(ana.gradients_per_s, rel=0.02)
+  with pytest.raises(ValueError, match='num_workers'):
+    pm.analytic_async(0, 1.0)
+
+
+def test_async_predictions_carry_the_closed_form_next_to_the_simulation():
+  cluster = _cluster(nodes=4)
+  asyn = pm.predict(cluster, pm.resnet50(), 32, method='async', num_ps=4, sim_updates=10_000)
+  assert asyn.analytic_images_per_s == pytest.approx(asyn.images_per_s, rel=0.03)
+  assert pm.total_variation(asyn.analytic_staleness_distribution,
+                            asyn.staleness_distribution) < 0.15
+  assert pm.predict(cluster, pm.resnet50(), 32).analytic_images_per_s is None
+
+
+def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input(capsys):
+  assert pm.main(['--model', 'resnet20', '--step-time-ms', '100', '--measured-batch', '64',
+                  '--nodes', '1', '--gpus-per-node', '1', '--per-device-batch', '64']) == 0
+  out = capsys.readouterr().out
+  row = out.splitlines()[-1].split()
+  assert float(row[3]) == pytest.approx(100.0) and float(row[5].replace(',', '')) == 640.0
+  assert pm.main(['--step-time-ms', '100']) == 2
+  assert '--measured-batch' in capsys.readouterr().err
+  assert pm.main(['--intra-bw', '0']) == 2  # Zero bandwidth: impossible hardware.
+  assert 'intra_node_bandwidth must be positive' in capsys.readouterr().err
+  assert pm.main(['--inter-bw', '0', '--nodes', '2']) == 2
+  assert 'inter_node_bandwidth' in capsys.readouterr().err
+  assert pm.main(['--efficiency', '1.5']) == 2
+  assert 'efficiency' in capsys.readouterr().err
+
+
+def test_cli_workload_from_a_flax_model(capsys):
+  assert pm.main(['--flax-model', 'resnet8', '--image-size', '16', '--width', '0.25',
+                  '--num-classes', '8', '--dataset-size', '1000', '--nodes', '1',
+                  '--gpus-per-node', '2', '--device', 'cpu', '--step-time-ms', '20',
+                  '--measured-batch', '32', '--devices-per-compute-pool', '2',
+                  '--per-device-batch', '16']) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('resnet8_w0.25:') and '1,000 images/epoch' in out
+  row = out.splitlines()[-1].split()
+  # Two devices share the measured pool: 32 images per step still take the measured 20 ms.
+  assert float(row[3]) == pytest.approx(20.0, rel=0.01)
+  assert pm.main(['--flax-model', 'resnet7']) == 2
+  assert 'resnet7' in capsys.readouterr().err
