@@ -1,0 +1,56 @@
+"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py).
+
+  python experiments/benchmark.py --config=anp_jax/configs/default.py --out=bench.json \
+      [--config.batch_size=128 --config.model.name=resnet18 ...] [--noloop] [--notorch]
+
+Prints a table and writes every figure as JSON (`--out`). XLA:CPU flags that make training
+faster (`benchmarking.CPU_XLA_FLAGS`) are added to XLA_FLAGS before JAX starts unless
+`--nocpu_flags`; any flag you set yourself wins.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', os.path.join(
+    os.path.dirname(__file__), '..', 'anp_jax', 'configs', 'default.py'),
+    'Config file; override fields with --config.x=y.', lock_config=False)
+flags.DEFINE_string('out', 'benchmark.json', 'Where to write the JSON result.')
+flags.DEFINE_integer('warmup', 2, 'Untimed steps per contender after compilation.')
+flags.DEFINE_integer('windows', 5, 'Timed windows per contender (alternating contenders).')
+flags.DEFINE_integer('steps_per_window', 3, 'Steps per timed window (dispatched asynchronously).')
+flags.DEFINE_integer('loop_steps', 0, 'Timed steps of the full training loop (0: windows x '
+                     'steps_per_window).')
+flags.DEFINE_bool('loop', True, 'Also time train.train_and_evaluate (real input pipeline).')
+flags.DEFINE_bool('reference', True, 'Also time a plain jax.jit + optax loop of the same model.')
+flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is installed.')
+flags.DEFINE_bool('cpu_flags', True, 'Add benchmarking.CPU_XLA_FLAGS to XLA_FLAGS.')
+flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
+flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp dir).')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
+  from anp_jax import benchmarking
+  if FLAGS.cpu_flags:
+    benchmarking.apply_cpu_flags()
+  result = benchmarking.run_benchmark(
+      FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
+      steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,
+      loop_steps=FLAGS.loop_steps or None, reference=FLAGS.reference,
+      torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir)
+  result['command'] = ' '.join(sys.argv)
+  benchmarking.write_json(result, FLAGS.out)
+  print(benchmarking.table(result), flush=True)
+  print(f'JSON: {FLAGS.out}', flush=True)
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))
