@@ -527,7 +527,8 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
                  'steps_per_window': steps_per_window}}
   bare = build_bare_step(config)
   b = config.batch_size
-  flops_step = compiled_flops(bare.compiled)
+  # The compiled step is the per-device SPMD program: its cost analysis is one device's share.
+  flops_step = compiled_flops(bare.compiled) * jax.device_count()
   result['compile_s'] = bare.compile_s
   result['flops_per_image_train'] = flops_step / b
   sizes = head_sizes(config)

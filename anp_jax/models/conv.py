@@ -139,12 +139,19 @@ class TapsConv(_MatmulConv):
     return self._finish(y.reshape((n,) + out_size + (self.features,)), bias)
 
 
+def _as_conv(cls):
+  """A subclass called ``Conv``: flax names unnamed submodules after their class (``Conv_0``),
+  so a model's parameter tree (and checkpoints) do not depend on the lowering."""
+  return type('Conv', (cls,), {'__doc__': cls.__doc__, '__module__': __name__})
+
+
+_IMPLS = {'im2col': _as_conv(Im2ColConv), 'taps': _as_conv(TapsConv)}
+
+
 def get_conv_impl(name: str):
   """``config.model.conv_impl`` → a Conv module class with ``nn.Conv``'s signature."""
   if name == 'xla':
     return nn.Conv
-  if name == 'im2col':
-    return Im2ColConv
-  if name == 'taps':
-    return TapsConv
+  if name in _IMPLS:
+    return _IMPLS[name]
   raise ValueError(f'config.model.conv_impl={name!r}; choose one of {IMPLS}.')
