@@ -152,7 +152,7 @@ def measure_peak_flops(dtype: str = 'float32', n: Optional[int] = None, repeats:
   import jax
   import jax.numpy as jnp
   from anp_jax import models
-  device = device or jax.devices()[0]
+  device = device or jax.local_devices()[0]
   if n is None:
     n = 2048 if device.platform == 'cpu' else 8192
   dt = models.DTYPES[dtype]
@@ -347,18 +347,19 @@ def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
           'loop_reported_images_per_s': float(last.get('train/images_per_s', float('nan')))}
 
 
-def measure_loop(config, warmup_steps: int, steps: int,
-                 workdir: Optional[str] = None) -> Dict[str, Any]:
-  """Runs `train.train_and_evaluate` for warmup + steps steps and reads its steady-state rate.
+def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str, Any]:
+  """Runs `train.train_and_evaluate` and reads its steady-state rate from metrics.jsonl.
 
-  Logging happens every `warmup_steps` steps (the first log line opens the timed window, so
-  compilation and the first steps are outside it); evaluation runs only at the end (outside the
-  window); the config's checkpoint cadence is kept.
+  The config's logging cadence L = ``log_every_steps`` is kept (a metric fetch syncs host and
+  device, so the cadence is part of what the loop costs): the run lasts L + ceil(steps / L) * L
+  steps and the timed window runs from the first log line (step L: compilation and warm-up are
+  before it) to the last. Evaluation runs only at the end (after the window); the config's
+  checkpoint cadence is kept.
   """
   from anp_jax import train
   c = config.copy_and_resolve_references()
-  c.num_train_steps = warmup_steps + steps
-  c.log_every_steps = max(1, warmup_steps)
+  every = max(1, int(c.log_every_steps))
+  c.num_train_steps = every * (1 + max(1, -(-steps // every)))
   c.eval_every_epochs = 0.0
   c.progress_bar = False
   with contextlib.ExitStack() as stack:
@@ -369,6 +370,7 @@ def measure_loop(config, warmup_steps: int, steps: int,
     wall = time.perf_counter() - t0
     out = _loop_rate(workdir, c.batch_size)
   out['wall_s'] = wall
+  out['log_every_steps'] = every
   return out
 
 
@@ -498,7 +500,7 @@ def build_torch_step(config, seed: int = 0):
 def environment() -> Dict[str, Any]:
   import jax
   import jaxlib
-  d = jax.devices()[0]
+  d = jax.local_devices()[0]
   return {'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'backend': d.platform,
           'device_kind': d.device_kind, 'devices': jax.device_count(),
           'local_devices': jax.local_device_count(), 'processes': jax.process_count(),
@@ -533,9 +535,11 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['flops_per_image_train'] = flops_step / b
   sizes = head_sizes(config)
   fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
-  x1 = jax.numpy.zeros((b, config.image_size, config.image_size, 3), jax.numpy.float32)
-  variables = {'params': jax.tree.map(lambda a: a, bare.state.params),
-               'batch_stats': bare.state.batch_stats}
+  # Shapes only: nothing is computed, and no multi-process array meets a local one.
+  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+  x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
+  variables = jax.tree.map(spec, {'params': bare.state.params,
+                                  'batch_stats': bare.state.batch_stats})
   result['flops_per_image_forward'] = forward_flops(
       lambda v, x: fwd_model.apply(v, x, train=False), variables, x1) / b
   result['n_params'] = int(sum(int(v.size) for v in jax.tree.leaves(bare.state.params)))
@@ -552,7 +556,7 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['torch'] = None
   if torch_compare:
     version = torch_available()
-    platform_ = jax.devices()[0].platform
+    platform_ = jax.local_devices()[0].platform
     if version is None:
       result['torch_skipped'] = 'torch is not installed (pip install torch to compare)'
     elif platform_ != 'cpu' or config.model.dtype != 'float32':
@@ -586,7 +590,7 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['loop'] = None
   if loop:
     loop_steps = loop_steps or windows * steps_per_window
-    lr = measure_loop(config, max(warmup_steps, 1), loop_steps, workdir)
+    lr = measure_loop(config, loop_steps, workdir)
     result['loop'] = lr
     result['ratios']['loop/bare'] = lr['images_per_s'] / result['bare']['images_per_s']
     result['loop']['mfu'] = lr['images_per_s'] * result['flops_per_image_train'] / (
@@ -647,3 +651,54 @@ def write_json(result: Dict[str, Any], path: str):
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, 'w') as f:
     json.dump(result, f, indent=2, default=str)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-device scaling on one machine (simulated CPU devices, processes on 127.0.0.1).
+
+# (name, processes, devices per process); the global batch stays the same.
+SCALING_LAYOUTS = (('1proc_x_1dev', 1, 1), ('1proc_x_2dev', 1, 2), ('2proc_x_1dev', 2, 1))
+
+
+def _with_device_count(xla_flags: str, count: int) -> str:
+  kept = [f for f in xla_flags.split() if not f.startswith('--xla_force_host_platform_device_count')]
+  return ' '.join(kept + [f'--xla_force_host_platform_device_count={count}'])
+
+
+def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 12377,
+                 timeout_s: float = 1800) -> Dict[str, Any]:
+  """Runs `script` (experiments/benchmark.py) once per `SCALING_LAYOUTS` entry; same global batch.
+
+  Each run times only the bare step (no loop, reference or torch). Returns per layout images/s,
+  step times and speed-up / efficiency relative to one process with one device.
+  """
+  import subprocess
+  os.makedirs(out_dir, exist_ok=True)
+  rows = {}
+  for name, procs, local in SCALING_LAYOUTS:
+    children = []
+    for pid in range(procs):
+      env = dict(os.environ)
+      env['XLA_FLAGS'] = _with_device_count(env.get('XLA_FLAGS', ''), local)
+      for k in ('ANP_COORDINATOR_ADDRESS', 'ANP_NUM_PROCESSES', 'ANP_PROCESS_ID'):
+        env.pop(k, None)
+      if procs > 1:
+        env.update(ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=str(procs),
+                   ANP_PROCESS_ID=str(pid))
+      cmd = [sys.executable, script, *args, '--noloop', '--noreference', '--notorch',
+             '--noscaling', f'--out={os.path.join(out_dir, name + ".json")}']
+      children.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+    outputs = [c.communicate(timeout=timeout_s)[0] for c in children]
+    if any(c.returncode for c in children):
+      raise RuntimeError(f'Scaling run {name} failed:\n' + '\n'.join(o[-3000:] for o in outputs))
+    port += 1
+    with open(os.path.join(out_dir, name + '.json')) as f:
+      r = json.load(f)
+    rows[name] = {'processes': procs, 'devices': procs * local, **r['bare'],
+                  'compile_s': r['compile_s'], 'load_average': r['environment']['load_average']}
+  base = rows[SCALING_LAYOUTS[0][0]]['images_per_s']
+  for row in rows.values():
+    row['speedup'] = row['images_per_s'] / base
+    row['efficiency'] = row['speedup'] / row['devices']
+  return rows

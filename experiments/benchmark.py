@@ -30,6 +30,9 @@ flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is in
 flags.DEFINE_bool('cpu_flags', True, 'Add benchmarking.CPU_XLA_FLAGS to XLA_FLAGS.')
 flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
 flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp dir).')
+flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1 device, 1 x 2 '
+                  'simulated devices and 2 processes x 1 device (127.0.0.1), same global batch; '
+                  'JSON per layout next to --out.')
 
 
 def main(argv):
@@ -37,15 +40,28 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
-  from anp_jax import benchmarking
+  from anp_jax import benchmarking, distributed
   if FLAGS.cpu_flags:
     benchmarking.apply_cpu_flags()
+  if FLAGS.scaling:
+    args = [a for a in sys.argv[1:] if not a.startswith(('--out', '--scaling'))]
+    rows = benchmarking.scaling_runs(os.path.abspath(__file__), args,
+                                     os.path.splitext(FLAGS.out)[0] + '_scaling')
+    benchmarking.write_json(rows, FLAGS.out)
+    for name, r in rows.items():
+      print(f"{name:14s} {r['images_per_s']:8.1f} images/s  step {1e3 * r['step_time_median_s']:7.1f}"
+            f" ms  speed-up {r['speedup']:.2f}  efficiency {r['efficiency']:.2f}", flush=True)
+    return 0
+  distributed.initialize()  # Multi-process runs (ANP_* environment); nothing for one process.
   result = benchmarking.run_benchmark(
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
       steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,
       loop_steps=FLAGS.loop_steps or None, reference=FLAGS.reference,
       torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir)
   result['command'] = ' '.join(sys.argv)
+  import jax
+  if jax.process_index() > 0:  # Every process measured the same global step; one file each.
+    FLAGS.out = f'{FLAGS.out}.process{jax.process_index()}'
   benchmarking.write_json(result, FLAGS.out)
   print(benchmarking.table(result), flush=True)
   print(f'JSON: {FLAGS.out}', flush=True)
