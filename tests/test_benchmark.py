@@ -31,7 +31,7 @@ def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   assert 0 < loaded['mfu'] < 2
   assert loaded['peak']['flops_per_s'] > 0 and loaded['peak']['dtype'] == 'float32'
   assert loaded['loop']['images_per_s'] > 0 and loaded['loop']['timed_steps'] == 2
-  assert loaded['ratios']['loop/bare'] > 0
+  assert loaded['ratios']['loop/bare'] > 0 and loaded['bare_after_loop']['windows'] == 2
   assert loaded['memory']['host_peak_rss_bytes'] > 0
   # 8 simulated devices: the single-device plain-JAX reference says why it did not run.
   assert loaded['reference'] is None and 'reference_skipped' in loaded
