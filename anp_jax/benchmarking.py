@@ -246,7 +246,9 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   from anp_jax import models, optim, train
   train.validate_config(config)
   sizes = head_sizes(config)
-  big = 1 << 30  # Sizes of the (unread) splits: only used to derive the schedule.
+  # Sizes of the (unread) splits, only used to derive the schedule: 10,000 steps per epoch keeps
+  # every schedule boundary (epochs x steps) well inside int32.
+  big = int(config.batch_size) * 10_000
   setup = train.resolve_setup(config, big, big)
   mesh = train.make_mesh()
   model = models.create_model(config, sizes['anp'], sizes['adjective'], sizes['noun'],
