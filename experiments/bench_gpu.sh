@@ -4,7 +4,8 @@
 # pipeline (the full training loop), next to a plain jax.jit + optax loop (one GPU only).
 #
 #   experiments/bench_gpu.sh                      # on a GPU node; one command, a few minutes
-#   ANP_BENCH_TINY=1 experiments/bench_gpu.sh     # CPU smoke test of this script (~3 min on 2 cores)
+#   ANP_BENCH_TINY=1 experiments/bench_gpu.sh     # CPU dry run: ResNet-50 at 32 px, batches 4 and 8
+#                                                 # (~5 min per batch on the loaded 2-core machine)
 #
 # Environment:
 #   ANP_VENV        virtual environment (default ./.venv; created from requirements.txt by run.sh)
