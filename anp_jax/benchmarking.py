@@ -1,0 +1,717 @@
+"""Training-throughput benchmark: images/s, step time, compile time, memory, FLOPs and MFU.
+
+`experiments/benchmark.py` is the command line; everything it does lives here so that tests and
+notebooks can call it. What is measured (all on the devices of this job, after warm-up):
+
+* ``bare``: the framework's own compiled train step (`train.make_executor`, i.e. `jax.jit` of the
+  `shard_map`-ped per-device step, state donated) on one fixed in-memory batch. Compile time is
+  measured separately (``lower().compile()``); throughput comes from timed *windows* of several
+  asynchronously dispatched steps ended by one `block_until_ready`, so host dispatch overlaps
+  device work exactly as in training; the spread is over windows.
+* ``loop``: the full training loop, `train.train_and_evaluate`, with the real input pipeline
+  (tf.data), metric fetches, logging, the NaN guard and the config's checkpoint cadence. Its
+  steady-state rate is read from the ``time`` stamps of its own ``metrics.jsonl``: the lines are
+  written right after a metric fetch (a device sync), so (steps between the first and last train
+  line) x batch / (time between them) excludes compilation, data generation and the final
+  evaluation and checkpoint.
+* ``reference``: a plain training loop of the same Flax model written directly with `jax.jit` +
+  optax (SGD momentum, weighted cross-entropy over the heads, BN statistics): no framework code.
+* ``torch``: the same architecture in PyTorch (CPU, channels-last; `TorchResNet`), same batch,
+  image size, heads and optimizer; parameter counts are checked to match. Skipped (and said so
+  in the JSON) when torch is not installed.
+
+Contenders that are compared are timed in alternating windows (A, B, C, A, B, C, ...) and every
+ratio is the median of per-round ratios, so a machine whose load changes during the run (the
+2-core reference machine is shared) biases neither side.
+
+FLOPs come from XLA's cost analysis of the compiled step (forward + backward + update, per
+image); MFU = achieved FLOP/s / the peak FLOP/s measured in the same run by a large matrix
+multiplication in the model's compute dtype.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+# XLA:CPU flag under study (see README performance section): jaxlib 0.10.2 sends convolutions to
+# YNNPACK by default, whose filter-gradient convolution (a "kernel" as large as the image, a 3x3
+# output) ran 3-4x slower than XLA's Eigen convolution with 2 threads on the reference CPU.
+# Keeping YNNPACK for dots and giving convolutions back to Eigen fixes that operation; the
+# end-to-end gain was 1.4-1.6x in back-to-back runs but not confirmed by interleaved runs on the
+# loaded machine, so experiments/benchmark.py applies it only with --cpu_flags.
+CPU_XLA_FLAGS = ('--xla_cpu_experimental_ynn_fusion_type=individual_dot',)
+
+
+def apply_cpu_flags(environ=os.environ) -> str:
+  """Adds `CPU_XLA_FLAGS` to XLA_FLAGS (unless a flag of that name is already set); returns it.
+
+  Must run before JAX initialises its CPU backend. Harmless on GPU (they only touch XLA:CPU).
+  """
+  current = environ.get('XLA_FLAGS', '')
+  for flag in CPU_XLA_FLAGS:
+    name = flag.split('=')[0]
+    if name not in current:
+      current = f'{current} {flag}'.strip()
+  environ['XLA_FLAGS'] = current
+  return current
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing primitives.
+
+
+@dataclasses.dataclass
+class Timing:
+  """Per-window step times of one contender (seconds per step), and what a step processes."""
+  images_per_step: int
+  step_times: List[float] = dataclasses.field(default_factory=list)
+
+  def summary(self) -> Dict[str, float]:
+    t = np.asarray(self.step_times, np.float64)
+    if t.size == 0:
+      return {}
+    med = float(np.median(t))
+    return {'images_per_s': self.images_per_step / med, 'step_time_median_s': med,
+            'step_time_min_s': float(t.min()), 'step_time_max_s': float(t.max()),
+            'step_time_p10_s': float(np.percentile(t, 10)),
+            'step_time_p90_s': float(np.percentile(t, 90)),
+            'step_time_rel_spread': float((np.percentile(t, 90) - np.percentile(t, 10)) / med),
+            'windows': int(t.size)}
+
+
+class Contender:
+  """Something that trains: `run(n)` performs n steps and returns when they are finished."""
+
+  def __init__(self, name: str, images_per_step: int, run: Callable[[int], None]):
+    self.name, self.run = name, run
+    self.timing = Timing(images_per_step)
+
+  def window(self, steps: int):
+    t0 = time.perf_counter()
+    self.run(steps)
+    self.timing.step_times.append((time.perf_counter() - t0) / steps)
+
+
+def interleave(contenders: Sequence[Contender], windows: int, steps_per_window: int,
+               warmup_steps: int) -> Dict[str, Any]:
+  """Warms every contender up, then times them in alternating windows; ratios per round."""
+  for c in contenders:
+    if warmup_steps:
+      c.run(warmup_steps)
+  for _ in range(windows):
+    for c in contenders:
+      c.window(steps_per_window)
+  out = {c.name: c.timing.summary() for c in contenders}
+  ratios = {}
+  for i, a in enumerate(contenders):
+    for b in contenders[i + 1:]:
+      # a's throughput / b's throughput = b's step time / a's step time, round by round.
+      per_round = np.asarray(b.timing.step_times) / np.asarray(a.timing.step_times)
+      ratios[f'{a.name}/{b.name}'] = {'median': float(np.median(per_round)),
+                                      'min': float(per_round.min()),
+                                      'max': float(per_round.max())}
+  return {'results': out, 'ratios': ratios}
+
+
+# ----------------------------------------------------------------------------------------------
+# XLA cost analysis, peak FLOP/s, memory.
+
+
+def compiled_flops(compiled) -> float:
+  """FLOPs of one execution of a compiled computation, from XLA's cost analysis."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per partition.
+    cost = cost[0]
+  flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
+  return flops
+
+
+def forward_flops(apply_fn: Callable, *args) -> float:
+  """FLOPs of `apply_fn(*args)` (e.g. a model's inference forward pass) per XLA."""
+  import jax
+  return compiled_flops(jax.jit(apply_fn).lower(*args).compile())
+
+
+def measure_peak_flops(dtype: str = 'float32', n: Optional[int] = None, repeats: int = 5,
+                       device=None) -> Dict[str, Any]:
+  """The machine's achievable FLOP/s: best of `repeats` timed n x n x n matmuls in `dtype`.
+
+  The best (not the median) is the "peak": MFU is reported against what this machine can do at
+  its best moment, which on a loaded machine makes MFU conservative.
+  """
+  import jax
+  import jax.numpy as jnp
+  from anp_jax import models
+  device = device or jax.local_devices()[0]
+  if n is None:
+    n = 2048 if device.platform == 'cpu' else 8192
+  dt = models.DTYPES[dtype]
+  key = jax.random.key(0)
+  a = jax.device_put(jax.random.normal(key, (n, n), jnp.float32).astype(dt), device)
+  b = jax.device_put(jax.random.normal(jax.random.fold_in(key, 1), (n, n),
+                                       jnp.float32).astype(dt), device)
+  mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=dt))
+  mm(a, b).block_until_ready()
+  inner = 1 if device.platform == 'cpu' else 10
+  best = float('inf')
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(inner):
+      out = mm(a, b)
+    out.block_until_ready()
+    best = min(best, (time.perf_counter() - t0) / inner)
+  return {'dtype': dtype, 'n': n, 'seconds': best, 'flops_per_s': 2.0 * n ** 3 / best,
+          'device': str(device.device_kind)}
+
+
+def memory_report(compiled=None) -> Dict[str, Any]:
+  """Peak device memory (when the backend reports it), XLA's buffer plan, host peak RSS."""
+  import jax
+  out: Dict[str, Any] = {}
+  stats = None
+  with contextlib.suppress(Exception):
+    stats = jax.local_devices()[0].memory_stats()
+  out['device_peak_bytes'] = int(stats['peak_bytes_in_use']) if stats and (
+      'peak_bytes_in_use' in stats) else None
+  if compiled is not None:
+    with contextlib.suppress(Exception):
+      m = compiled.memory_analysis()
+      out['xla_temp_bytes'] = int(m.temp_size_in_bytes)
+      out['xla_argument_bytes'] = int(m.argument_size_in_bytes)
+      out['xla_output_bytes'] = int(m.output_size_in_bytes)
+      out['xla_alias_bytes'] = int(m.alias_size_in_bytes)
+  # ru_maxrss is in KiB on Linux.
+  out['host_peak_rss_bytes'] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The framework's step (bare), the full loop, and the plain JAX reference.
+
+
+def head_sizes(config) -> Dict[str, int]:
+  """Class counts of the three heads without touching the dataset (synthetic: from the config)."""
+  if config.dataset == 'synthetic_anp':
+    s = config.synthetic
+    return {'anp': int(s.num_pairs), 'adjective': int(s.num_adjectives),
+            'noun': int(s.num_nouns)}
+  return {'anp': 553, 'adjective': 117, 'noun': 167}  # The MVSO-EN subset of the paper.
+
+
+def synthetic_batch(config, batch: int, sizes: Dict[str, int], seed: int = 0):
+  """A host batch of the pipeline's shapes and dtypes (normalised images, int labels)."""
+  rng = np.random.default_rng(seed)
+  s = config.image_size
+  return {'image': rng.standard_normal((batch, s, s, 3), np.float32),
+          'mask': np.ones((batch,), np.float32),
+          'label_anp': rng.integers(0, sizes['anp'], batch).astype(np.int32),
+          'label_adjective': rng.integers(0, sizes['adjective'], batch).astype(np.int32),
+          'label_noun': rng.integers(0, sizes['noun'], batch).astype(np.int32)}
+
+
+@dataclasses.dataclass
+class BareStep:
+  """The framework's compiled step on a fixed device batch, ready to be timed."""
+  setup: Any
+  state: Any
+  batch: Any
+  compiled: Any
+  compile_s: float
+  model: Any
+  tx: Any
+
+  def run(self, steps: int):
+    import jax
+    state = self.state
+    for _ in range(steps):
+      state, sums = self.compiled(state, self.batch)
+    jax.block_until_ready((state, sums))
+    self.state = state
+
+
+def build_bare_step(config, seed: int = 0) -> BareStep:
+  """`train.make_executor`'s jitted step for `config` on the devices of this job (no dataset)."""
+  import jax
+  from anp_jax import models, optim, train
+  train.validate_config(config)
+  sizes = head_sizes(config)
+  # Sizes of the (unread) splits, only used to derive the schedule: 10,000 steps per epoch keeps
+  # every schedule boundary (epochs x steps) well inside int32.
+  big = int(config.batch_size) * 10_000
+  setup = train.resolve_setup(config, big, big)
+  mesh = train.make_mesh()
+  model = models.create_model(config, sizes['anp'], sizes['adjective'], sizes['noun'],
+                              axis_name=train.AXIS)
+  schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
+  tx = optim.create_optimizer(config, schedule)
+  executor = train.make_executor(config, model, tx, setup, mesh)
+  state = executor.init()
+  jax.block_until_ready(state)
+  per_process = config.batch_size // jax.process_count()
+  host = synthetic_batch(config, per_process, sizes, seed + jax.process_index())
+  batch = executor.to_device(host)
+  if config.executor != 'jit':
+    raise ValueError("The benchmark times the 'jit' executor; set --config.executor=jit.")
+  t0 = time.perf_counter()
+  compiled = executor.train_step.lower(state, batch).compile()
+  compile_s = time.perf_counter() - t0
+  return BareStep(setup, state, batch, compiled, compile_s, model, tx)
+
+
+def build_reference_step(config, seed: int = 0):
+  """A plain jax.jit + optax loop of the same model on one device: no framework code.
+
+  Same Flax model definition (the 'xla' convolution unless the config says otherwise),
+  BatchNorm statistics over the whole batch, weighted cross-entropy over the heads, SGD with
+  momentum `config.momentum`, a constant learning rate. Returns (run(n), compile_s, flops).
+  """
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from anp_jax import models
+  sizes = head_sizes(config)
+  m = config.model
+  conv_impl = None
+  if m.get('conv_impl', 'xla') != 'xla':
+    from anp_jax.models import conv
+    conv_impl = conv.get_conv_impl(m.conv_impl)
+  model = models.build_resnet(
+      m.name, num_anps=sizes['anp'],
+      num_adjectives=sizes['adjective'] if m.get('adjective_head', True) else 0,
+      num_nouns=sizes['noun'] if m.get('noun_head', True) else 0, width=m.width,
+      dtype=models.DTYPES[m.dtype], conv_impl=conv_impl)
+  host = synthetic_batch(config, config.batch_size, sizes, seed)
+  x = jnp.asarray(host['image'])
+  labels = {'anp': jnp.asarray(host['label_anp']),
+            'adjective': jnp.asarray(host['label_adjective']),
+            'noun': jnp.asarray(host['label_noun'])}
+  variables = model.init(jax.random.key(seed), x[:1], train=False)
+  tx = optax.sgd(0.01, momentum=config.momentum)
+  weights = dict(config.loss_weights)
+  carry = (variables['params'], variables['batch_stats'], tx.init(variables['params']))
+
+  def step(carry, x, labels):
+    params, stats, opt = carry
+
+    def loss_fn(p):
+      logits, new = model.apply({'params': p, 'batch_stats': stats}, x, train=True,
+                                mutable=['batch_stats'])
+      loss = sum(weights[h] * optax.softmax_cross_entropy_with_integer_labels(
+          logits[h], labels[h]).mean() for h in logits)
+      return loss, new['batch_stats']
+
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return (optax.apply_updates(params, updates), stats, opt), loss
+
+  t0 = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=(0,)).lower(carry, x, labels).compile()
+  compile_s = time.perf_counter() - t0
+  holder = {'carry': carry}
+
+  def run(n):
+    c = holder['carry']
+    for _ in range(n):
+      c, loss = compiled(c, x, labels)
+    jax.block_until_ready(loss)
+    holder['carry'] = c
+
+  n_params = sum(int(v.size) for v in jax.tree.leaves(variables['params']))
+  return run, compile_s, compiled_flops(compiled), n_params
+
+
+def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
+  """Steady-state images/s of a finished run from its metrics.jsonl time stamps."""
+  rows = []
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    for line in f:
+      row = json.loads(line)
+      if 'train/loss' in row:
+        rows.append(row)
+  if len(rows) < 2:
+    raise ValueError('The training loop logged fewer than two train lines; raise --steps or '
+                     'lower --config.log_every_steps.')
+  first, last = rows[0], rows[-1]
+  steps = last['step'] - first['step']
+  seconds = last['time'] - first['time']
+  return {'images_per_s': steps * batch_size / seconds, 'step_time_median_s': seconds / steps,
+          'timed_steps': int(steps), 'first_timed_step': int(first['step']),
+          'loop_reported_images_per_s': float(last.get('train/images_per_s', float('nan')))}
+
+
+def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str, Any]:
+  """Runs `train.train_and_evaluate` and reads its steady-state rate from metrics.jsonl.
+
+  The config's logging cadence L = ``log_every_steps`` is kept (a metric fetch syncs host and
+  device, so the cadence is part of what the loop costs): the run lasts L + ceil(steps / L) * L
+  steps and the timed window runs from the first log line (step L: compilation and warm-up are
+  before it) to the last. Evaluation runs only at the end (after the window); the config's
+  checkpoint cadence is kept.
+  """
+  from anp_jax import train
+  c = config.copy_and_resolve_references()
+  every = max(1, int(c.log_every_steps))
+  c.num_train_steps = every * (1 + max(1, -(-steps // every)))
+  c.eval_every_epochs = 0.0
+  c.progress_bar = False
+  with contextlib.ExitStack() as stack:
+    if workdir is None:
+      workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='anp_bench_'))
+    t0 = time.perf_counter()
+    train.train_and_evaluate(c, workdir)
+    wall = time.perf_counter() - t0
+    out = _loop_rate(workdir, c.batch_size)
+  out['wall_s'] = wall
+  out['log_every_steps'] = every
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch reference (CPU), written here so that no other project code is needed.
+
+
+def torch_available() -> Optional[str]:
+  """torch's version, or None when it is not installed (the benchmark then says so)."""
+  try:
+    import torch
+  except ImportError:
+    return None
+  return torch.__version__
+
+
+def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
+  """`anp_jax.models.ResNet` in PyTorch: same blocks, strides (v1.5), widths, heads."""
+  import torch
+  from torch import nn
+  from anp_jax.models.resnet import ARCHS, _ch
+  stage_sizes, block_kind, stem = ARCHS[name]
+
+  def bn(c):
+    # PyTorch momentum is the weight of the new statistics: flax 0.9 decay = torch 0.1.
+    return nn.BatchNorm2d(c, eps=1e-5, momentum=0.1)
+
+  class Basic(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, f, stride):
+      super().__init__()
+      self.c1, self.b1 = nn.Conv2d(cin, f, 3, stride, 1, bias=False), bn(f)
+      self.c2, self.b2 = nn.Conv2d(f, f, 3, 1, 1, bias=False), bn(f)
+      self.proj = (nn.Sequential(nn.Conv2d(cin, f, 1, stride, bias=False), bn(f))
+                   if stride != 1 or cin != f else None)
+
+    def forward(self, x):
+      r = x if self.proj is None else self.proj(x)
+      y = torch.relu(self.b1(self.c1(x)))
+      return torch.relu(r + self.b2(self.c2(y)))
+
+  class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin, f, stride):
+      super().__init__()
+      self.c1, self.b1 = nn.Conv2d(cin, f, 1, bias=False), bn(f)
+      self.c2, self.b2 = nn.Conv2d(f, f, 3, stride, 1, bias=False), bn(f)
+      self.c3, self.b3 = nn.Conv2d(f, 4 * f, 1, bias=False), bn(4 * f)
+      self.proj = (nn.Sequential(nn.Conv2d(cin, 4 * f, 1, stride, bias=False), bn(4 * f))
+                   if stride != 1 or cin != 4 * f else None)
+
+    def forward(self, x):
+      r = x if self.proj is None else self.proj(x)
+      y = torch.relu(self.b1(self.c1(x)))
+      y = torch.relu(self.b2(self.c2(y)))
+      return torch.relu(r + self.b3(self.c3(y)))
+
+  block = Basic if block_kind == 'basic' else Bottleneck
+
+  class Net(nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      base = 64 if stem == 'imagenet' else 16
+      if stem == 'imagenet':
+        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 7, 2, 3, bias=False),
+                                  bn(_ch(base, width)), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+      else:
+        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 3, 1, 1, bias=False),
+                                  bn(_ch(base, width)), nn.ReLU())
+      layers, cin = [], _ch(base, width)
+      for i, n in enumerate(stage_sizes):
+        for j in range(n):
+          f = _ch(base * 2 ** i, width)
+          layers.append(block(cin, f, 2 if i > 0 and j == 0 else 1))
+          cin = f * block.expansion
+      self.blocks = nn.Sequential(*layers)
+      self.heads = nn.ModuleDict({h: nn.Linear(cin, n) for h, n in heads.items() if n})
+
+    def forward(self, x):
+      x = self.blocks(self.stem(x)).mean(dim=(2, 3))
+      return {h: head(x) for h, head in self.heads.items()}
+
+  return Net()
+
+
+def build_torch_step(config, seed: int = 0):
+  """PyTorch CPU training step of `config.model` (float32, channels-last). Returns (run, params)."""
+  import torch
+  import torch.nn.functional as F
+  if config.model.dtype != 'float32':
+    raise ValueError('The PyTorch CPU comparison runs in float32; set --config.model.dtype='
+                     'float32.')
+  torch.manual_seed(seed)
+  # As many threads as this process may use (taskset / cgroup affinity), like XLA's thread pool.
+  torch.set_num_threads(len(os.sched_getaffinity(0)))
+  sizes = head_sizes(config)
+  m = config.model
+  heads = {'anp': sizes['anp'],
+           'adjective': sizes['adjective'] if m.get('adjective_head', True) else 0,
+           'noun': sizes['noun'] if m.get('noun_head', True) else 0}
+  net = build_torch_model(m.name, heads, m.width).to(memory_format=torch.channels_last)
+  net.train()
+  opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=config.momentum)
+  host = synthetic_batch(config, config.batch_size, sizes, seed)
+  x = torch.from_numpy(host['image']).permute(0, 3, 1, 2).contiguous(
+      memory_format=torch.channels_last)
+  labels = {h: torch.from_numpy(host[f'label_{h}']).long() for h in heads if heads[h]}
+  weights = dict(config.loss_weights)
+
+  def run(n):
+    for _ in range(n):
+      opt.zero_grad(set_to_none=True)
+      logits = net(x)
+      loss = sum(weights[h] * F.cross_entropy(logits[h], labels[h]) for h in logits)
+      loss.backward()
+      opt.step()
+
+  return run, sum(p.numel() for p in net.parameters()), torch.get_num_threads()
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole benchmark.
+
+
+def environment() -> Dict[str, Any]:
+  import jax
+  import jaxlib
+  d = jax.local_devices()[0]
+  return {'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'backend': d.platform,
+          'device_kind': d.device_kind, 'devices': jax.device_count(),
+          'local_devices': jax.local_device_count(), 'processes': jax.process_count(),
+          'cpu_cores': len(os.sched_getaffinity(0)), 'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'python': platform.python_version(), 'host': platform.node(),
+          'load_average': os.getloadavg(), 'torch': torch_available(),
+          'time_utc': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
+
+
+def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_window: int = 3,
+                  loop: bool = True, loop_steps: Optional[int] = None, reference: bool = True,
+                  torch_compare: bool = True, peak_n: Optional[int] = None,
+                  workdir: Optional[str] = None) -> Dict[str, Any]:
+  """Measures everything the module docstring lists for `config`; returns a JSON-able dict.
+
+  Every key is always present; what was not measured is None with a ``*_skipped`` reason.
+  """
+  import jax
+  result: Dict[str, Any] = {'environment': environment(), 'config': {
+      'model': config.model.name, 'conv_impl': config.model.get('conv_impl', 'xla'),
+      'dtype': config.model.dtype, 'image_size': config.image_size,
+      'batch_size': config.batch_size, 'bn_mode': config.bn_mode,
+      'optimizer': config.optimizer, 'grad_accum_steps': config.grad_accum_steps,
+      'dataset': config.dataset},
+      'method': {'warmup_steps': warmup_steps, 'windows': windows,
+                 'steps_per_window': steps_per_window}}
+  bare = build_bare_step(config)
+  b = config.batch_size
+  # The compiled step is the per-device SPMD program: its cost analysis is one device's share.
+  flops_step = compiled_flops(bare.compiled) * jax.device_count()
+  result['compile_s'] = bare.compile_s
+  result['flops_per_image_train'] = flops_step / b
+  sizes = head_sizes(config)
+  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  # Shapes only: nothing is computed, and no multi-process array meets a local one.
+  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+  x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
+  variables = jax.tree.map(spec, {'params': bare.state.params,
+                                  'batch_stats': bare.state.batch_stats})
+  result['flops_per_image_forward'] = forward_flops(
+      lambda v, x: fwd_model.apply(v, x, train=False), variables, x1) / b
+  result['n_params'] = int(sum(int(v.size) for v in jax.tree.leaves(bare.state.params)))
+
+  contenders = [Contender('anp_jax', b, bare.run)]
+  result['reference'] = None
+  if reference:
+    if jax.device_count() == 1:
+      ref_run, ref_compile, ref_flops, _ = build_reference_step(config)
+      contenders.append(Contender('reference', b, ref_run))
+      result['reference'] = {'compile_s': ref_compile, 'flops_per_image_train': ref_flops / b}
+    else:
+      result['reference_skipped'] = 'the plain reference loop is single-device'
+  result['torch'] = None
+  if torch_compare:
+    version = torch_available()
+    platform_ = jax.local_devices()[0].platform
+    if version is None:
+      result['torch_skipped'] = 'torch is not installed (pip install torch to compare)'
+    elif platform_ != 'cpu' or config.model.dtype != 'float32':
+      result['torch_skipped'] = 'the PyTorch comparison is CPU float32 only'
+    else:
+      t_run, t_params, t_threads = build_torch_step(config)
+      if t_params != result['n_params']:
+        raise RuntimeError(f'PyTorch model has {t_params} parameters, Flax {result["n_params"]}:'
+                           ' the architectures differ.')
+      contenders.append(Contender('torch', b, t_run))
+      result['torch'] = {'version': version, 'n_params': t_params, 'threads': t_threads}
+
+  timed = interleave(contenders, windows, steps_per_window, warmup_steps)
+  result['bare'] = timed['results']['anp_jax']
+  if result['reference'] is not None:
+    result['reference'].update(timed['results']['reference'])
+  if result['torch'] is not None:
+    result['torch'].update(timed['results']['torch'])
+  result['ratios'] = timed['ratios']
+  result['memory'] = memory_report(bare.compiled)
+  del contenders
+
+  peak = measure_peak_flops(config.model.dtype, peak_n)
+  result['peak'] = peak
+  n_dev = jax.device_count()
+  achieved = result['bare']['images_per_s'] * result['flops_per_image_train']
+  result['achieved_flops_per_s'] = achieved
+  # Peak is per device; the step runs on all devices of the job.
+  result['mfu'] = achieved / (peak['flops_per_s'] * n_dev)
+
+  result['loop'] = None
+  if loop:
+    loop_steps = loop_steps or windows * steps_per_window
+    lr = measure_loop(config, loop_steps, workdir)
+    # The loop cannot alternate with the bare step window by window; time the bare step again
+    # right after it and compare against both (a load change shows up as before != after).
+    after = Contender('anp_jax_after_loop', b, bare.run)
+    for _ in range(windows):
+      after.window(steps_per_window)
+    result['bare_after_loop'] = after.timing.summary()
+    bracket = 0.5 * (result['bare']['images_per_s'] + result['bare_after_loop']['images_per_s'])
+    result['loop'] = lr
+    result['ratios']['loop/bare'] = lr['images_per_s'] / bracket
+    result['loop']['mfu'] = lr['images_per_s'] * result['flops_per_image_train'] / (
+        peak['flops_per_s'] * n_dev)
+  else:
+    result['loop_skipped'] = 'disabled (--noloop)'
+  return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Output.
+
+REQUIRED_KEYS = ('environment', 'config', 'method', 'compile_s', 'flops_per_image_train',
+                 'flops_per_image_forward', 'n_params', 'bare', 'reference', 'torch', 'ratios',
+                 'memory', 'peak', 'achieved_flops_per_s', 'mfu', 'loop')
+
+
+def table(result: Dict[str, Any]) -> str:
+  """A human-readable table of a `run_benchmark` result."""
+  c, e = result['config'], result['environment']
+  lines = [f"{c['model']} {c['image_size']}px batch {c['batch_size']} {c['dtype']} "
+           f"conv={c['conv_impl']} on {e['devices']} x {e['device_kind']} "
+           f"({e['backend']}, {e['cpu_cores']} cores, load {e['load_average'][0]:.1f})",
+           f"compile {result['compile_s']:.1f} s | {result['flops_per_image_train'] / 1e9:.3f} "
+           f"GFLOP/image/train step ({result['flops_per_image_forward'] / 1e9:.3f} forward) | "
+           f"peak {result['peak']['flops_per_s'] / 1e9:.1f} GFLOP/s ({result['peak']['dtype']} "
+           f"{result['peak']['n']}^3 matmul) | params {result['n_params']:,}",
+           f"{'':24s}{'images/s':>10s}{'step ms':>10s}{'p10-p90 ms':>16s}{'MFU':>8s}"]
+
+  def row(name, r, mfu=None):
+    if not r:
+      return
+    spread = (f"{1e3 * r['step_time_p10_s']:.0f}-{1e3 * r['step_time_p90_s']:.0f}"
+              if 'step_time_p10_s' in r else '')
+    m = f'{100 * mfu:.1f}%' if mfu is not None else ''
+    lines.append(f"{name:24s}{r['images_per_s']:10.1f}{1e3 * r['step_time_median_s']:10.1f}"
+                 f"{spread:>16s}{m:>8s}")
+
+  row('anp_jax bare step', result['bare'], result['mfu'])
+  row('anp_jax training loop', result['loop'], (result['loop'] or {}).get('mfu'))
+  row('anp_jax bare, after loop', result.get('bare_after_loop'))
+  row('plain jax.jit + optax', result['reference'])
+  row(f"pytorch {(result['torch'] or {}).get('version', '')}", result['torch'])
+  for k in ('reference_skipped', 'torch_skipped', 'loop_skipped'):
+    if k in result:
+      lines.append(f'{k}: {result[k]}')
+  for k, v in result['ratios'].items():
+    if isinstance(v, dict):
+      lines.append(f"ratio {k}: {v['median']:.3f} (per-round {v['min']:.3f}-{v['max']:.3f})")
+    else:
+      lines.append(f'ratio {k}: {v:.3f}')
+  mem = result['memory']
+  lines.append('memory: ' + ', '.join(f'{k}={v / 2**20:.0f} MiB' for k, v in mem.items()
+                                      if v is not None))
+  return '\n'.join(lines)
+
+
+def write_json(result: Dict[str, Any], path: str):
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w') as f:
+    json.dump(result, f, indent=2, default=str)
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-device scaling on one machine (simulated CPU devices, processes on 127.0.0.1).
+
+# (name, processes, devices per process); the global batch stays the same.
+SCALING_LAYOUTS = (('1proc_x_1dev', 1, 1), ('1proc_x_2dev', 1, 2), ('2proc_x_1dev', 2, 1))
+
+
+def _with_device_count(xla_flags: str, count: int) -> str:
+  kept = [f for f in xla_flags.split() if not f.startswith('--xla_force_host_platform_device_count')]
+  return ' '.join(kept + [f'--xla_force_host_platform_device_count={count}'])
+
+
+def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 12377,
+                 timeout_s: float = 1800) -> Dict[str, Any]:
+  """Runs `script` (experiments/benchmark.py) once per `SCALING_LAYOUTS` entry; same global batch.
+
+  Each run times only the bare step (no loop, reference or torch). Returns per layout images/s,
+  step times and speed-up / efficiency relative to one process with one device.
+  """
+  import subprocess
+  os.makedirs(out_dir, exist_ok=True)
+  rows = {}
+  for name, procs, local in SCALING_LAYOUTS:
+    children = []
+    for pid in range(procs):
+      env = dict(os.environ)
+      env['XLA_FLAGS'] = _with_device_count(env.get('XLA_FLAGS', ''), local)
+      for k in ('ANP_COORDINATOR_ADDRESS', 'ANP_NUM_PROCESSES', 'ANP_PROCESS_ID'):
+        env.pop(k, None)
+      if procs > 1:
+        env.update(ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=str(procs),
+                   ANP_PROCESS_ID=str(pid))
+      cmd = [sys.executable, script, *args, '--noloop', '--noreference', '--notorch',
+             '--noscaling', f'--out={os.path.join(out_dir, name + ".json")}']
+      children.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
+    outputs = [c.communicate(timeout=timeout_s)[0] for c in children]
+    if any(c.returncode for c in children):
+      raise RuntimeError(f'Scaling run {name} failed:\n' + '\n'.join(o[-3000:] for o in outputs))
+    port += 1
+    with open(os.path.join(out_dir, name + '.json')) as f:
+      r = json.load(f)
+    rows[name] = {'processes': procs, 'devices': procs * local, **r['bare'],
+                  'compile_s': r['compile_s'], 'load_average': r['environment']['load_average']}
+  base = rows[SCALING_LAYOUTS[0][0]]['images_per_s']
+  for row in rows.values():
+    row['speedup'] = row['images_per_s'] / base
+    row['efficiency'] = row['speedup'] / row['devices']
+  return rows

@@ -1,0 +1,73 @@
+"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py).
+
+  python experiments/benchmark.py --config=anp_jax/configs/default.py --out=bench.json \
+      [--config.batch_size=128 --config.model.name=resnet18 ...] [--noloop] [--notorch]
+
+Prints a table and writes every figure as JSON (`--out`). `--cpu_flags` adds
+`benchmarking.CPU_XLA_FLAGS` to XLA_FLAGS before JAX starts (any flag you set yourself wins); it
+is off by default until its end-to-end gain is confirmed on an idle machine (README).
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file('config', os.path.join(
+    os.path.dirname(__file__), '..', 'anp_jax', 'configs', 'default.py'),
+    'Config file; override fields with --config.x=y.', lock_config=False)
+flags.DEFINE_string('out', 'benchmark.json', 'Where to write the JSON result.')
+flags.DEFINE_integer('warmup', 2, 'Untimed steps per contender after compilation.')
+flags.DEFINE_integer('windows', 5, 'Timed windows per contender (alternating contenders).')
+flags.DEFINE_integer('steps_per_window', 3, 'Steps per timed window (dispatched asynchronously).')
+flags.DEFINE_integer('loop_steps', 0, 'Timed steps of the full training loop (0: windows x '
+                     'steps_per_window).')
+flags.DEFINE_bool('loop', True, 'Also time train.train_and_evaluate (real input pipeline).')
+flags.DEFINE_bool('reference', True, 'Also time a plain jax.jit + optax loop of the same model.')
+flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is installed.')
+flags.DEFINE_bool('cpu_flags', False, 'Add benchmarking.CPU_XLA_FLAGS to XLA_FLAGS (convolutions '
+                  'on XLA:CPU through Eigen instead of YNNPACK; see the README).')
+flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
+flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp dir).')
+flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1 device, 1 x 2 '
+                  'simulated devices and 2 processes x 1 device (127.0.0.1), same global batch; '
+                  'JSON per layout next to --out.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
+  from anp_jax import benchmarking, distributed
+  if FLAGS.cpu_flags:
+    benchmarking.apply_cpu_flags()
+  if FLAGS.scaling:
+    args = [a for a in sys.argv[1:] if not a.startswith(('--out', '--scaling'))]
+    rows = benchmarking.scaling_runs(os.path.abspath(__file__), args,
+                                     os.path.splitext(FLAGS.out)[0] + '_scaling')
+    benchmarking.write_json(rows, FLAGS.out)
+    for name, r in rows.items():
+      print(f"{name:14s} {r['images_per_s']:8.1f} images/s  step {1e3 * r['step_time_median_s']:7.1f}"
+            f" ms  speed-up {r['speedup']:.2f}  efficiency {r['efficiency']:.2f}", flush=True)
+    return 0
+  distributed.initialize()  # Multi-process runs (ANP_* environment); nothing for one process.
+  result = benchmarking.run_benchmark(
+      FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
+      steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,
+      loop_steps=FLAGS.loop_steps or None, reference=FLAGS.reference,
+      torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir)
+  result['command'] = ' '.join(sys.argv)
+  import jax
+  if jax.process_index() > 0:  # Every process measured the same global step; one file each.
+    FLAGS.out = f'{FLAGS.out}.process{jax.process_index()}'
+  benchmarking.write_json(result, FLAGS.out)
+  print(benchmarking.table(result), flush=True)
+  print(f'JSON: {FLAGS.out}', flush=True)
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: sys.exit(main(argv)))

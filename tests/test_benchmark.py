@@ -1,0 +1,166 @@
+"""The benchmark harness (anp_jax/benchmarking.py) and the convolution lowerings (models/conv.py)."""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from anp_jax import benchmarking, models
+from anp_jax.models import conv
+from conftest import tiny_config
+
+
+def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
+  config = tiny_config(data_dir, num_train_steps=4)
+  result = benchmarking.run_benchmark(config, warmup_steps=1, windows=2, steps_per_window=1,
+                                      loop=True, loop_steps=2, peak_n=256,
+                                      workdir=str(tmp_path / 'loop'))
+  path = tmp_path / 'bench.json'
+  benchmarking.write_json(result, str(path))
+  loaded = json.loads(path.read_text())
+  missing = [k for k in benchmarking.REQUIRED_KEYS if k not in loaded]
+  assert not missing, missing
+  assert loaded['bare']['images_per_s'] > 0 and loaded['bare']['windows'] == 2
+  assert loaded['bare']['step_time_min_s'] <= loaded['bare']['step_time_median_s']
+  assert loaded['compile_s'] > 0
+  # Training step (forward + backward + update) costs more than the forward pass.
+  assert loaded['flops_per_image_train'] > 2 * loaded['flops_per_image_forward'] > 0
+  assert 0 < loaded['mfu'] < 2
+  assert loaded['peak']['flops_per_s'] > 0 and loaded['peak']['dtype'] == 'float32'
+  assert loaded['loop']['images_per_s'] > 0 and loaded['loop']['timed_steps'] == 2
+  assert loaded['ratios']['loop/bare'] > 0 and loaded['bare_after_loop']['windows'] == 2
+  assert loaded['memory']['host_peak_rss_bytes'] > 0
+  # 8 simulated devices: the single-device plain-JAX reference says why it did not run.
+  assert loaded['reference'] is None and 'reference_skipped' in loaded
+  if benchmarking.torch_available():
+    assert loaded['torch']['n_params'] == loaded['n_params']
+    assert loaded['ratios']['anp_jax/torch']['median'] > 0
+  else:
+    assert loaded['torch'] is None and 'not installed' in loaded['torch_skipped']
+  assert 'anp_jax bare step' in benchmarking.table(result)
+
+
+def test_reference_step_runs_and_counts_the_same_params(data_dir):
+  config = tiny_config(data_dir)
+  run, compile_s, flops, n_params = benchmarking.build_reference_step(config)
+  run(2)
+  model = models.create_model(config, 8, 4, 4)
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  assert n_params == sum(x.size for x in jax.tree.leaves(variables['params']))
+  assert flops > 0 and compile_s > 0
+
+
+@pytest.mark.parametrize('name', ['resnet20', 'resnet18', 'resnet50'])
+def test_torch_model_has_the_flax_parameter_count(name):
+  heads = {'anp': 32, 'adjective': 8, 'noun': 8}
+  flax_model = models.build_resnet(name, num_anps=32, num_adjectives=8, num_nouns=8)
+  shapes = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)),
+                                                  train=False))
+  n_flax = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes['params']))
+  if benchmarking.torch_available() is None:
+    with pytest.raises(ImportError):
+      benchmarking.build_torch_model(name, heads)
+    return
+  net = benchmarking.build_torch_model(name, heads)
+  assert sum(p.numel() for p in net.parameters()) == n_flax
+
+
+class ConvNet(nn.Module):
+  """Convolutions and a dense layer without biases or activations: every FLOP is a MAC."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(8, (3, 3), use_bias=False)(x)  # 8x8x3 -> 8x8x8
+    x = nn.Conv(16, (3, 3), (2, 2), use_bias=False)(x)  # -> 4x4x16
+    x = nn.Conv(4, (1, 1), use_bias=False)(x)  # -> 4x4x4
+    return nn.Dense(10, use_bias=False)(x.reshape((x.shape[0], -1)))  # 64 -> 10
+
+
+def _taps(size, k, stride, lo):
+  """Along one axis of a SAME convolution: kernel taps on real (not padding) input pixels,
+  summed over output positions (``lo`` = padding before the first pixel)."""
+  out = -(-size // stride)
+  return sum(sum(0 <= o * stride - lo + t < size for t in range(k)) for o in range(out))
+
+
+def test_flop_count_matches_hand_count():
+  n = 3
+  x = jnp.ones((n, 8, 8, 3))
+  model = ConvNet()
+  variables = model.init(jax.random.key(0), x)
+  # XLA counts 2 FLOPs per multiply-add with a real input pixel; taps on SAME padding are free.
+  # conv1: 8x8, 3x3, stride 1, pad (1, 1); conv2: 8x8 -> 4x4, 3x3, stride 2, pad (0, 1).
+  taps1, taps2 = _taps(8, 3, 1, 1) ** 2, _taps(8, 3, 2, 0) ** 2
+  assert (taps1, taps2) == (22 ** 2, 11 ** 2)
+  hand = 2 * (taps1 * 3 * 8 + taps2 * 8 * 16 + 4 * 4 * 16 * 4 + 64 * 10)
+  counted = benchmarking.forward_flops(model.apply, variables, x) / n
+  assert counted == pytest.approx(hand, rel=1e-3)
+
+
+CASES = [((3, 3), 1, 'SAME'), ((3, 3), 2, 'SAME'), ((1, 1), 1, 'SAME'), ((1, 1), 2, 'SAME'),
+         ((7, 7), 2, [(3, 3), (3, 3)]), ((3, 3), 2, 'VALID'), ((3, 3), (1, 2), 1)]
+
+
+@pytest.mark.parametrize('impl', ['im2col', 'taps'])
+@pytest.mark.parametrize('kernel,strides,padding', CASES)
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_conv_lowering_matches_flax_conv(impl, kernel, strides, padding, dtype):
+  dt = models.DTYPES[dtype]
+  x = jax.random.normal(jax.random.key(1), (2, 11, 10, 5))
+  ref = nn.Conv(6, kernel, strides, padding=padding, use_bias=True, dtype=dt)
+  mine = conv.get_conv_impl(impl)(6, kernel, strides, padding=padding, use_bias=True, dtype=dt)
+  variables = ref.init(jax.random.key(0), x)
+  mine_vars = mine.init(jax.random.key(0), x)
+  # Same parameter names, shapes and initial values: checkpoints are interchangeable.
+  jax.tree.map(np.testing.assert_array_equal, variables, mine_vars)
+  variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
+                           variables)  # A non-zero bias.
+
+  def loss(module, v, x):
+    y = module.apply(v, x)
+    return jnp.sum(y.astype(jnp.float32) * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
+
+  tol = dict(rtol=1e-5, atol=1e-5) if dtype == 'float32' else dict(rtol=5e-2, atol=5e-2)
+  y_ref, y = ref.apply(variables, x), mine.apply(variables, x)
+  assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32), **tol)
+  g_ref = jax.grad(lambda v, x: loss(ref, v, x), argnums=(0, 1))(variables, x)
+  g = jax.grad(lambda v, x: loss(mine, v, x), argnums=(0, 1))(variables, x)
+  scale = lambda a: max(1.0, float(jnp.abs(a).max()))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      np.asarray(a, np.float32) / scale(b), np.asarray(b, np.float32) / scale(b), **tol), g, g_ref)
+
+
+def test_resnet_with_im2col_equals_xla(data_dir):
+  x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
+  outs = {}
+  for impl in ('xla', 'im2col'):
+    config = tiny_config(data_dir, **{'model.conv_impl': impl})
+    model = models.create_model(config, 8, 4, 4)
+    variables = model.init(jax.random.key(0), x, train=False)
+    outs[impl] = model.apply(variables, x, train=True, mutable=['batch_stats'])
+    outs[impl + '_vars'] = variables
+  # Same parameter tree and initial values whatever the lowering (checkpoints interchangeable).
+  jax.tree.map(np.testing.assert_array_equal, outs.pop('im2col_vars'), outs.pop('xla_vars'))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+               outs['im2col'], outs['xla'])
+
+
+def test_bad_conv_options_fail_clearly():
+  with pytest.raises(ValueError, match='conv_impl'):
+    conv.get_conv_impl('winograd')
+  with pytest.raises(ValueError, match='padding'):
+    conv.Im2ColConv(4, (3, 3), padding='CIRCULAR').init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))
+
+
+def test_cpu_flags_added_once_and_user_choice_kept():
+  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  flags = benchmarking.apply_cpu_flags(env)
+  assert all(f in flags for f in benchmarking.CPU_XLA_FLAGS)
+  assert '--xla_force_host_platform_device_count=8' in flags
+  assert benchmarking.apply_cpu_flags(env) == flags
+  user = {'XLA_FLAGS': '--xla_cpu_experimental_ynn_fusion_type='}
+  assert benchmarking.apply_cpu_flags(user) == '--xla_cpu_experimental_ynn_fusion_type='
