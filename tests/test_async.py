@@ -88,7 +88,7 @@ def test_staleness_distributions():
   a.staleness, a.max_tau = 'uniform', 6
   u = methods.staleness_sequence(c, n)
   assert set(u) == set(range(7)) and abs(u.mean() - 3.0) < 0.1
-  a.staleness, a.tau, a.max_tau = 'geometric', 2.0, 20
+  a.staleness, a.tau, a.max_tau = 'geometric', 2, 20
   g = methods.staleness_sequence(c, n)
   assert g.min() == 0 and abs(g.mean() - 2.0) < 0.1
   assert abs(np.mean(g == 0) - 1 / 3) < 0.02  # P(0) = p = 1 / (1 + mean).
@@ -110,7 +110,7 @@ def test_staleness_distributions():
 
 def test_draws_beyond_the_history_are_reported(data_dir, tmp_path, capsys):
   config = _async(data_dir, num_train_steps=2, **{
-      'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2.0, 'async_sgd.max_tau': 2})
+      'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2, 'async_sgd.max_tau': 2})
   taus = methods.staleness_sequence(config, 200)  # P(tau > 2) = (2/3)^3 = 0.3 per draw.
   line = methods.describe_staleness(config, taus)
   assert 'exceeded max_tau' in line and 'raise config.async_sgd.max_tau' in line
@@ -153,7 +153,7 @@ def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):
     ({'async_sgd.tau': 9, 'async_sgd.max_tau': 8}, 'larger than the kept parameter history'),
     ({'async_sgd.tau': -1}, 'tau must be an integer >= 0'),
     ({'async_sgd.max_tau': -1}, 'max_tau must be an integer >= 0'),
-    ({'async_sgd.staleness': 'geometric', 'async_sgd.tau': 5.0, 'async_sgd.max_tau': 4},
+    ({'async_sgd.staleness': 'geometric', 'async_sgd.tau': 5, 'async_sgd.max_tau': 4},
      'larger than the kept'),
     ({'async_sgd.staleness': 'simulated', 'async_sgd.workers': 16, 'async_sgd.max_tau': 8},
      'mean staleness of 15'),
