@@ -79,7 +79,7 @@ class Preset:
 
 
 PRESETS = {
-    'cpu': Preset(base='cpu', batch=128, epochs=5.0, workers=(4, 8, 16), nodes=(4,),
+    'cpu': Preset(base='cpu', batch=128, epochs=4.0, workers=(4, 8, 16), nodes=(4,),
                   sync_every=(1, 4, 16), aware=(False, True), cpu_devices=4),
     'tiny': Preset(base='tiny', batch=32, epochs=0.5, workers=(4,), nodes=(2,), sync_every=(2,),
                    aware=(False,), cpu_devices=8),
