@@ -35,7 +35,7 @@ epoch time and cluster), ``DIR/accuracy_vs_epochs.png``, ``DIR/accuracy_vs_time.
 
 Presets: ``cpu`` — ResNet-20 width 0.5 at 16 px (8,000 train / 1,696 eval images, 32 ANPs) on 4
 simulated CPU devices, batch 128 (ghost BN over 16), nesterov, base lr 0.2 per 256, 1 warmup
-epoch, cosine, 5 epochs, evaluation every half epoch; runs: sync, async N = 4, 8, 16 with and
+epoch, cosine, 4 epochs, evaluation every half epoch; runs: sync, async N = 4, 8, 16 with and
 without staleness-aware lr, local SGD over 4 nodes with H = 1, 4, 16 (10 runs). ``tiny`` — the
 tests' dataset and ResNet-8, sync + async-4 + local-n2-h2, half an epoch each.
 """
