@@ -31,7 +31,9 @@ EXIT_CONFIG = 2
 
 # Config fields that must match for a checkpoint to be restorable into this run.
 IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
-                   'dataset', 'image_size', 'optimizer')
+                   'dataset', 'image_size', 'optimizer', 'method')
+# Identity fields added later: a checkpoint without them was written with these values.
+IDENTITY_DEFAULTS = {'method': 'sync'}
 
 
 class Preempted(SystemExit):
@@ -49,17 +51,25 @@ def _get(config, dotted: str):
   return node
 
 
-def identity(config) -> Dict[str, Any]:
-  return {k: _get(config, k) for k in IDENTITY_FIELDS}
+def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+  """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share."""
+  out = {k: _get(config, k) for k in IDENTITY_FIELDS}
+  for k, default in IDENTITY_DEFAULTS.items():
+    out[k] = default if out[k] is None else out[k]
+  out.update(extra or {})
+  return out
 
 
 class Checkpointer:
   """Owns the orbax managers, the save cadence and the preemption flag of one run."""
 
-  def __init__(self, workdir: str, config, mesh=None):
+  def __init__(self, workdir: str, config, mesh=None, identity_extra=None):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.config = config
+    # What else must match (e.g. the async parameter history or the local-SGD node count: a
+    # state of another layout would otherwise fail to restore and look like a corrupt file).
+    self.identity_extra = dict(identity_extra or {})
     self.directory = os.path.join(workdir, 'checkpoints')
     self.every_steps = int(config.get('checkpoint_every_steps', 0) or 0)
     self.every_s = float(config.get('checkpoint_every_minutes', 0) or 0) * 60
@@ -138,7 +148,8 @@ class Checkpointer:
   def _save_args(self, step: int, item, **extra):
     """The state plus a JSON record of the run's identity (checked on restore)."""
     ocp = self._ocp
-    meta = {'step': int(step), 'identity': identity(self.config), 'time': time.time(),
+    meta = {'step': int(step), 'identity': identity(self.config, self.identity_extra),
+            'time': time.time(),
             'process_count': jax.process_count(), 'device_count': jax.device_count(), **extra}
     return ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
 
@@ -179,8 +190,8 @@ class Checkpointer:
     return target, 0
 
   def _check_identity(self, meta, step):
-    saved = meta.get('identity', {})
-    current = identity(self.config)
+    saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
+    current = identity(self.config, self.identity_extra)
     diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
@@ -251,6 +262,8 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   state = restored['state']
   variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
+  if config.get('method', 'sync') == 'local_sgd':  # One replica per node: their average.
+    variables = jax.tree.map(lambda x: np.mean(np.asarray(x), axis=0), variables)
   return model, variables, config
 
 

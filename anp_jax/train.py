@@ -11,6 +11,20 @@ every device. Two executors run it:
 
 Because the per-device computation is explicit, BatchNorm semantics are explicit too: ``global``
 averages statistics over the ``data`` axis, ``per_device`` and ``ghost`` do not communicate.
+
+``config.method`` (see `anp_jax.methods`) selects the training method, on the same pipeline and
+checkpoints:
+
+* ``sync``: the above.
+* ``async``: simulated asynchronous SGD on the ``jit`` executor: the state also holds a ring
+  buffer of the last ``max_tau + 1`` parameter snapshots; the step takes tau (a replicated scalar,
+  drawn on the host per step) and computes the gradient on the parameters of tau steps ago, then
+  updates the current parameters with it.
+* ``local_sgd``: a 2-D mesh (``node``, ``device``) over the same devices in the same order. Each
+  node keeps its own replica (every state leaf has a leading node axis, sharded ``P('node')``);
+  gradients are averaged over ``device`` only; every ``sync_every`` steps a second compiled step
+  also averages parameters and BN statistics over ``node``. The host picks the step function by
+  step number, so no collective sits inside a conditional.
 """
 
 import dataclasses
@@ -31,10 +45,11 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, models, optim, reporting
+from anp_jax import checkpointing, methods, models, optim, reporting
 from anp_jax.data import pipeline
 
 AXIS = 'data'
+NODE, DEVICE = 'node', 'device'  # The local-SGD mesh axes.
 HEADS = ('anp', 'adjective', 'noun')
 LABEL_OF = {'anp': 'label_anp', 'adjective': 'label_adjective', 'noun': 'label_noun'}
 
@@ -46,6 +61,8 @@ class TrainState(flax.struct.PyTreeNode):
   opt_state: Any
   # EMAs of the two terms of the gradient-noise-scale estimator (McCandlish et al. 2018).
   noise_ema: Dict[str, jax.Array]
+  # method='async' only: the last max_tau + 1 parameter snapshots, step t in slot t % (max_tau+1).
+  history: Any = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,6 +147,7 @@ def validate_config(config) -> None:
     if config.eval_every_epochs <= 0:
       raise ValueError('config.stop_at_metric needs periodic evaluation: set '
                        'config.eval_every_epochs > 0.')
+  methods.validate(config)
   pipeline.check_data_dir(config)
 
 
@@ -140,6 +158,7 @@ def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int
   devices = jax.device_count() if devices is None else devices
   local_devices = jax.local_device_count() if local_devices is None else local_devices
   process_count = jax.process_count() if process_count is None else process_count
+  methods.validate(config, devices, process_count)
   b, k = int(config.batch_size), int(config.grad_accum_steps)
   if b % devices:
     raise ValueError(f'config.batch_size={b} (the global batch) is not divisible by the '
@@ -240,12 +259,20 @@ def _noise_scale_update(ema, small_sq, big_sq, b_small, b_big, decay):
 
 def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_steps: int,
                           num_devices: int, axis_name: Optional[str] = AXIS,
-                          in_shard_map: bool = False):
+                          in_shard_map: bool = False, tau: Optional[jax.Array] = None,
+                          staleness_aware_lr: bool = False):
   """One optimizer step on this device's shard; collectives over `axis_name`.
 
   Under `shard_map` the replicated parameters are first cast to 'varying' so that `jax.grad`
   returns this device's gradient (otherwise shard_map's AD would already sum it over devices);
   the explicit `pmean` below then averages, exactly as under `pmap`.
+
+  With ``tau`` (simulated asynchronous SGD; needs ``state.history``) the current parameters are
+  first written to the history slot of this step, then the gradient is computed on the snapshot
+  of ``tau`` steps ago (tau = 0: the current parameters, bit for bit) with the current BN
+  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides that
+  gradient by max(tau, 1) (Zhang et al. 2016); weight decay, added by the optimizer on the
+  current parameters, is not divided.
   """
 
   def grads_of(params, batch_stats, mb):
@@ -258,6 +285,13 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
     return g, sums, new_stats
 
   params = state.params
+  history = state.history
+  if tau is not None:
+    slots = jax.tree.leaves(history)[0].shape[0]
+    write = state.step % slots
+    read = (state.step - tau) % slots  # The host guarantees 0 <= tau <= min(step, max_tau).
+    history = jax.tree.map(lambda h, p: h.at[write].set(p), history, params)
+    params = jax.tree.map(lambda h: h[read], history)
   if in_shard_map and axis_name is not None:
     params = jax.lax.pcast(params, axis_name, to='varying')
   if accum_steps == 1:
@@ -298,10 +332,12 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
                                     config.get('noise_scale_ema', 0.95))
   sums = dict(sums)
   sums['_grad_norm'] = jnp.sqrt(big_sq)
+  if tau is not None and staleness_aware_lr:
+    grads = jax.tree.map(lambda g: g / jnp.maximum(tau, 1).astype(g.dtype), grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
-                            opt_state=opt_state, noise_ema=noise_ema)
+                            opt_state=opt_state, noise_ema=noise_ema, history=history)
   return new_state, sums
 
 
@@ -324,15 +360,39 @@ def make_mesh(devices=None) -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def init_state(model, tx, image_size: int, seed: int) -> TrainState:
-  """Initial state (host-independent: every process computes the same values)."""
+def make_node_mesh(nodes: int, devices=None) -> jax.sharding.Mesh:
+  """The local-SGD mesh: (``node``, ``device``), the devices of `make_mesh` in the same order.
+
+  Node-major: node i holds the devices i*d .. (i+1)*d - 1 of the 1-D order, so a batch sharded
+  ``P(('node', 'device'))`` puts the same examples on every device as ``P('data')`` does, and
+  with one node per process a node is exactly one process's devices.
+  """
+  devices = jax.devices() if devices is None else devices
+  shape = (nodes, len(devices) // nodes)
+  mesh = jax.make_mesh(shape, (NODE, DEVICE), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  if list(mesh.devices.flat) != list(devices):  # make_mesh may reorder for a physical topology.
+    mesh = jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), (NODE, DEVICE),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return mesh
+
+
+def init_state(model, tx, image_size: int, seed: int, history: int = 0) -> TrainState:
+  """Initial state (host-independent: every process computes the same values).
+
+  ``history`` > 0 adds the asynchronous-SGD parameter history (that many snapshots, all equal
+  to the initial parameters; slots before step 0 are never read).
+  """
   x = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   variables = model.init(jax.random.key(seed), x, train=False)
   params = variables['params']
   zero = jnp.zeros((), jnp.float32)
+  snapshots = None
+  if history:
+    snapshots = jax.tree.map(lambda p: jnp.broadcast_to(p, (history,) + p.shape), params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
-                    noise_ema={'g2': zero, 'trace': zero, 'weight': zero})
+                    noise_ema={'g2': zero, 'trace': zero, 'weight': zero}, history=snapshots)
 
 
 @dataclasses.dataclass
@@ -345,14 +405,29 @@ class Executor:
   to_device: Callable
   fetch: Callable  # A replicated device value → numpy on this host.
   unreplicate: Callable  # Executor state → TrainState with one copy of every leaf.
+  # Extra arguments of `train_step` for the (0-based) step about to run: () for sync, (tau,) for
+  # async, (average?,) for local SGD. Host-side and a pure function of the step: exact resume.
+  step_args: Callable[[int], tuple] = lambda step: ()
+  describe: str = ''  # Method-specific start-up line (staleness, memory, nodes).
+  identity: Optional[Dict[str, Any]] = None  # Checkpoint identity beyond the config fields.
 
 
 def make_executor(config, model, tx, setup: Setup, mesh) -> Executor:
+  method = config.get('method', 'sync')
+  if method == 'local_sgd':
+    return _local_sgd_executor(config, model, tx, setup, mesh)
+  history = int(config.async_sgd.max_tau) + 1 if method == 'async' else 0
   train_fn = functools.partial(per_device_train_step, model=model, tx=tx, config=config,
                                accum_steps=setup.accum_steps, num_devices=setup.devices)
+  if method == 'async':
+    train_fn = functools.partial(
+        train_fn, staleness_aware_lr=bool(config.async_sgd.staleness_aware_lr))
   eval_fn = functools.partial(per_device_eval_step, model=model, config=config)
-  init_fn = functools.partial(init_state, model, tx, config.image_size, config.seed)
+  init_fn = functools.partial(init_state, model, tx, config.image_size, config.seed,
+                              history=history)
 
+  if method == 'async':
+    return _async_executor(config, train_fn, eval_fn, init_fn, setup, mesh)
   if config.executor == 'jit':
     replicated = NamedSharding(mesh, P())
     data = NamedSharding(mesh, P(AXIS))
@@ -388,6 +463,129 @@ def make_executor(config, model, tx, setup: Setup, mesh) -> Executor:
       unreplicate=lambda s: jax.tree.map(lambda a: a[0], s))
 
 
+def _async_executor(config, train_fn, eval_fn, init_fn, setup: Setup, mesh) -> Executor:
+  """Simulated asynchronous SGD on the jit executor: the step also takes tau (replicated)."""
+  a = config.async_sgd
+  replicated = NamedSharding(mesh, P())
+  data = NamedSharding(mesh, P(AXIS))
+
+  def step(state, batch, tau):
+    return train_fn(state, batch, in_shard_map=True, tau=tau)
+
+  train_sm = jax.shard_map(step, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=(P(), P()))
+  eval_sm = jax.shard_map(eval_fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P())
+  drawn = methods.staleness_sequence(config, setup.total_steps)
+  taus = methods.clip_staleness(drawn, int(a.max_tau))
+
+  def step_args(step: int):
+    tau = np.int32(taus[step]) if step < len(taus) else np.int32(min(step, int(a.max_tau)))
+    # A global (replicated) scalar, so that multi-process jobs can pass it too.
+    return (jax.make_array_from_callback((), replicated, lambda _: tau),)
+
+  shapes = jax.eval_shape(init_fn)
+  snapshot = methods.tree_bytes(shapes.params)
+  slots = int(a.max_tau) + 1
+  describe = (f'{methods.describe_staleness(config, drawn)}; parameter history '
+              f'{slots} x {snapshot / 2**20:.2f} MiB = {slots * snapshot / 2**20:.2f} MiB per '
+              f'device; staleness-aware lr {"on" if a.staleness_aware_lr else "off"}; '
+              f'momentum {config.momentum:g}'
+              + (f' ({a.momentum})' if a.momentum == 'compensate' else ''))
+  return Executor(
+      kind='jit',
+      init=jax.jit(init_fn, out_shardings=replicated),
+      train_step=jax.jit(train_sm, in_shardings=(replicated, data, replicated),
+                         out_shardings=(replicated, replicated), donate_argnums=(0,)),
+      eval_step=jax.jit(eval_sm, in_shardings=(replicated, data), out_shardings=replicated),
+      to_device=lambda batch: jax.tree.map(
+          lambda x: jax.make_array_from_process_local_data(data, x), batch),
+      fetch=lambda x: jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), x),
+      unreplicate=lambda s: s, step_args=step_args, describe=describe,
+      identity={'method': 'async', 'async_sgd.max_tau': int(a.max_tau)})
+
+
+def _is_float(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _local_sgd_executor(config, model, tx, setup: Setup, mesh) -> Executor:
+  """Local SGD over the (node, device) mesh; state leaves carry a leading node axis."""
+  nodes, per_node = mesh.shape[NODE], mesh.shape[DEVICE]
+  every = int(config.local_sgd.sync_every)
+  average_opt = bool(config.local_sgd.average_opt_state)
+  both = (NODE, DEVICE)
+  node_sharded = NamedSharding(mesh, P(NODE))
+  replicated = NamedSharding(mesh, P())
+  data = NamedSharding(mesh, P(both))
+  train_fn = functools.partial(per_device_train_step, model=model, tx=tx, config=config,
+                               accum_steps=setup.accum_steps, num_devices=per_node,
+                               axis_name=DEVICE, in_shard_map=True)
+  init_fn = functools.partial(init_state, model, tx, config.image_size, config.seed)
+
+  def node_mean(tree):
+    return jax.tree.map(lambda x: jax.lax.pmean(x, NODE) if _is_float(x) else x, tree)
+
+  def step(state, batch, average: bool):
+    local = jax.tree.map(lambda x: x[0], state)  # This node's replica.
+    new, sums = train_fn(local, batch)
+    if average:
+      new = new.replace(params=node_mean(new.params), batch_stats=node_mean(new.batch_stats))
+      if average_opt:
+        new = new.replace(opt_state=node_mean(new.opt_state))
+    grad_norm = sums.pop('_grad_norm')
+    sums = jax.lax.psum(sums, NODE)  # Metric sums over the whole global batch.
+    sums['_grad_norm'] = jax.lax.pmean(grad_norm, NODE)
+    return jax.tree.map(lambda x: x[None], new), sums
+
+  def eval_step(state, batch):
+    # The node-averaged model (what a final average would give).
+    local = jax.tree.map(lambda x: x[0], state)
+    local = local.replace(params=node_mean(local.params),
+                          batch_stats=node_mean(local.batch_stats))
+    return per_device_eval_step(local, batch, model=model, config=config, axis_name=both)
+
+  compiled = {}
+  for average in (False, True):
+    sm = jax.shard_map(functools.partial(step, average=average), mesh=mesh,
+                       in_specs=(P(NODE), P(both)), out_specs=(P(NODE), P()))
+    compiled[average] = jax.jit(sm, in_shardings=(node_sharded, data),
+                                out_shardings=(node_sharded, replicated), donate_argnums=(0,))
+
+  def train_step(state, batch, average: bool = False):
+    return compiled[bool(average)](state, batch)
+
+  def init():
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (nodes,) + x.shape), init_fn())
+
+  def average_state(state):
+    return jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype) if _is_float(x) else x[0],
+                        state)
+
+  def fetch(tree):
+    def one(a):
+      value = np.asarray(a.addressable_data(0))
+      spec = getattr(a.sharding, 'spec', ())
+      return value[0] if len(spec) and spec[0] == NODE else value
+    return jax.tree.map(one, tree)
+
+  eval_sm = jax.shard_map(eval_step, mesh=mesh, in_specs=(P(NODE), P(both)), out_specs=P())
+  return Executor(
+      kind='local_sgd',
+      init=jax.jit(init, out_shardings=node_sharded),
+      train_step=train_step,
+      eval_step=jax.jit(eval_sm, in_shardings=(node_sharded, data), out_shardings=replicated),
+      to_device=lambda batch: jax.tree.map(
+          lambda x: jax.make_array_from_process_local_data(data, x), batch),
+      fetch=fetch,
+      unreplicate=jax.jit(average_state, out_shardings=replicated),
+      step_args=lambda step: ((step + 1) % every == 0,),
+      describe=(f'local SGD: {nodes} node(s) x {per_node} device(s), parameters'
+                f'{" and optimizer state" if average_opt else ""} and BN statistics averaged '
+                f'across nodes every {every} step(s)'
+                + ("; bn_mode='global' averages over a node's batch" if
+                   config.bn_mode == 'global' else '')),
+      identity={'method': 'local_sgd', 'local_sgd.nodes': nodes})
+
+
 # ----------------------------------------------------------------------------------------------
 # The training loop.
 
@@ -417,8 +615,11 @@ class Run:
                                 shards=pipeline.local_shards(self.mesh), start_step=start_step)
     return pipeline.global_batches(ds, None, to_device=self.executor.to_device)
 
-  def train_step(self, state, batch):
-    return self.executor.train_step(state, batch)
+  def train_step(self, state, batch, step: Optional[int] = None):
+    """One step; `step` (0-based, default: read from `state`) picks tau / the averaging."""
+    if step is None:
+      step = int(self.executor.fetch(state.step))
+    return self.executor.train_step(state, batch, *self.executor.step_args(step))
 
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
     sums = evaluate(self.executor, state, self.builder, self.config, self.setup,
@@ -435,12 +636,23 @@ def build(config: ml_collections.ConfigDict) -> Run:
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
-  mesh = make_mesh()
+  method = config.get('method', 'sync')
+  if method == 'local_sgd':
+    mesh = make_node_mesh(methods.resolve_nodes(config, setup.devices, setup.process_count))
+  else:
+    mesh = make_mesh()
+  # Global BN averages over the axis the gradients are averaged over: a node's devices in local
+  # SGD (the nodes only meet at the averaging steps).
   model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
-                              axis_name=AXIS)
+                              axis_name=DEVICE if method == 'local_sgd' else AXIS)
   schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
-  tx = optim.create_optimizer(config, schedule)
-  executor = make_executor(config, model, tx, setup, mesh)
+  tx_config = config
+  if method == 'async' and config.async_sgd.momentum == 'compensate':
+    tx_config = ml_collections.ConfigDict(config.to_dict())
+    tx_config.momentum = methods.compensated_momentum(
+        config.momentum, methods.expected_staleness(config) + 1)
+  tx = optim.create_optimizer(tx_config, schedule)
+  executor = make_executor(tx_config, model, tx, setup, mesh)
   return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor)
 
 
@@ -524,12 +736,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   builder, meta, setup, mesh = run.builder, run.meta, run.setup, run.mesh
   schedule, executor = run.schedule, run.executor
   logging.info('Setup: %s', setup.describe())
+  if executor.describe:
+    logging.info('Method: %s', executor.describe)
   if is_main:
     print(f'anp_jax | {setup.describe()}', flush=True)
+    if executor.describe:
+      print(f'anp_jax | {executor.describe}', flush=True)
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
-  ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None)
+  # Local SGD restores into the state's own (node-sharded) shardings; jit into replicated ones.
+  ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None,
+                                    identity_extra=executor.identity)
   state = executor.init()
   state, start_step = ckpt.restore_or_init(state, executor)
   writer = reporting.MetricWriter(workdir)
@@ -560,7 +778,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   try:
     while step < setup.total_steps and not stopped_at_target:
       batch = next(batches)
-      state, sums = executor.train_step(state, batch)
+      state, sums = executor.train_step(state, batch, *executor.step_args(step))
       pending.append(sums)
       step += 1
       if step == start_step + 1:

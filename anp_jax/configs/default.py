@@ -71,6 +71,32 @@ def get_config() -> ml_collections.ConfigDict:
   c.noise_scale = True  # Log the gradient noise scale B_simple (McCandlish et al. 2018).
   c.noise_scale_ema = 0.95
 
+  # Training method (see anp_jax/methods.py and the README section "Sync, async and mixed").
+  # 'sync': synchronous data parallelism (gradients all-reduced every step).
+  # 'async': simulated asynchronous SGD: each update applies a gradient computed on parameters
+  #   tau steps old. The global batch of one step plays ONE worker's mini-batch: to simulate N
+  #   workers of batch b, set batch_size=b and take the staleness of N workers.
+  # 'local_sgd': mixed: synchronous inside each node, parameters averaged across nodes every
+  #   local_sgd.sync_every steps (periodic model averaging over a 2-D ('node', 'device') mesh).
+  c.method = 'sync'
+  c.async_sgd = ml_collections.ConfigDict(dict(
+      staleness='constant',  # 'constant' | 'uniform' | 'geometric' | 'simulated'.
+      tau=0,  # Constant staleness; the mean staleness for 'geometric'.
+      # Parameter snapshots kept: memory (max_tau + 1) x parameter bytes per device. 'uniform'
+      # draws 0..max_tau; larger 'geometric'/'simulated' draws are clipped to it (reported).
+      max_tau=8,
+      workers=4,  # N for 'simulated' (anp_jax.perfmodel.staleness_sampler): mean tau = N - 1.
+      compute_cv=0.1,  # Coefficient of variation of a worker's step time for 'simulated'.
+      staleness_aware_lr=False,  # Zhang et al. 2016: divide the step by max(tau, 1).
+      # 'keep' | 'compensate' (Mitliagkas et al. 2016: asynchrony adds implicit momentum
+      # ~ 1 - 1/N; the explicit momentum becomes max(0, momentum - (1 - 1/N)), N = mean tau + 1).
+      momentum='keep',
+      seed=0))  # Seed of the staleness sequence (a function of seed and step: exact resume).
+  c.local_sgd = ml_collections.ConfigDict(dict(
+      nodes=0,  # Replica groups (the 'node' mesh axis); 0 = one per JAX process.
+      sync_every=1,  # H: average parameters (and BN statistics) across nodes every H steps.
+      average_opt_state=False))  # Also average the optimizer state (momentum) at sync points.
+
   # Checkpoints.
   c.checkpoint_every_steps = 500
   c.checkpoint_every_minutes = 10.0

@@ -1,0 +1,169 @@
+"""Simulated asynchronous SGD: tau=0 is sync, tau=k uses k-steps-old parameters (checked against a
+hand-rolled loop), staleness sequences, exact resume, memory report and bad input."""
+
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from anp_jax import methods, train
+from conftest import tiny_config
+
+
+def _async(data_dir, **kw):
+  kw = dict(dict(method='async', noise_scale=False, log_every_steps=1), **kw)
+  return tiny_config(data_dir, **kw)
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path):
+  results = {}
+  for method in ('sync', 'async'):
+    config = _async(data_dir, method=method, num_train_steps=5)
+    results[method] = train.train_and_evaluate(config, str(tmp_path / method))
+  a, s = results['async'], results['sync']
+  for x, y in zip(_leaves((a.state.params, a.state.batch_stats, a.state.opt_state)),
+                  _leaves((s.state.params, s.state.batch_stats, s.state.opt_state))):
+    np.testing.assert_array_equal(x, y)
+  assert a.final_eval['eval/loss'] == s.final_eval['eval/loss']
+
+
+def _reference_async(config, steps, taus, aware):
+  """Asynchronous SGD by hand on one device: g_t = grad at the params of step t - tau_t."""
+  run = train.build(config)
+  state = jax.device_get(run.init_state())
+  params, stats, opt = state.params, state.batch_stats, state.opt_state
+  snapshots = []
+  batches = run.train_batches()
+
+  def loss(p, bs, batch):
+    logits, mutated = run.model.apply({'params': p, 'batch_stats': bs}, batch['image'],
+                                      train=True, mutable=['batch_stats'])
+    return train.head_metrics(logits, batch, config)[0], mutated['batch_stats']
+
+  @jax.jit
+  def update(params, stale, stats, opt, batch, scale):
+    grads, stats = jax.grad(loss, has_aux=True)(stale, stats, batch)
+    grads = jax.tree.map(lambda g: g * scale, grads)
+    updates, opt = run.tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), stats, opt
+
+  cpu = jax.devices()[0]
+  for t in range(steps):
+    batch = jax.device_put(jax.tree.map(np.asarray, next(batches)), cpu)
+    snapshots.append(params)
+    tau = min(taus[t], t, config.async_sgd.max_tau)
+    scale = 1.0 / max(tau, 1) if aware else 1.0
+    params, stats, opt = update(params, snapshots[t - tau], stats, opt, batch, scale)
+  return params, stats
+
+
+@pytest.mark.parametrize('aware', [False, True])
+def test_constant_tau_uses_k_steps_old_parameters(data_dir, tmp_path, aware):
+  steps, tau = 5, 2
+  config = _async(data_dir, num_train_steps=steps, **{
+      'async_sgd.tau': tau, 'async_sgd.max_tau': 3, 'async_sgd.staleness_aware_lr': aware})
+  got = train.train_and_evaluate(config, str(tmp_path / 'async')).state
+  ref_params, ref_stats = _reference_async(config, steps, [tau] * steps, aware)
+  # One device vs eight (per-device means, then pmean): float summation order only.
+  for x, y in zip(_leaves((got.params, got.batch_stats)), _leaves((ref_params, ref_stats))):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+  # The test can fail: fresh gradients (tau = 0) end far outside that tolerance.
+  fresh, _ = _reference_async(config, steps, [0] * steps, aware)
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(got.params), _leaves(fresh)))
+  assert diff > 1e-3
+
+
+def test_staleness_distributions():
+  c = tiny_config('/nonexistent', method='async')
+  a = c.async_sgd
+  n = 20000
+  a.staleness, a.tau = 'constant', 3
+  assert set(methods.staleness_sequence(c, 50)) == {3}
+  a.staleness, a.max_tau = 'uniform', 6
+  u = methods.staleness_sequence(c, n)
+  assert set(u) == set(range(7)) and abs(u.mean() - 3.0) < 0.1
+  a.staleness, a.tau, a.max_tau = 'geometric', 2, 20
+  g = methods.staleness_sequence(c, n)
+  assert g.min() == 0 and abs(g.mean() - 2.0) < 0.1
+  assert abs(np.mean(g == 0) - 1 / 3) < 0.02  # P(0) = p = 1 / (1 + mean).
+  a.staleness = 'simulated'
+  for workers in (4, 8):
+    a.workers, a.max_tau = workers, 4 * workers
+    s = methods.staleness_sequence(c, 4000)
+    assert abs(s.mean() - (workers - 1)) < 0.1 and s.std() > 0
+  # Deterministic per seed, prefixes agree (resume), other seeds differ.
+  for kind in ('uniform', 'geometric', 'simulated'):
+    a.staleness, a.seed = kind, 0
+    long = methods.staleness_sequence(c, 300)
+    np.testing.assert_array_equal(methods.staleness_sequence(c, 120), long[:120])
+    a.seed = 1
+    assert not np.array_equal(methods.staleness_sequence(c, 300), long)
+  clipped = methods.clip_staleness(np.array([5, 5, 5, 5, 9, 0]), max_tau=4)
+  np.testing.assert_array_equal(clipped, [0, 1, 2, 3, 4, 0])
+
+
+def test_draws_beyond_the_history_are_reported(data_dir, tmp_path, capsys):
+  config = _async(data_dir, num_train_steps=2, **{
+      'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2, 'async_sgd.max_tau': 2})
+  taus = methods.staleness_sequence(config, 200)  # P(tau > 2) = (2/3)^3 = 0.3 per draw.
+  line = methods.describe_staleness(config, taus)
+  assert 'exceeded max_tau' in line and 'raise config.async_sgd.max_tau' in line
+  train.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert 'parameter history 3 x' in out and 'MiB per device' in out
+
+
+def test_momentum_compensation(data_dir):
+  config = _async(data_dir, **{'async_sgd.staleness': 'simulated', 'async_sgd.workers': 4,
+                               'async_sgd.momentum': 'compensate'})
+  run = train.build(config)
+  assert 'momentum 0.15 (compensate)' in run.executor.describe  # 0.9 - (1 - 1/4)
+  assert methods.compensated_momentum(0.9, 16) == 0.0
+
+
+def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
+  kw = {'async_sgd.staleness': 'uniform', 'async_sgd.max_tau': 3, 'schedule': 'constant',
+        'checkpoint_every_steps': 3}
+  whole = train.train_and_evaluate(_async(data_dir, num_train_steps=7, **kw),
+                                   str(tmp_path / 'whole'))
+  train.train_and_evaluate(_async(data_dir, num_train_steps=3, **kw), str(tmp_path / 'split'))
+  resumed = train.train_and_evaluate(_async(data_dir, num_train_steps=7, **kw),
+                                     str(tmp_path / 'split'))
+  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
+  for x, y in zip(_leaves(whole.state), _leaves(resumed.state)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):
+  train.train_and_evaluate(tiny_config(data_dir, num_train_steps=2, checkpoint_every_steps=2),
+                           str(tmp_path))
+  with pytest.raises(ValueError, match="method: checkpoint 'sync' vs config 'async'"):
+    train.train_and_evaluate(_async(data_dir, num_train_steps=4), str(tmp_path))
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'method': 'asynchronous'}, 'config.method'),
+    ({'async_sgd.staleness': 'poisson'}, 'staleness'),
+    ({'async_sgd.tau': 9, 'async_sgd.max_tau': 8}, 'larger than the kept parameter history'),
+    ({'async_sgd.tau': -1}, 'tau must be an integer >= 0'),
+    ({'async_sgd.max_tau': -1}, 'max_tau must be an integer >= 0'),
+    ({'async_sgd.staleness': 'geometric', 'async_sgd.tau': 5, 'async_sgd.max_tau': 4},
+     'larger than the kept'),
+    ({'async_sgd.staleness': 'simulated', 'async_sgd.workers': 16, 'async_sgd.max_tau': 8},
+     'mean staleness of 15'),
+    ({'async_sgd.staleness': 'simulated', 'async_sgd.workers': 0}, 'workers must be'),
+    ({'executor': 'pmap'}, "'jit' executor only"),
+    ({'async_sgd.momentum': 'compensate', 'optimizer': 'adamw'}, 'has none'),
+    ({'async_sgd.momentum': 'nesterov'}, 'async_sgd.momentum'),
+])
+def test_bad_async_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
+  config = _async(data_dir, **overrides)
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'checkpoints')

@@ -1,0 +1,146 @@
+"""Local SGD over a (node, device) mesh: H=1 is sync, nodes drift apart between averages and agree
+right after, evaluation of the averaged model, exact resume, multi-process = one process, bad
+input."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from anp_jax import checkpointing, train
+from conftest import tiny_config
+from test_multiprocess import HERE, _launch, _wait
+
+
+def _local(data_dir, **kw):
+  kw = dict(dict(method='local_sgd', noise_scale=False, log_every_steps=1,
+                 **{'local_sgd.nodes': 2}), **kw)
+  return tiny_config(data_dir, **kw)
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize('nodes', [2, 4])
+def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes):
+  """H=1 with momentum SGD (nesterov, weight decay, ghost BN): the same model as sync.
+
+  The node averages of p - lr * m_n equal sync's update because the optimizer is linear in the
+  gradient (momentum buffers average too); the gradient mean is taken in two levels (devices,
+  then nodes) instead of one, so results agree to float rounding: rtol 1e-5 on 5 steps.
+  """
+  sync = train.train_and_evaluate(tiny_config(data_dir, noise_scale=False, log_every_steps=1,
+                                              num_train_steps=5), str(tmp_path / 'sync'))
+  local = train.train_and_evaluate(_local(data_dir, num_train_steps=5,
+                                          **{'local_sgd.nodes': nodes}), str(tmp_path / 'local'))
+  for x, y in zip(_leaves((sync.state.params, sync.state.batch_stats)),
+                  _leaves((local.state.params, local.state.batch_stats))):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose([h['train/loss'] for h in local.history if 'train/loss' in h],
+                             [h['train/loss'] for h in sync.history if 'train/loss' in h],
+                             rtol=1e-5)
+  assert local.final_eval['eval/anp_top1'] == pytest.approx(sync.final_eval['eval/anp_top1'])
+
+
+def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
+  every, steps = 3, 7
+  config = _local(data_dir, num_train_steps=steps, **{'local_sgd.sync_every': every})
+  run = train.build(config)
+  state = run.init_state()
+  batches = run.train_batches()
+  spread = []
+  for step in range(steps):
+    state, _ = run.train_step(state, next(batches), step)
+    per_node = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    assert per_node[0].shape[0] == 2
+    spread.append(max(float(np.max(np.abs(x[0] - x[1]))) for x in per_node))
+  for step, s in enumerate(spread, 1):
+    if step % every == 0:
+      assert s == 0.0, (step, spread)
+    else:
+      assert s > 1e-6, (step, spread)
+  # The averaged model differs from synchronous SGD's.
+  sync = train.build(tiny_config(data_dir, noise_scale=False, num_train_steps=steps))
+  sync_state = sync.init_state()
+  sync_batches = sync.train_batches()
+  for step in range(steps):
+    sync_state, _ = sync.train_step(sync_state, next(sync_batches), step)
+  averaged = run.executor.unreplicate(state)
+  diff = max(float(np.max(np.abs(x - y))) for x, y in
+             zip(_leaves(averaged.params), _leaves(sync_state.params)))
+  assert diff > 1e-4
+  # Evaluation scores the node-averaged model: the same numbers as the sync executor gives it.
+  sync_copy = jax.device_put(jax.device_get(averaged), NamedSharding(sync.mesh, P()))
+  np.testing.assert_allclose(run.evaluate(state)['eval/loss'],
+                             sync.evaluate(sync_copy)['eval/loss'], rtol=1e-5)
+
+
+def test_average_opt_state_averages_momentum(data_dir):
+  config = _local(data_dir, num_train_steps=2, **{'local_sgd.sync_every': 2,
+                                                  'local_sgd.average_opt_state': True})
+  run = train.build(config)
+  state = run.init_state()
+  batches = run.train_batches()
+  for step in range(2):
+    state, _ = run.train_step(state, next(batches), step)
+    trace = [np.asarray(x) for x in jax.tree.leaves(state.opt_state) if x.dtype == np.float32]
+    spread = max(float(np.max(np.abs(x[0] - x[1]))) for x in trace)
+    assert (spread == 0.0) == (step == 1), (step, spread)
+
+
+def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_path, capsys):
+  kw = {'local_sgd.sync_every': 2, 'checkpoint_every_steps': 3, 'schedule': 'constant'}
+  whole = train.train_and_evaluate(_local(data_dir, num_train_steps=6, **kw),
+                                   str(tmp_path / 'whole'))
+  train.train_and_evaluate(_local(data_dir, num_train_steps=3, **kw), str(tmp_path / 'split'))
+  resumed = train.train_and_evaluate(_local(data_dir, num_train_steps=6, **kw),
+                                     str(tmp_path / 'split'))
+  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
+  for x, y in zip(_leaves(whole.state), _leaves(resumed.state)):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(ValueError, match=r'local_sgd\.nodes: checkpoint 2 vs config 4'):
+    train.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(kw, **{
+        'local_sgd.nodes': 4})), str(tmp_path / 'split'))
+  # load_checkpoint (IPython) returns the node average.
+  _, variables, _ = checkpointing.load_checkpoint(str(tmp_path / 'split'))
+  for x, y in zip(_leaves(variables['params']), _leaves(resumed.state.params)):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_two_processes_equal_one_process(data_dir, tmp_path):
+  """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2."""
+  overrides = {'method': 'local_sgd', 'local_sgd.sync_every': 2, 'num_train_steps': 5,
+               'log_every_steps': 1, 'bn_mode': 'global', 'eval_every_epochs': 0}
+  single = train.train_and_evaluate(tiny_config(data_dir, **dict(overrides, **{
+      'local_sgd.nodes': 2})), str(tmp_path / 'single'))
+  mp_config = dict(overrides, data_dir=str(data_dir), workdir=str(tmp_path / 'work'))
+  procs = _launch([sys.executable, os.path.join(HERE, 'mp_worker.py')], 2, 4, tmp_path,
+                  MP_CONFIG=json.dumps(mp_config))
+  outs = _wait(procs, tmp_path)
+  assert [o['process_count'] for o in outs] == [2, 2]
+  losses = [h['train/loss'] for h in single.history if 'train/loss' in h]
+  ref_sum = float(sum(np.asarray(x).sum() for x in jax.tree.leaves(single.state.params)))
+  for o in outs:
+    np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
+    assert o['params_sum'] == pytest.approx(ref_sum, rel=1e-5)
+    assert o['final_eval']['eval/loss'] == pytest.approx(single.final_eval['eval/loss'],
+                                                          rel=1e-5)
+  assert 'local SGD: 2 node(s) x 4 device(s)' in open(tmp_path / 'proc0.log').read()
+
+
+@pytest.mark.parametrize('overrides,message', [
+    ({'local_sgd.nodes': 3}, 'does not divide the 8 devices'),
+    ({'local_sgd.nodes': -1}, 'nodes must be an integer >= 0'),
+    ({'local_sgd.sync_every': 0}, 'sync_every must be an integer >= 1'),
+    ({'executor': 'pmap'}, "'jit' executor only"),
+])
+def test_bad_local_sgd_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
+  config = _local(data_dir, **overrides)
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / 'checkpoints')
