@@ -41,6 +41,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from anp_jax import perfmodel as pm
+from anp_jax import plotting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -746,9 +747,7 @@ def _paper_section(paper: dict) -> List[str]:
 
 
 def _plot_cpu(cpu: dict, path: str) -> str:
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   rows = [r for r in cpu['rows'] if r['variant'] == '1-point']
   for i, key in enumerate(dict.fromkeys(r['config'] for r in rows)):
@@ -765,16 +764,11 @@ def _plot_cpu(cpu: dict, path: str) -> str:
   ax.set_title('This machine: measured vs. predicted (1-point calibration)')
   ax.legend(fontsize=7, ncol=2)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)
 
 
 def _plot_paper(paper: dict, path: str) -> str:
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   nodes = paper['nodes']
   for i, (name, m) in enumerate(paper['preset']['methods'].items()):
@@ -793,10 +787,7 @@ def _plot_paper(paper: dict, path: str) -> str:
   ax.set_title('MinoTauro: model (solid: presets, dashed: fitted) vs. paper')
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)
 
 
 def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = ('cpu', 'paper'),

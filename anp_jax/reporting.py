@@ -10,6 +10,8 @@ from typing import Dict, Mapping, Optional
 import jax
 from clu import metric_writers
 
+from anp_jax import plotting
+
 
 class MetricWriter:
   """TensorBoard event files + ``metrics.jsonl`` in the workdir, on process 0 only."""
@@ -97,9 +99,7 @@ class ProgressBar:
 
 def plot_history(history, path: str) -> str:
   """Training loss and evaluation top-1 / top-5 against epochs, as one PNG."""
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  plt = plotting.pyplot()
 
   train = [h for h in history if 'train/loss' in h]
   evals = [h for h in history if 'eval/anp_top1' in h]
@@ -119,7 +119,4 @@ def plot_history(history, path: str) -> str:
   ax_acc.set(xlabel='epoch', ylabel='accuracy (%)', title='Evaluation', ylim=(0, 100))
   ax_acc.grid(alpha=0.3)
   ax_acc.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)

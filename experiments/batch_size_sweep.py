@@ -241,6 +241,14 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument('--dry_run', action='store_true',
                       help='Validate, print the grid and the time estimate; train nothing.')
   parser.add_argument('--no_report', action='store_true', help='Skip experiments/report.py.')
+  return parse_with_overrides(parser, argv)
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]):
+  """(args, overrides): the parser's flags, plus every ``--config.x.y=value`` as (key, raw).
+
+  Anything else left over is a usage error from `parser`. Shared by the experiment scripts.
+  """
   args, rest = parser.parse_known_args(list(argv))
   overrides = []
   for item in rest:

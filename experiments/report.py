@@ -29,6 +29,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+  sys.path.insert(0, _ROOT)
+
+from anp_jax import plotting  # noqa: E402  (matplotlib only; no JAX)
+
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
 
@@ -173,10 +179,7 @@ def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
 
 
 def _plt():
-  import matplotlib
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-  return plt
+  return plotting.pyplot()
 
 
 def _styles(n):
@@ -205,10 +208,7 @@ def _finish(plt, fig, ax, path: str) -> str:
   """Grid, legend, tight layout; writes the PNG and frees the figure."""
   ax.grid(alpha=0.3, which='both')
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)
 
 
 def plot_steps(agg, target: float, path: str) -> str:
@@ -267,10 +267,7 @@ def plot_fit(agg, fits, path: str) -> str:
            title='S = S_min (1 + B_crit / B); dashed: measured B_simple')
   ax_e.set(xlabel='steps to target S', ylabel='examples to target E = S·B',
            title='(S/S_min − 1)(E/E_min − 1) = 1')
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)
 
 
 def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
@@ -297,10 +294,7 @@ def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
     ax.set(xlabel='epoch', ylabel='eval ANP top-1 (%)', title=arm_label(*arm), ylim=(0, 100))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plotting.save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ for _p in (ROOT, HERE):
 
 import ml_collections  # noqa: E402
 
+from anp_jax import plotting  # noqa: E402
+
 import batch_size_sweep as bss  # noqa: E402  (config presets, overrides, resumable-run checks)
 import report  # noqa: E402
 
@@ -147,7 +149,7 @@ def predicted_epoch(spec: RunSpec, sync_devices: int):
 def parse_args(argv):
   def ints(text):
     return [int(t) for t in text.split(',') if t.strip()]
-  p = argparse.ArgumentParser(description=__doc__,
+  p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--preset', default='cpu', choices=sorted(PRESETS))
   p.add_argument('--out', required=True)
@@ -160,14 +162,7 @@ def parse_args(argv):
   p.add_argument('--sync_devices', type=int, default=16,
                  help='Devices of the predicted synchronous cluster.')
   p.add_argument('--cpu_devices', type=int)
-  args, rest = p.parse_known_args(list(argv))
-  overrides = []
-  for item in rest:
-    if not item.startswith('--config.') or '=' not in item:
-      p.error(f'unrecognized argument {item!r} (config overrides are --config.x.y=value)')
-    key, raw = item[len('--config.'):].split('=', 1)
-    overrides.append((key, raw))
-  return args, overrides
+  return bss.parse_with_overrides(p, argv)
 
 
 def resolve(args, overrides):
@@ -259,11 +254,7 @@ def plot(rows, out: str):
       ax.set_xscale('log')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = os.path.join(out, fname)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(plotting.save_figure(fig, os.path.join(out, fname)))
   return paths
 
 
