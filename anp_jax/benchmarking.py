@@ -44,29 +44,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-# XLA:CPU flag under study (see README performance section): jaxlib 0.10.2 sends convolutions to
-# YNNPACK by default, whose filter-gradient convolution (a "kernel" as large as the image, a 3x3
-# output) ran 3-4x slower than XLA's Eigen convolution with 2 threads on the reference CPU.
-# Keeping YNNPACK for dots and giving convolutions back to Eigen fixes that operation; the
-# end-to-end gain was 1.4-1.6x in back-to-back runs but not confirmed by interleaved runs on the
-# loaded machine, so experiments/benchmark.py applies it only with --cpu_flags.
-CPU_XLA_FLAGS = ('--xla_cpu_experimental_ynn_fusion_type=individual_dot',)
-
-
-def apply_cpu_flags(environ=os.environ) -> str:
-  """Adds `CPU_XLA_FLAGS` to XLA_FLAGS (unless a flag of that name is already set); returns it.
-
-  Must run before JAX initialises its CPU backend. Harmless on GPU (they only touch XLA:CPU).
-  """
-  current = environ.get('XLA_FLAGS', '')
-  for flag in CPU_XLA_FLAGS:
-    name = flag.split('=')[0]
-    if name not in current:
-      current = f'{current} {flag}'.strip()
-  environ['XLA_FLAGS'] = current
-  return current
-
-
 # ----------------------------------------------------------------------------------------------
 # Timing primitives.
 

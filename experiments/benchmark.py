@@ -3,9 +3,9 @@
   python experiments/benchmark.py --config=anp_jax/configs/default.py --out=bench.json \
       [--config.batch_size=128 --config.model.name=resnet18 ...] [--noloop] [--notorch]
 
-Prints a table and writes every figure as JSON (`--out`). `--cpu_flags` adds
-`benchmarking.CPU_XLA_FLAGS` to XLA_FLAGS before JAX starts (any flag you set yourself wins); it
-is off by default until its end-to-end gain is confirmed on an idle machine (README).
+Prints a table and writes every figure as JSON (`--out`). anp_jax's XLA:CPU defaults
+(`anp_jax/xla_flags.py`) apply as in training; `--nocpu_flags` times without them (the JSON's
+`environment.xla_flags` says which flags were in effect).
 """
 
 import os
@@ -27,8 +27,8 @@ flags.DEFINE_integer('loop_steps', 0, 'Timed steps of the full training loop (0:
 flags.DEFINE_bool('loop', True, 'Also time train.train_and_evaluate (real input pipeline).')
 flags.DEFINE_bool('reference', True, 'Also time a plain jax.jit + optax loop of the same model.')
 flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is installed.')
-flags.DEFINE_bool('cpu_flags', False, 'Add benchmarking.CPU_XLA_FLAGS to XLA_FLAGS (convolutions '
-                  'on XLA:CPU through Eigen instead of YNNPACK; see the README).')
+flags.DEFINE_bool('cpu_flags', True, "anp_jax's XLA:CPU defaults (anp_jax/xla_flags.py: "
+                  'convolutions through Eigen instead of YNNPACK); --nocpu_flags: without them.')
 flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
 flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp dir).')
 flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1 device, 1 x 2 '
@@ -41,9 +41,9 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
-  from anp_jax import benchmarking, distributed
-  if FLAGS.cpu_flags:
-    benchmarking.apply_cpu_flags()
+  from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
+  if not FLAGS.cpu_flags:
+    xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
   if FLAGS.scaling:
     args = [a for a in sys.argv[1:] if not a.startswith(('--out', '--scaling'))]
     rows = benchmarking.scaling_runs(os.path.abspath(__file__), args,
