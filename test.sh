@@ -6,4 +6,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
-exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest -q "$@"
+# Test files run in parallel worker processes (pytest-xdist, whole files per worker so that module
+# fixtures are built once): min(cores, 4) workers; ANP_TEST_WORKERS=1 runs everything in one.
+cores="$(nproc 2>/dev/null || echo 1)"
+workers="${ANP_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+xdist=()
+if [ "$workers" -gt 1 ]; then xdist=(-n "$workers" --dist loadfile); fi
+exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest -q "${xdist[@]}" "$@"

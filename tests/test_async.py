@@ -9,16 +9,12 @@ import optax
 import pytest
 
 from anp_jax import methods, train
-from conftest import tiny_config
+from conftest import assert_resume_is_exact, leaves, tiny_config
 
 
 def _async(data_dir, **kw):
   kw = dict(dict(method='async', noise_scale=False, log_every_steps=1), **kw)
   return tiny_config(data_dir, **kw)
-
-
-def _leaves(tree):
-  return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path):
@@ -27,8 +23,8 @@ def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path):
     config = _async(data_dir, method=method, num_train_steps=5)
     results[method] = train.train_and_evaluate(config, str(tmp_path / method))
   a, s = results['async'], results['sync']
-  for x, y in zip(_leaves((a.state.params, a.state.batch_stats, a.state.opt_state)),
-                  _leaves((s.state.params, s.state.batch_stats, s.state.opt_state))):
+  for x, y in zip(leaves((a.state.params, a.state.batch_stats, a.state.opt_state)),
+                  leaves((s.state.params, s.state.batch_stats, s.state.opt_state))):
     np.testing.assert_array_equal(x, y)
   assert a.final_eval['eval/loss'] == s.final_eval['eval/loss']
 
@@ -71,11 +67,11 @@ def test_constant_tau_uses_k_steps_old_parameters(data_dir, tmp_path, aware):
   got = train.train_and_evaluate(config, str(tmp_path / 'async')).state
   ref_params, ref_stats = _reference_async(config, steps, [tau] * steps, aware)
   # One device vs eight (per-device means, then pmean): float summation order only.
-  for x, y in zip(_leaves((got.params, got.batch_stats)), _leaves((ref_params, ref_stats))):
+  for x, y in zip(leaves((got.params, got.batch_stats)), leaves((ref_params, ref_stats))):
     np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
   # The test can fail: fresh gradients (tau = 0) end far outside that tolerance.
   fresh, _ = _reference_async(config, steps, [0] * steps, aware)
-  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(_leaves(got.params), _leaves(fresh)))
+  diff = max(float(np.max(np.abs(x - y))) for x, y in zip(leaves(got.params), leaves(fresh)))
   assert diff > 1e-3
 
 
@@ -130,14 +126,8 @@ def test_momentum_compensation(data_dir):
 def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
   kw = {'async_sgd.staleness': 'uniform', 'async_sgd.max_tau': 3, 'schedule': 'constant',
         'checkpoint_every_steps': 3}
-  whole = train.train_and_evaluate(_async(data_dir, num_train_steps=7, **kw),
-                                   str(tmp_path / 'whole'))
-  train.train_and_evaluate(_async(data_dir, num_train_steps=3, **kw), str(tmp_path / 'split'))
-  resumed = train.train_and_evaluate(_async(data_dir, num_train_steps=7, **kw),
-                                     str(tmp_path / 'split'))
-  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
-  for x, y in zip(_leaves(whole.state), _leaves(resumed.state)):
-    np.testing.assert_array_equal(x, y)
+  assert_resume_is_exact(lambda n: _async(data_dir, num_train_steps=n, **kw), 7, 3, tmp_path,
+                         capsys)
 
 
 def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):

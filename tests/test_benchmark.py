@@ -1,6 +1,7 @@
 """The benchmark harness (anp_jax/benchmarking.py) and the convolution lowerings (models/conv.py)."""
 
 import json
+import os
 
 import flax.linen as nn
 import jax
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import benchmarking, models
+from anp_jax import benchmarking, models, xla_flags
 from anp_jax.models import conv
 from conftest import tiny_config
 
@@ -104,9 +105,12 @@ CASES = [((3, 3), 1, 'SAME'), ((3, 3), 2, 'SAME'), ((1, 1), 1, 'SAME'), ((1, 1),
          ((7, 7), 2, [(3, 3), (3, 3)]), ((3, 3), 2, 'VALID'), ((3, 3), (1, 2), 1)]
 
 
+# Every case in float32; in bfloat16 (only the compute dtype changes) a strided and a 7x7 one.
+DTYPE_CASES = [('float32', *c) for c in CASES] + [('bfloat16', *c) for c in (CASES[1], CASES[4])]
+
+
 @pytest.mark.parametrize('impl', ['im2col', 'taps'])
-@pytest.mark.parametrize('kernel,strides,padding', CASES)
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('dtype,kernel,strides,padding', DTYPE_CASES)
 def test_conv_lowering_matches_flax_conv(impl, kernel, strides, padding, dtype):
   dt = models.DTYPES[dtype]
   x = jax.random.normal(jax.random.key(1), (2, 11, 10, 5))
@@ -156,11 +160,20 @@ def test_bad_conv_options_fail_clearly():
     conv.Im2ColConv(4, (3, 3), padding='CIRCULAR').init(jax.random.key(0), jnp.ones((1, 5, 5, 2)))
 
 
-def test_cpu_flags_added_once_and_user_choice_kept():
+def test_xla_cpu_defaults_added_once_user_choice_kept_and_opt_out():
+  tested = xla_flags.TESTED_JAXLIB[0]
   env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
-  flags = benchmarking.apply_cpu_flags(env)
-  assert all(f in flags for f in benchmarking.CPU_XLA_FLAGS)
-  assert '--xla_force_host_platform_device_count=8' in flags
-  assert benchmarking.apply_cpu_flags(env) == flags
-  user = {'XLA_FLAGS': '--xla_cpu_experimental_ynn_fusion_type='}
-  assert benchmarking.apply_cpu_flags(user) == '--xla_cpu_experimental_ynn_fusion_type='
+  flags = xla_flags.apply_cpu_defaults(env, jaxlib=tested)
+  assert flags.split() == ['--xla_force_host_platform_device_count=8', *xla_flags.CPU_DEFAULTS]
+  assert xla_flags.apply_cpu_defaults(env, jaxlib=tested) == flags == env['XLA_FLAGS']
+  # A flag of the same name set by the user wins.
+  user = {'XLA_FLAGS': '--xla_cpu_experimental_ynn_fusion_type=individual_convolution'}
+  assert xla_flags.apply_cpu_defaults(user, jaxlib=tested) == user['XLA_FLAGS']
+  # Opt-out, and untested jaxlib versions (an unknown flag would abort XLA), leave it alone.
+  assert xla_flags.apply_cpu_defaults({xla_flags.OPT_OUT: '0'}, jaxlib=tested) == ''
+  assert xla_flags.apply_cpu_defaults({}, jaxlib=(9, 99)) == ''
+  # disable: removed, and subprocesses (which import anp_jax again) keep it off.
+  assert xla_flags.disable_cpu_defaults(env) == '--xla_force_host_platform_device_count=8'
+  assert xla_flags.apply_cpu_defaults(env, jaxlib=tested) == env['XLA_FLAGS']
+  # This test session imported anp_jax before JAX started: the defaults are in effect.
+  assert set(xla_flags.CPU_DEFAULTS) <= set(os.environ['XLA_FLAGS'].split())

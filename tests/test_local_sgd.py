@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from anp_jax import checkpointing, train
-from conftest import tiny_config
+from conftest import assert_resume_is_exact, leaves, tiny_config
 from test_multiprocess import HERE, _launch, _wait
 
 
@@ -22,11 +22,7 @@ def _local(data_dir, **kw):
   return tiny_config(data_dir, **kw)
 
 
-def _leaves(tree):
-  return [np.asarray(x) for x in jax.tree.leaves(tree)]
-
-
-@pytest.mark.parametrize('nodes', [2, 4])
+@pytest.mark.parametrize('nodes', [4])  # 2 nodes: the resume and 2-process tests.
 def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes):
   """H=1 with momentum SGD (nesterov, weight decay, ghost BN): the same model as sync.
 
@@ -38,8 +34,8 @@ def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes):
                                               num_train_steps=5), str(tmp_path / 'sync'))
   local = train.train_and_evaluate(_local(data_dir, num_train_steps=5,
                                           **{'local_sgd.nodes': nodes}), str(tmp_path / 'local'))
-  for x, y in zip(_leaves((sync.state.params, sync.state.batch_stats)),
-                  _leaves((local.state.params, local.state.batch_stats))):
+  for x, y in zip(leaves((sync.state.params, sync.state.batch_stats)),
+                  leaves((local.state.params, local.state.batch_stats))):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose([h['train/loss'] for h in local.history if 'train/loss' in h],
                              [h['train/loss'] for h in sync.history if 'train/loss' in h],
@@ -72,7 +68,7 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
     sync_state, _ = sync.train_step(sync_state, next(sync_batches), step)
   averaged = run.executor.unreplicate(state)
   diff = max(float(np.max(np.abs(x - y))) for x, y in
-             zip(_leaves(averaged.params), _leaves(sync_state.params)))
+             zip(leaves(averaged.params), leaves(sync_state.params)))
   assert diff > 1e-4
   # Evaluation scores the node-averaged model: the same numbers as the sync executor gives it.
   sync_copy = jax.device_put(jax.device_get(averaged), NamedSharding(sync.mesh, P()))
@@ -95,20 +91,14 @@ def test_average_opt_state_averages_momentum(data_dir):
 
 def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_path, capsys):
   kw = {'local_sgd.sync_every': 2, 'checkpoint_every_steps': 3, 'schedule': 'constant'}
-  whole = train.train_and_evaluate(_local(data_dir, num_train_steps=6, **kw),
-                                   str(tmp_path / 'whole'))
-  train.train_and_evaluate(_local(data_dir, num_train_steps=3, **kw), str(tmp_path / 'split'))
-  resumed = train.train_and_evaluate(_local(data_dir, num_train_steps=6, **kw),
-                                     str(tmp_path / 'split'))
-  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
-  for x, y in zip(_leaves(whole.state), _leaves(resumed.state)):
-    np.testing.assert_array_equal(x, y)
+  _, resumed = assert_resume_is_exact(lambda n: _local(data_dir, num_train_steps=n, **kw), 6, 3,
+                                      tmp_path, capsys)
   with pytest.raises(ValueError, match=r'local_sgd\.nodes: checkpoint 2 vs config 4'):
     train.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(kw, **{
         'local_sgd.nodes': 4})), str(tmp_path / 'split'))
   # load_checkpoint (IPython) returns the node average.
   _, variables, _ = checkpointing.load_checkpoint(str(tmp_path / 'split'))
-  for x, y in zip(_leaves(variables['params']), _leaves(resumed.state.params)):
+  for x, y in zip(leaves(variables['params']), leaves(resumed.state.params)):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
