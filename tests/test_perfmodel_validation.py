@@ -17,8 +17,16 @@ def test_alpha_beta_fit_recovers_bandwidth_and_latency():
   fit = pv.fit_alpha_beta(points, n)
   assert fit['bandwidth'] == pytest.approx(bw, rel=1e-6)
   assert fit['latency'] == pytest.approx(lat, rel=1e-6)
-  with pytest.raises(ValueError, match='do not grow'):
-    pv.fit_alpha_beta([{'bytes': 4096, 'time_s': 1e-3}, {'bytes': 65536, 'time_s': 5e-4}], 2)
+  assert fit['latency_only'] is False
+  # Times that do not grow with the size (noise, overhead): latency only, no bogus bandwidth.
+  flat = pv.fit_alpha_beta([{'bytes': 4096, 'time_s': 4e-3}, {'bytes': 262144, 'time_s': 1e-3}], 2)
+  assert flat['latency_only'] is True and flat['bandwidth'] == math.inf
+  assert flat['latency'] == pytest.approx(2.5e-3 / 2)
+  ic = pv.interconnects({'runs': {'2proc': {'allreduce': [
+      {'bytes': 4096, 'time_s': 4e-3}, {'bytes': 262144, 'time_s': 1e-3}], 'devices': 2}}})
+  net = ic['interconnect']
+  assert pm.ring_allreduce_time(1 << 20, 2, net.inter_node_bandwidth,
+                                net.inter_node_latency) == pytest.approx(2.5e-3)
   with pytest.raises(ValueError, match='participants'):
     pv.fit_alpha_beta(points, 1)
 
