@@ -7,9 +7,13 @@ ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 # Test files run in parallel worker processes (pytest-xdist, whole files per worker so that module
-# fixtures are built once): min(cores, 4) workers; ANP_TEST_WORKERS=1 runs everything in one.
+# fixtures are built once): min(cores, 4, GiB of memory / 6) workers (a worker with its 8 simulated
+# devices and the multi-process tests' children peaks at ~5 GiB); ANP_TEST_WORKERS=1: one process.
 cores="$(nproc 2>/dev/null || echo 1)"
-workers="${ANP_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
+mem_gib="$(awk '/^MemTotal:/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 6)"
+auto=$(( cores < 4 ? cores : 4 ))
+auto=$(( mem_gib / 6 < auto ? mem_gib / 6 : auto ))
+workers="${ANP_TEST_WORKERS:-$(( auto < 1 ? 1 : auto ))}"
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers" --dist loadfile); fi
 exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest -q "${xdist[@]}" "$@"
