@@ -178,10 +178,6 @@ def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
 # Figures.
 
 
-def _plt():
-  return plotting.pyplot()
-
-
 def _styles(n):
   markers = ['o', 's', '^', 'D', 'v', 'P', 'X', '*']
   return [markers[i % len(markers)] for i in range(n)]
@@ -189,7 +185,7 @@ def _styles(n):
 
 def plot_accuracy(agg, path: str) -> str:
   """Final top-1 (mean ± std over seeds) against the batch, log2 x axis (Goyal-style)."""
-  plt = _plt()
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
     pts = [e for e in entries if e['top1'] is not None]
@@ -201,10 +197,10 @@ def plot_accuracy(agg, path: str) -> str:
   ax.set_xscale('log', base=2)
   ax.set(xlabel='global batch size B', ylabel='final ANP top-1 (%)',
          title='Accuracy at a fixed epoch budget')
-  return _finish(plt, fig, ax, path)
+  return _finish(fig, ax, path)
 
 
-def _finish(plt, fig, ax, path: str) -> str:
+def _finish(fig, ax, path: str) -> str:
   """Grid, legend, tight layout; writes the PNG and frees the figure."""
   ax.grid(alpha=0.3, which='both')
   ax.legend(fontsize=8)
@@ -213,7 +209,7 @@ def _finish(plt, fig, ax, path: str) -> str:
 
 def plot_steps(agg, target: float, path: str) -> str:
   """Steps to the target against the batch, log-log, with perfect scaling (Shallue-style)."""
-  plt = _plt()
+  plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
     pts = [e for e in entries if e['steps'] is not None]
@@ -229,12 +225,12 @@ def plot_steps(agg, target: float, path: str) -> str:
   ax.set_yscale('log')
   ax.set(xlabel='global batch size B', ylabel=f'steps to {100 * target:g} % top-1',
          title='Steps to target')
-  return _finish(plt, fig, ax, path)
+  return _finish(fig, ax, path)
 
 
 def plot_fit(agg, fits, path: str) -> str:
   """S(B) with the fitted S_min(1 + B_crit/B), and E against S with its hyperbola."""
-  plt = _plt()
+  plt = plotting.pyplot()
   fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
   for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
     pts = [e for e in entries if e['steps'] is not None]
@@ -272,7 +268,7 @@ def plot_fit(agg, fits, path: str) -> str:
 
 def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
   """Evaluation top-1 against epochs, one panel per arm, one line per batch size (first seed)."""
-  plt = _plt()
+  plt = plotting.pyplot()
   arms = _arms(rows)
   fig, axes = plt.subplots(1, max(1, len(arms)), figsize=(4.6 * max(1, len(arms)), 3.8),
                            squeeze=False)

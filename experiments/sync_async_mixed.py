@@ -238,7 +238,7 @@ def summarize(out: str, spec: RunSpec, setup, sync_devices: int) -> Optional[Dic
 
 
 def plot(rows, out: str):
-  plt = report._plt()
+  plt = plotting.pyplot()
   paths = []
   for key, xlabel, fname in (('epoch', 'epochs', 'accuracy_vs_epochs.png'),
                              ('hours', 'predicted wall time on MinoTauro (h, ResNet-50)',
