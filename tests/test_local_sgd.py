@@ -52,7 +52,7 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
   spread = []
   for step in range(steps):
     state, _ = run.train_step(state, next(batches), step)
-    per_node = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    per_node = leaves(state.params)
     assert per_node[0].shape[0] == 2
     spread.append(max(float(np.max(np.abs(x[0] - x[1]))) for x in per_node))
   for step, s in enumerate(spread, 1):
@@ -84,7 +84,7 @@ def test_average_opt_state_averages_momentum(data_dir):
   batches = run.train_batches()
   for step in range(2):
     state, _ = run.train_step(state, next(batches), step)
-    trace = [np.asarray(x) for x in jax.tree.leaves(state.opt_state) if x.dtype == np.float32]
+    trace = [x for x in leaves(state.opt_state) if x.dtype == np.float32]
     spread = max(float(np.max(np.abs(x[0] - x[1]))) for x in trace)
     assert (spread == 0.0) == (step == 1), (step, spread)
 
@@ -114,7 +114,7 @@ def test_two_processes_equal_one_process(data_dir, tmp_path):
   outs = _wait(procs, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
   losses = [h['train/loss'] for h in single.history if 'train/loss' in h]
-  ref_sum = float(sum(np.asarray(x).sum() for x in jax.tree.leaves(single.state.params)))
+  ref_sum = float(sum(x.sum() for x in leaves(single.state.params)))
   for o in outs:
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
     assert o['params_sum'] == pytest.approx(ref_sum, rel=1e-5)
