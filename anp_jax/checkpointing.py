@@ -29,11 +29,17 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on t
 EXIT_DIVERGED = 3
 EXIT_CONFIG = 2
 
-# Config fields that must match for a checkpoint to be restorable into this run.
+# Config fields that must match for a checkpoint to be restorable into this run. The data
+# position is a function of the step and the batch size (see `anp_jax.data.pipeline`), so a
+# resume with another batch_size (or accumulation, BN mode, dtype: another computation) is
+# refused rather than silently continued at another point of the data.
 IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
-                   'dataset', 'image_size', 'optimizer', 'method')
+                   'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
+                   'grad_accum_steps', 'bn_mode', 'model.dtype')
 # Identity fields added later: a checkpoint without them was written with these values.
 IDENTITY_DEFAULTS = {'method': 'sync'}
+# Identity fields added later without a safe default: not compared for checkpoints that lack them.
+IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype')
 
 
 class Preempted(SystemExit):
@@ -192,7 +198,8 @@ class Checkpointer:
   def _check_identity(self, meta, step):
     saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
     current = identity(self.config, self.identity_extra)
-    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
+            and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)}
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
       raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '

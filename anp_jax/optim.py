@@ -2,7 +2,8 @@
 
 The global batch size is the knob: ``peak_lr = base_lr * rule(batch_size / base_batch_size)``
 with rule ``linear`` (Goyal et al. 2017), ``sqrt`` (Krizhevsky 2014; Hoffer et al. 2017) or
-``none``; warmup and decay are given in epochs, so a batch-size sweep changes one number.
+``none``; warmup and decay are given in epochs (of train_size examples, see
+`anp_jax.durations`), so a batch-size sweep changes one number.
 Weight decay skips BatchNorm parameters and biases (every parameter with fewer than 2 dims).
 """
 
@@ -11,6 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
+
+from anp_jax import durations
 
 SCALING_RULES = ('linear', 'sqrt', 'none')
 SCHEDULES = ('cosine', 'step', 'constant')
@@ -29,16 +32,28 @@ def scaled_lr(config) -> float:
   raise ValueError(f'config.lr_scaling={rule!r}; choose one of {SCALING_RULES}.')
 
 
-def create_lr_schedule(config, steps_per_epoch: int, total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to the scaled peak, then cosine / step / constant decay."""
+def create_lr_schedule(config, steps_per_epoch: float, total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to the scaled peak, then cosine / step / constant decay.
+
+  ``steps_per_epoch`` = train_size / batch_size (need not be an integer); warmup and the
+  step-decay boundaries (``config.step_epochs``) are converted to steps by `anp_jax.durations`.
+  A step-decay boundary at or before the end of warmup is not dropped: its factor applies to the
+  peak, i.e. the ramp goes up to ``peak * step_factor^k`` (k such boundaries), the rate the step
+  schedule has at the end of warmup, and the later boundaries decay from there.
+  """
   peak = scaled_lr(config)
-  warmup = int(round(config.warmup_epochs * steps_per_epoch))
+  warmup = durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=config.warmup_epochs)
   warmup = min(warmup, total_steps)
   if config.schedule == 'cosine':
     decay = optax.cosine_decay_schedule(peak, max(1, total_steps - warmup))
   elif config.schedule == 'step':
-    boundaries = {int(e * steps_per_epoch) - warmup: config.step_factor
-                  for e in config.step_epochs if int(e * steps_per_epoch) > warmup}
+    at = sorted(durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=e)
+                for e in config.step_epochs)
+    peak *= config.step_factor ** sum(1 for b in at if b <= warmup)
+    boundaries = {}
+    for b in at:
+      if b > warmup:  # Two epochs on the same step multiply.
+        boundaries[b - warmup] = boundaries.get(b - warmup, 1.0) * config.step_factor
     decay = optax.piecewise_constant_schedule(peak, boundaries)
   elif config.schedule == 'constant':
     decay = optax.constant_schedule(peak)

@@ -120,3 +120,18 @@ def plot_history(history, path: str) -> str:
   ax_acc.grid(alpha=0.3)
   ax_acc.legend(fontsize=8)
   return plotting.save_figure(fig, path)
+
+
+def write_json_atomic(path: str, obj) -> None:
+  """Writes `obj` as JSON to `path` via a temporary file and `os.replace`: readers see the old
+  file or the complete new one, never a partial write (a crash leaves at most a .tmp file)."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(obj, f, indent=2)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -29,7 +29,6 @@ checkpoints:
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -45,7 +44,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, methods, models, optim, reporting
+from anp_jax import checkpointing, durations, methods, models, optim, reporting
 from anp_jax.data import pipeline
 
 AXIS = 'data'
@@ -82,9 +81,22 @@ class Setup:
   per_device_micro_batch: int
   eval_per_process_batch: int
   num_eval_batches: int
-  steps_per_epoch: int
+  steps_per_epoch: float  # train_size / batch_size: an epoch is train_size examples.
   total_steps: int
   eval_every_steps: int
+  train_size: int
+
+  def steps(self, epochs: float, rounding: str = 'round', minimum: int = 0) -> int:
+    """A duration in epochs (of train_size examples) in this run's steps."""
+    return durations.to_steps(steps_per_epoch=self.steps_per_epoch, epochs=epochs,
+                              rounding=rounding, minimum=minimum)
+
+  def progress(self, step: int, prefix: str) -> Dict[str, float]:
+    """``prefix/examples_seen``, ``prefix/passes`` (and ``prefix/epoch`` = passes) at `step`."""
+    seen = durations.examples_seen(step, self.batch_size)
+    passes = durations.passes(step, self.batch_size, self.train_size)
+    return {f'{prefix}/examples_seen': float(seen), f'{prefix}/passes': passes,
+            f'{prefix}/epoch': passes}
 
   def describe(self) -> str:
     micro = (f', {self.accum_steps} micro-batches of {self.per_device_micro_batch}/device'
@@ -92,7 +104,9 @@ class Setup:
     return (f'{self.process_count} process(es) x {self.local_devices} device(s) = '
             f'{self.devices} devices; global batch {self.batch_size} -> '
             f'{self.per_process_batch}/process -> {self.per_device_batch}/device{micro}; '
-            f'{self.steps_per_epoch} steps/epoch, {self.total_steps} steps; eval '
+            f'{self.steps_per_epoch:.4g} steps/epoch, {self.total_steps} steps = '
+            f'{self.total_steps * self.batch_size} examples '
+            f'({self.total_steps * self.batch_size / self.train_size:.3g} passes); eval '
             f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
 
 
@@ -185,19 +199,24 @@ def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int
   if eval_size < process_count:
     raise ValueError(f'The evaluation split has {eval_size} examples, fewer than the '
                      f'{process_count} processes.')
-  steps_per_epoch = (train_size // devices) // per_device  # Every device reads its own shard.
+  # Durations are in examples: an epoch is train_size examples at any batch size (the stream
+  # crosses epoch boundaries, nothing is dropped), converted to steps by `anp_jax.durations`.
+  steps_per_epoch = train_size / b
   if config.num_train_steps > 0:
     total = int(config.num_train_steps)
   else:
-    total = max(1, int(math.ceil(config.num_epochs * steps_per_epoch)))
-  eval_every = max(1, int(round(config.eval_every_epochs * steps_per_epoch))) if (
+    total = durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=config.num_epochs,
+                               rounding='ceil', minimum=1)
+  eval_every = durations.to_steps(steps_per_epoch=steps_per_epoch,
+                                  epochs=config.eval_every_epochs, minimum=1) if (
       config.eval_every_epochs > 0) else total
   eval_pp = eb // process_count
   return Setup(process_count=process_count, local_devices=local_devices, devices=devices,
                batch_size=b, per_process_batch=per_process, per_device_batch=per_device,
                accum_steps=k, per_device_micro_batch=micro, eval_per_process_batch=eval_pp,
                num_eval_batches=pipeline.num_eval_batches(eval_size, process_count, eval_pp),
-               steps_per_epoch=steps_per_epoch, total_steps=total, eval_every_steps=eval_every)
+               steps_per_epoch=steps_per_epoch, total_steps=total, eval_every_steps=eval_every,
+               train_size=train_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -610,7 +629,6 @@ class Run:
     """Global training batches (device arrays), from `start_step` on."""
     ds = pipeline.train_dataset(self.builder, self.config,
                                 per_device_batch=self.setup.per_device_batch,
-                                steps_per_epoch=self.setup.steps_per_epoch,
                                 num_shards=self.setup.devices,
                                 shards=pipeline.local_shards(self.mesh), start_step=start_step)
     return pipeline.global_batches(ds, None, to_device=self.executor.to_device)
@@ -701,7 +719,7 @@ def _train_metrics(executor, pending, state, schedule, step, setup, config):
   metrics = summarize(totals, 'train')
   metrics['train/grad_norm'] = grad_norm
   metrics['train/lr'] = float(schedule(step - 1))
-  metrics['train/epoch'] = step / setup.steps_per_epoch
+  metrics.update(setup.progress(step, 'train'))
   if config.get('noise_scale', True):
     ema = executor.fetch(state.noise_ema)
     if ema['weight'] > 0 and ema['g2'] > 0:
@@ -771,7 +789,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     # A resumed early-stopping run may have stopped at this checkpoint already.
     final_eval = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split),
                            'eval')
-    final_eval['eval/epoch'] = step / setup.steps_per_epoch
+    final_eval.update(setup.progress(step, 'eval'))
     stopped_at_target = _target_reached(config, final_eval)
     if not stopped_at_target:
       final_eval = {}
@@ -802,7 +820,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       if step % setup.eval_every_steps == 0 or last:
         sums = evaluate(executor, state, builder, config, setup, meta.eval_split)
         final_eval = evaluated = summarize(sums, 'eval')
-        final_eval['eval/epoch'] = step / setup.steps_per_epoch
+        final_eval.update(setup.progress(step, 'eval'))
         writer.write(step, final_eval)
         history.append({'step': step, **final_eval})
         if is_main:
@@ -839,16 +857,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
               'checkpoint. Use another --workdir for a new run.', flush=True)
       final_eval = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split),
                              'eval')
-      final_eval['eval/epoch'] = step / setup.steps_per_epoch
+      final_eval.update(setup.progress(step, 'eval'))
   finally:
     bar.close()
     writer.close()
     ckpt.close()
   wall = time.time() - t_start
   if is_main:
-    with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
-      json.dump({'step': step, 'wall_time_s': wall, 'stopped_at_target': stopped_at_target,
-                 **final_eval}, f, indent=2)
+    # Its existence means "this run is done" to the sweep: never seen half-written.
+    reporting.write_json_atomic(os.path.join(workdir, 'final_metrics.json'), {
+        'step': step, 'wall_time_s': wall, 'stopped_at_target': stopped_at_target,
+        'examples_seen': durations.examples_seen(step, setup.batch_size),
+        'passes': durations.passes(step, setup.batch_size, setup.train_size), **final_eval})
     if history:
       reporting.plot_history(history, os.path.join(workdir, 'curves.png'))
   from anp_jax import distributed

@@ -32,8 +32,10 @@ best learning rate, not at one fixed rule).
   exits with code 75 like the trainer, so a requeued job picks up where it stopped.
 * **Results**: ``DIR/results.csv`` and ``DIR/results.json``, one row per run found under
   ``DIR/runs`` (so sweeps split over several jobs into one DIR add up): batch, rule, warmup,
-  seed, lr (peak), final / best top-1, top-5, steps / examples / epochs to the target (first
-  evaluation reaching it; None if never), wall time (of the invocation that finished the run),
+  seed, lr (peak), final / best top-1, top-5, steps / examples / epochs to the target (the
+  first crossing, interpolated linearly between the two evaluations around it, see
+  `report.target_crossing`; epochs = examples / train_size; None if never), the step of the
+  first evaluation reaching it, wall time (of the invocation that finished the run),
   and B_simple (median of the logged ``train/noise_scale_b_simple`` over the second half of
   training). Rows are recomputed from the run directories on every invocation, so a new
   ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
@@ -110,7 +112,7 @@ CSV_COLUMNS = (
     'epochs', 'devices', 'per_device_batch', 'accum_steps', 'steps_per_epoch', 'total_steps',
     'status', 'final_step', 'final_top1', 'final_top5', 'final_adjective_top1', 'final_noun_top1',
     'best_top1', 'target_top1', 'steps_to_target', 'examples_to_target', 'epochs_to_target',
-    'wall_time_s', 'b_simple', 'best_lr', 'error')
+    'eval_step_reaching_target', 'wall_time_s', 'b_simple', 'best_lr', 'error')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -499,13 +501,12 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
       unfit[spec.batch] = str(e)
       continue
     if 'checkpoint_every_steps' not in sw.user_fields:
-      config.checkpoint_every_steps = (
-          max(1, int(round(sw.checkpoint_every_epochs * setup.steps_per_epoch)))
-          if sw.checkpoint_every_epochs > 0 else 0)
+      config.checkpoint_every_steps = (setup.steps(sw.checkpoint_every_epochs, minimum=1)
+                                       if sw.checkpoint_every_epochs > 0 else 0)
     if 'log_every_steps' not in sw.user_fields:
       # ~10 logs per epoch: enough B_simple samples in the second half of short runs.
       config.log_every_steps = max(1, min(int(base.log_every_steps),
-                                          setup.steps_per_epoch // 10))
+                                          setup.steps(0.1, rounding='floor')))
     plans.append(Plan(spec, config, setup))
   if unfit:
     listing = '; '.join(f'{b}: {why}' for b, why in sorted(unfit.items()))
@@ -583,7 +584,10 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   records = report.read_metrics(run_dir)
   evals = [r for r in records if 'eval/anp_top1' in r]
   total = info['total_steps']
-  reached = next((r for r in evals if r['eval/anp_top1'] >= target), None)
+  # Steps are interpolated between the evaluations around the crossing (see report.py).
+  reached = report.target_crossing(evals, target)
+  # Examples per pass; sweeps recorded before train_size was stored: steps_per_epoch * batch.
+  train_size = info.get('train_size') or info['steps_per_epoch'] * info['batch']
   noise = [r['train/noise_scale_b_simple'] for r in records
            if 'train/noise_scale_b_simple' in r and r['step'] > total / 2]
   if final is None:
@@ -607,7 +611,8 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
       target_top1=target,
       steps_to_target=reached['step'] if reached else None,
       examples_to_target=reached['step'] * info['batch'] if reached else None,
-      epochs_to_target=reached['step'] / info['steps_per_epoch'] if reached else None,
+      epochs_to_target=reached['step'] * info['batch'] / train_size if reached else None,
+      eval_step_reaching_target=reached['eval_step'] if reached else None,
       wall_time_s=final.get('wall_time_s') if final else None,
       b_simple=_median(noise),
       best_lr=True,
@@ -696,7 +701,8 @@ def _run_one(plan: Plan, run_dir: str, index: int, count: int, is_main: bool):
             'lr_mult': spec.lr_mult, 'base_lr': float(plan.config.base_lr),
             'lr': float(optim.scaled_lr(plan.config)),
             'warmup_epochs': float(plan.config.warmup_epochs),
-            'epochs': setup.total_steps / setup.steps_per_epoch, 'devices': setup.devices,
+            'epochs': setup.total_steps * setup.batch_size / setup.train_size,
+            'train_size': setup.train_size, 'devices': setup.devices,
             'per_device_batch': setup.per_device_batch, 'accum_steps': setup.accum_steps,
             'steps_per_epoch': setup.steps_per_epoch, 'total_steps': setup.total_steps,
             'eval_every_steps': setup.eval_every_steps}

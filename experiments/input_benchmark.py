@@ -43,10 +43,7 @@ def pipeline_rate(data_dir: str, config_name: str, batch: int, batches: int, war
   config.data_dir, config.anp.config_name = data_dir, config_name
   config.cache = True
   builder = pipeline.get_builder(config)
-  train_size = builder.info.splits['train'].num_examples
-  ds = pipeline.train_dataset(builder, config, per_device_batch=batch,
-                              steps_per_epoch=max(1, train_size // batch), num_shards=1,
-                              shards=[0])
+  ds = pipeline.train_dataset(builder, config, per_device_batch=batch, num_shards=1, shards=[0])
   it = iter(ds.as_numpy_iterator())
   for _ in range(warmup):
     next(it)

@@ -64,6 +64,33 @@ def read_metrics(run_dir: str) -> List[Dict]:
   return [by_key[k] for k in sorted(by_key, key=lambda sk: (sk[0], sk[1] == 'eval'))]
 
 
+def target_crossing(evals: Sequence[Dict], target: float,
+                    metric: str = 'eval/anp_top1') -> Optional[Dict]:
+  """Where a run's evaluations first reach `target`: {'step', 'eval_step', 'interpolated'}.
+
+  Evaluations are points, every few thousand examples; the first one at or above the target
+  over-states the steps by up to one evaluation interval (±17 % at the small batches of the cpu
+  preset), which biases the B_crit fit. So the crossing is interpolated linearly in (step,
+  accuracy) between the last evaluation below the target and the first at or above it:
+  ``step = s0 + (target - a0) / (a1 - a0) * (s1 - s0)``. When already the first evaluation
+  reaches the target there is nothing to interpolate from: its step is returned (an upper bound;
+  ``interpolated`` False). None if the target is never reached. `evals` in step order.
+  """
+  previous = None
+  for record in evals:
+    if metric not in record:
+      continue
+    step, value = float(record['step']), float(record[metric])
+    if value >= target:
+      if previous is None or previous[0] >= step:
+        return {'step': step, 'eval_step': int(record['step']), 'interpolated': False}
+      s0, a0 = previous
+      crossing = s0 + (target - a0) / (value - a0) * (step - s0)
+      return {'step': crossing, 'eval_step': int(record['step']), 'interpolated': True}
+    previous = (step, value)
+  return None
+
+
 def load_results(out_dir: str) -> List[Dict]:
   path = os.path.join(out_dir, 'results.json')
   if not os.path.exists(path):
@@ -86,9 +113,12 @@ def _arms(rows) -> List[Tuple[str, str]]:
 def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
   """Per arm, per batch size: the best-lr runs' statistics averaged over seeds.
 
-  Each entry: batch, n (finished seeds), top1 / top1_std (final), best_top1, steps (mean steps
-  to target over the seeds that reached it), reached (how many did), examples, b_simple (median),
-  lr, diverged (count).
+  Each entry: batch, n (finished seeds), top1 / top1_std (final), best_top1, reached (how many
+  finished seeds reached the target), not_reached (how many did not), steps / examples (mean to
+  target over the seeds, only when every finished seed reached it: a mean over the survivors
+  alone would flatter the batch sizes that reach it only sometimes; such entries are left out of
+  the B_crit fit and the table names the count), steps_reached / examples_reached (mean over the
+  seeds that reached it, whatever the others did), b_simple (median), lr, diverged (count).
   """
   out = {}
   for arm in _arms(rows):
@@ -100,16 +130,21 @@ def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
       reached = [r for r in done if r['steps_to_target'] is not None]
       noise = [r['b_simple'] for r in done if r['b_simple'] is not None]
       top1 = [r['final_top1'] for r in done]
+      steps_reached = (float(np.mean([r['steps_to_target'] for r in reached]))
+                       if reached else None)
+      examples_reached = (float(np.mean([r['examples_to_target'] for r in reached]))
+                          if reached else None)
+      every = bool(done) and len(reached) == len(done)
       entries.append({
           'batch': batch, 'n': len(done),
           'diverged': sum(r['status'] == 'diverged' for r in runs),
           'top1': float(np.mean(top1)) if top1 else None,
           'top1_std': float(np.std(top1)) if top1 else None,
           'best_top1': float(np.mean([r['best_top1'] for r in done])) if done else None,
-          'steps': float(np.mean([r['steps_to_target'] for r in reached])) if reached else None,
-          'examples': (float(np.mean([r['examples_to_target'] for r in reached]))
-                       if reached else None),
-          'reached': len(reached),
+          'steps': steps_reached if every else None,
+          'examples': examples_reached if every else None,
+          'steps_reached': steps_reached, 'examples_reached': examples_reached,
+          'reached': len(reached), 'not_reached': len(done) - len(reached),
           'b_simple': float(np.median(noise)) if noise else None,
           'lr': runs[0]['lr'], 'total_steps': runs[0]['total_steps'],
       })
@@ -149,7 +184,7 @@ def fit_steps_to_target(batch: Sequence[float], steps: Sequence[float],
 
 
 def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
-  """Per arm: the fit on the batch sizes whose runs reached the target."""
+  """Per arm: the fit on the batch sizes whose finished seeds all reached the target."""
   fits = {}
   for arm, entries in agg.items():
     pts = [(e['batch'], e['steps']) for e in entries if e['steps'] is not None]
@@ -283,7 +318,8 @@ def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
                if 'eval/anp_top1' in m]
       if not evals:
         continue
-      epochs = [m.get('eval/epoch', m['step'] / r['steps_per_epoch']) for m in evals]
+      epochs = [m.get('eval/passes', m.get('eval/epoch', m['step'] / r['steps_per_epoch']))
+                for m in evals]
       ax.plot(epochs, [100 * m['eval/anp_top1'] for m in evals], '-', color=colour[r['batch']],
               label=f'B={r["batch"]}' + (' (diverged)' if r['status'] == 'diverged' else ''))
     ax.axhline(100 * target, color='grey', ls='--', lw=0.8)
@@ -344,13 +380,18 @@ def make_report(out_dir: str) -> str:
             'examples to target | B_simple |', '|---|---:|---:|---:|---:|---:|---:|---:|']
   for arm, entries in agg.items():
     for e in entries:
-      steps = (_fmt(e['steps']) + (f' ({e["reached"]}/{e["n"]} seeds)' if e['n'] > 1 else '')
-               if e['steps'] is not None else ('never' if e['n'] else '—'))
+      if e['steps'] is not None:
+        steps = _fmt(e['steps']) + (f' ({e["n"]} seeds)' if e['n'] > 1 else '')
+      elif e['reached']:  # Some seeds never reached it: no mean over the survivors alone.
+        steps = (f'{e["not_reached"]}/{e["n"]} seeds never; the other {e["reached"]}: '
+                 f'{_fmt(e["steps_reached"])}')
+      else:
+        steps = 'never' if e['n'] else '—'
       top1 = _pct(e['top1']) + (f' ± {100 * e["top1_std"]:.2f}' if e['n'] > 1 else '')
       if e['n'] == 0:
         top1 = 'diverged' if e['diverged'] else 'unfinished'
       lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {e["lr"]:.4g} | {top1} | '
-                   f'{_pct(e["best_top1"])} | {steps} | {_fmt(e["examples"])} | '
+                   f'{_pct(e["best_top1"])} | {steps} | {_fmt(e["examples_reached"])} | '
                    f'{_fmt(e["b_simple"], ".1f")} |')
   lines.append('')
   for arm, entries in agg.items():
@@ -365,7 +406,9 @@ def make_report(out_dir: str) -> str:
   lines += ['## Steps to target vs batch size (Shallue et al. 2018)', '',
             '![steps](steps_vs_batch.png)', '',
             'Dotted lines: perfect scaling (half the steps per doubling) through the smallest '
-            'batch that reached the target.', '']
+            'batch that reached the target. Steps to target are interpolated linearly between '
+            'the two evaluations around the first crossing; a batch size whose seeds did not all '
+            'reach the target shows how many did not and is left out of the fit below.', '']
   lines += ['## Critical batch size (McCandlish et al. 2018)', '',
             '![fit](noise_scale_fit.png)', '',
             'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '

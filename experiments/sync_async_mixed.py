@@ -211,8 +211,9 @@ def plan(base, runs: Sequence[RunSpec], devices: int):
       setup = train.resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       raise ExperimentError(f'Run {spec.name}: {e}') from None
-    config.checkpoint_every_steps = max(1, setup.steps_per_epoch)
-    config.log_every_steps = max(1, min(int(config.log_every_steps), setup.steps_per_epoch // 4))
+    config.checkpoint_every_steps = setup.steps(1.0, minimum=1)
+    config.log_every_steps = max(1, min(int(config.log_every_steps),
+                                        setup.steps(0.25, rounding='floor')))
     plans.append((spec, config, setup))
   return plans
 

@@ -40,7 +40,7 @@ def test_train_batches_shard_on_the_data_axis(data_dir):
   builder = pipeline.get_builder(config)
   mesh = train.make_mesh()
   sharding = NamedSharding(mesh, P('data'))
-  ds = pipeline.train_dataset(builder, config, per_device_batch=4, steps_per_epoch=8,
+  ds = pipeline.train_dataset(builder, config, per_device_batch=4,
                               num_shards=8, shards=pipeline.local_shards(mesh))
   batch = next(pipeline.global_batches(ds, sharding))
   assert batch['image'].shape == (32, 16, 16, 3)
@@ -53,7 +53,7 @@ def test_train_batches_shard_on_the_data_axis(data_dir):
 def test_training_order_is_deterministic_and_resumes_exactly(data_dir):
   config = tiny_config(data_dir)
   builder = pipeline.get_builder(config)
-  kw = dict(per_device_batch=4, steps_per_epoch=8, num_shards=8, shards=range(8))
+  kw = dict(per_device_batch=4, num_shards=8, shards=range(8))
   full = _batches(pipeline.train_dataset(builder, config, **kw), 12)
   again = _batches(pipeline.train_dataset(builder, config, **kw), 12)
   resumed = _batches(pipeline.train_dataset(builder, config, start_step=5, **kw), 7)
@@ -73,7 +73,7 @@ def test_global_batch_does_not_depend_on_the_process_grouping(data_dir):
   """8 devices in one process, or 2 processes x 4, or 4 x 2: the same global batches."""
   config = tiny_config(data_dir)
   builder = pipeline.get_builder(config)
-  kw = dict(per_device_batch=4, steps_per_epoch=8, num_shards=8, start_step=3)
+  kw = dict(per_device_batch=4, num_shards=8, start_step=3)
   one = _batches(pipeline.train_dataset(builder, config, shards=range(8), **kw), 6)
   for group in (2, 4):
     parts = [_batches(pipeline.train_dataset(builder, config, shards=range(p, p + group), **kw),
@@ -88,7 +88,7 @@ def test_processes_read_disjoint_shards(data_dir):
   builder = pipeline.get_builder(config)
   seen = []
   for pid in range(2):
-    ds = pipeline.train_dataset(builder, config, per_device_batch=4, steps_per_epoch=8,
+    ds = pipeline.train_dataset(builder, config, per_device_batch=4,
                                 num_shards=8, shards=range(4 * pid, 4 * pid + 4))
     seen.append(set(_digest(np.concatenate([b['image'] for b in _batches(ds, 8)]))))
   assert len(seen[0]) == len(seen[1]) == 128

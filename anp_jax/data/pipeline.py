@@ -4,10 +4,12 @@ Design:
 * Each process reads only its own shard of every split (`tfds.even_splits` over processes) and
   yields per-process batches of ``global_batch / process_count`` examples; `global_batches` turns
   them into one global `jax.Array` sharded on the mesh's ``data`` axis.
-* Training data is a pure function of ``(seed, epoch, position)``: epoch ``e`` is the process'
-  shard shuffled with seed ``(seed, e)``, cut to ``steps_per_epoch`` full batches, and every
-  example's augmentation uses a stateless seed ``(seed, e, index)``. `train_dataset(start_step=s)`
-  therefore continues exactly where step ``s`` left off — resume needs no iterator state.
+* Training data is a pure function of ``(seed, shard, position)``: each device's stream is its
+  shard's epochs back to back, epoch ``e`` shuffled with seed ``(seed, shard, e)``, batched across
+  epoch boundaries (no tail dropped: an epoch is train_size examples at every batch size), and
+  every example's augmentation uses a stateless seed ``(seed, e, index)``.
+  `train_dataset(start_step=s)` therefore continues exactly where step ``s`` left off — resume
+  needs no iterator state.
 * Evaluation is exact: every process yields the same number of batches, the last ones padded
   with ``mask == 0`` examples, so every example is counted exactly once and no collective waits.
 * TensorFlow never sees a GPU (`hide_gpus_from_tf`), images are decoded in `map`.
@@ -204,37 +206,34 @@ def local_shards(mesh: Optional[jax.sharding.Mesh] = None) -> Sequence[int]:
   return local
 
 
-def train_dataset(builder, config, *, per_device_batch: int, steps_per_epoch: int,
-                  num_shards: int, shards: Sequence[int],
-                  start_step: int = 0) -> tf.data.Dataset:
+def train_dataset(builder, config, *, per_device_batch: int, num_shards: int,
+                  shards: Sequence[int], start_step: int = 0) -> tf.data.Dataset:
   """Infinite training batches for the devices `shards`, starting exactly at ``start_step``.
 
-  The training split is cut into ``num_shards`` (= devices of the job) disjoint shards; device
-  ``d`` always reads shard ``d``, shuffled per epoch with seed ``(seed, d, epoch)``. A process
-  yields the concatenation of its devices' batches. So the global batch of a step does not
-  depend on how devices are grouped into processes: one process with 8 devices and two with 4
+  The training split is cut into ``num_shards`` (= devices of the job) disjoint shards (sizes
+  differ by at most one; no example is left out); device ``d`` always reads shard ``d``. Its
+  stream is the endless concatenation of the shard's epochs, epoch ``e`` shuffled with seed
+  ``(seed, d, e)``, and it is cut into batches of ``per_device_batch`` *across* epoch
+  boundaries: a batch may end one epoch and start the next, so no epoch's tail is dropped and
+  ``step * batch_size`` examples are exactly what the run has seen. Step ``s`` of device ``d``
+  reads positions ``[s * per_device_batch, (s + 1) * per_device_batch)`` of that stream, a pure
+  function of (seed, shard, position): resume needs no iterator state.
+
+  A process yields the concatenation of its devices' batches. So the global batch of a step does
+  not depend on how devices are grouped into processes: one process with 8 devices and two with 4
   see exactly the same data, and each process reads only its own shards.
   """
   seed = int(config.seed)
   stored = _stored_size(builder)
-  start_epoch, offset = divmod(start_step, steps_per_epoch)
-  examples_per_epoch = steps_per_epoch * per_device_batch
-  splits = tfds.even_splits('train', n=num_shards, drop_remainder=True)
+  splits = tfds.even_splits('train', n=num_shards, drop_remainder=False)
+  position = start_step * per_device_batch  # In every device's stream.
 
   def shard_stream(d: int) -> tf.data.Dataset:
-    base = builder.as_dataset(split=splits[d], shuffle_files=False,
-                              decoders={'image': tfds.decode.SkipDecoding()})
-    if config.get('cache', True):
-      base = base.cache()
-    buffer = min(_split_size(builder, splits[d]), config.get('shuffle_buffer', 16384))
-
-    def epoch(e):
-      ds = base.shuffle(buffer, seed=seed * 1_000_003 + 7_919 * d + e,
-                        reshuffle_each_iteration=False)
-      return ds.take(examples_per_epoch).enumerate().map(lambda i, ex: (e, i, ex))
-
-    ds = tf.data.Dataset.range(start_epoch, 2**62).flat_map(epoch)
-    ds = ds.skip(offset * per_device_batch)
+    size = _split_size(builder, splits[d])
+    start_epoch, offset = divmod(position, size)
+    epochs = tf.data.Dataset.range(start_epoch, 2**62)
+    ds = epochs.flat_map(_epoch_reader(builder, config, splits[d], size, seed, d))
+    ds = ds.skip(offset)
 
     def map_fn(e, i, ex):
       example_seed = tf.stack([tf.cast(seed * 7919 + e, tf.int64),
@@ -252,6 +251,22 @@ def train_dataset(builder, config, *, per_device_batch: int, steps_per_epoch: in
       return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
     ds = tf.data.Dataset.zip(tuple(streams)).map(concat)
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+
+
+def _epoch_reader(builder, config, split: str, size: int, seed: int, d: int):
+  """``epoch -> Dataset of (epoch, index in epoch, encoded example)``: one shuffled epoch."""
+  buffer = min(size, int(config.get('shuffle_buffer', 16384)))
+  base = builder.as_dataset(split=split, shuffle_files=False,
+                            decoders={'image': tfds.decode.SkipDecoding()})
+  if config.get('cache', True):
+    base = base.cache()
+
+  def epoch(e):
+    ds = base.shuffle(buffer, seed=seed * 1_000_003 + 7_919 * d + e,
+                      reshuffle_each_iteration=False)
+    return ds.enumerate().map(lambda i, ex: (e, i, ex))
+
+  return epoch
 
 
 def num_eval_batches(eval_size: int, process_count: int, per_process_batch: int) -> int:
