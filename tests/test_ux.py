@@ -154,3 +154,16 @@ def test_sweep_override_typo_suggests_the_field():
   from anp_jax.configs import default
   with pytest.raises(bss.SweepError, match=r'did you mean --config\.model\.width\?'):
     bss.apply_overrides(default.get_config(), [('model.widht', '4')], auto_accum=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# 12. One data directory for every entry point.
+
+
+def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
+  import batch_size_sweep as bss
+  from anp_jax.configs import default, musa2_resnet50
+  monkeypatch.setenv('ANP_DATA_DIR', str(tmp_path))
+  configs = [default.get_config(), musa2_resnet50.get_config()]
+  configs += [bss.preset_config(name) for name in bss.PRESETS]
+  assert [c.data_dir for c in configs] == [str(tmp_path)] * len(configs)
