@@ -240,6 +240,51 @@ class Checkpointer:
       self.best_manager.close()
 
 
+def has_checkpoint(workdir: str) -> bool:
+  """Whether ``workdir/checkpoints`` holds a committed checkpoint (a ``<step>`` directory)."""
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(directory) and any(
+      name.isdigit() and os.path.isdir(os.path.join(directory, name))
+      for name in os.listdir(directory))
+
+
+def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
+  """Refuses an unusable workdir before anything is built; creates and changes nothing.
+
+  A run that is refused later (bad config, another model's checkpoint) must leave no trace, so
+  the directory is only created once the run is accepted (`make_workdir`). ``require_checkpoint``
+  (evaluation only): a missing checkpoint, e.g. a typo in the path, is an error instead of an
+  evaluation of a randomly initialised model.
+  """
+  if os.path.isfile(workdir):
+    raise FileExistsError(f'The workdir {workdir!r} is a file, not a directory; pass another '
+                          '--workdir.')
+  if require_checkpoint and not has_checkpoint(workdir):
+    raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (nothing under '
+                            f'{os.path.join(workdir, "checkpoints")}); check --workdir.')
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise PermissionError(f'The workdir {workdir!r} is not writable: {parent!r} is a file.')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise PermissionError(f'The workdir {workdir!r} is not writable (no write permission on '
+                          f'{parent!r}).')
+
+
+def make_workdir(workdir: str, is_main: bool) -> None:
+  """Creates `workdir` and proves it writable (process 0 writes a probe file)."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    if is_main:
+      probe = os.path.join(workdir, '.write_test')
+      with open(probe, 'w') as f:
+        f.write('ok')
+      os.remove(probe)
+  except OSError as e:
+    raise PermissionError(f'The workdir {workdir!r} is not writable: {e}') from e
+
+
 def _warn(message: str):
   logging.warning(message)
   if jax.process_index() == 0:
@@ -257,6 +302,7 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   from anp_jax import models
   from anp_jax.data import pipeline
 
+  workdir = os.path.abspath(os.path.expanduser(workdir))  # orbax needs absolute paths.
   with open(os.path.join(workdir, 'config.json')) as f:
     config = ml_collections.ConfigDict(json.load(f))
   meta = pipeline.dataset_meta(pipeline.get_builder(config), config)

@@ -9,9 +9,8 @@ import os
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from anp_jax import distributed
+from anp_jax import cli, distributed
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
@@ -19,8 +18,8 @@ flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (explic
                     'mode; else ANP_COORDINATOR_ADDRESS or SLURM).')
 flags.DEFINE_integer('num_processes', None, 'Processes of the job (explicit mode).')
 flags.DEFINE_integer('process_id', None, 'This process (explicit mode).')
-config_flags.DEFINE_config_file('config', os.path.join(os.path.dirname(__file__), 'configs',
-                                                       'default.py'),
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'default.py')
+cli.define_config_file('config', DEFAULT_CONFIG,
                                 'Config file (ml_collections); override with --config.x=y.',
                                 lock_config=True)
 flags.mark_flags_as_required(['workdir'])
@@ -53,13 +52,17 @@ def main(argv):
     print(f'Done in {result.wall_time_s / 60:.1f} min: ANP top-1 {100 * fe["eval/anp_top1"]:.2f}% '
           f'(top-5 {100 * fe["eval/anp_top5"]:.2f}%), adjective top-1 '
           f'{100 * fe.get("eval/adjective_top1", float("nan")):.2f}%, noun top-1 '
-          f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. Logs: {FLAGS.workdir} '
-          '(curves.png, metrics.jsonl, TensorBoard events, config.json, checkpoints/)', flush=True)
+          f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. ' +
+          (f'Results: {FLAGS.workdir}/eval_only_metrics.json' if FLAGS.config.eval_only else
+           f'Logs: {FLAGS.workdir} (curves.png, metrics.jsonl, TensorBoard events, config.json, '
+           'checkpoints/)'), flush=True)
   return 0
 
 
 def run():
-  app.run(lambda argv: sys.exit(main(argv)))
+  # Flag errors (unknown or mistyped --config.x, missing config file) exit 2 with the fix.
+  app.run(lambda argv: sys.exit(main(argv)),
+          flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
 
 
 if __name__ == '__main__':

@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import heapq
 import math
+import re
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -41,6 +42,9 @@ import numpy as np
 # ImageNet-1k training images; the default dataset size of the ImageNet-style presets.
 IMAGENET_TRAIN_IMAGES = 1_281_167
 CIFAR10_TRAIN_IMAGES = 50_000
+# The seed paper's (MUSA2) MVSO-style ANP set: 384,258 images, stratified 80/20 -> 307,406 for
+# training (shared/REFERENCES.md). The epoch of the `minotauro` preset.
+MUSA2_TRAIN_IMAGES = 307_406
 
 METHODS = ('sync', 'async', 'mixed')
 
@@ -362,6 +366,9 @@ def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
 WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}
 DEVICES = {'k80': k80, 'v100': v100, 'h200': h200, 'cpu': cpu}
 CLUSTERS = {'minotauro': minotauro, 'dgx_h200': dgx_h200}
+# A cluster preset's own dataset (its epoch when --dataset-size is not given), with its source.
+CLUSTER_DATASETS = {'minotauro': (MUSA2_TRAIN_IMAGES,
+                                  "the seed paper's ANP training set, the minotauro preset's epoch")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1227,7 +1234,8 @@ def _cli_device(args, workload: Workload) -> Device:
     if args.peak_tflops is not None or args.efficiency is not None:
       raise ValueError('--step-time-ms replaces --peak-tflops/--efficiency; give one or the other.')
     overhead = 0.0 if args.step_overhead_ms is None else args.step_overhead_ms * 1e-3
-    return Device(name=f'{device.name} (measured)', memory_bytes=device.memory_bytes,
+    return Device(name=(f'{args.device} calibrated to {args.step_time_ms:g} ms per step of '
+                        f'{args.measured_batch} images'), memory_bytes=device.memory_bytes,
                   step_time_s=args.step_time_ms * 1e-3, measured_batch=args.measured_batch,
                   measured_workload=workload.name, step_overhead_s=overhead)
   changes = {}
@@ -1244,7 +1252,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   """Print a prediction table; returns the exit status (2 for impossible configurations)."""
   args = _parser().parse_args(argv)
   try:
-    kwargs = {} if args.dataset_size is None else {'dataset_size': args.dataset_size}
+    dataset_size, dataset_source = args.dataset_size, '--dataset-size'
+    if dataset_size is None and args.cluster in CLUSTER_DATASETS:
+      dataset_size, dataset_source = CLUSTER_DATASETS[args.cluster]
+    kwargs = {} if dataset_size is None else {'dataset_size': dataset_size}
+    if dataset_size is None:
+      dataset_source = f'the {args.flax_model or args.model} default; set --dataset-size'
     workload = (_flax_workload(args, kwargs) if args.flax_model
                 else WORKLOADS[args.model](**kwargs))
     base = CLUSTERS[args.cluster](device=_cli_device(args, workload))
@@ -1280,11 +1293,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 2
   widest = max(predictions, key=lambda p: p.num_devices)
   print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.3g} GFLOP/image forward, '
-        f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch')
-  print(f'{cluster.name}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
+        f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch '
+        f'({dataset_source})')
+  native = CLUSTERS[args.cluster]().device.name
+  where = (cluster.name if args.device == native and args.step_time_ms is None else
+           f"{cluster.name}'s links with {args.device} devices")
+  print(f'{where}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
         f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
         f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us')
-  print(f'method: {widest.description}; overlap {args.overlap:g}')
+  print(f'method: {_method_line(predictions, widest)}; overlap {args.overlap:g}')
   print(format_table(predictions))
   if widest.analytic_images_per_s is not None:
     print(f'closed form (analytic_async) for the widest row: '
@@ -1295,8 +1312,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     best = ranked[0]
     print(f'best for global batch {args.target_global_batch}: {best.nodes} node(s) x '
           f'{best.devices_per_node} device(s) x batch {best.per_device_batch} = '
-          f'{best.global_batch}, epoch {_fmt_duration(best.epoch_time)}')
+          f'{best.global_batch}, epoch {_fmt_duration(best.epoch_time)} '
+          f'({workload.dataset_size:,} images)')
   return 0
+
+
+def _method_line(predictions, widest) -> str:
+  """The method of the table's rows: the counts that vary by row are not quoted as one."""
+  if len({p.description for p in predictions}) == 1:
+    return widest.description
+  generic = re.sub(r'\b\d+ (node|device) workers', r'one worker per \1', widest.description)
+  generic = re.sub(r' over \d+x\d+', ' over nodes x devices', generic)
+  return generic if generic != widest.description else f'{widest.description} (widest row)'
 
 
 if __name__ == '__main__':

@@ -740,17 +740,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   validate_config(config)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   is_main = jax.process_index() == 0
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    if is_main:
-      probe = os.path.join(workdir, '.write_test')
-      with open(probe, 'w') as f:
-        f.write('ok')
-      os.remove(probe)
-  except OSError as e:
-    raise PermissionError(f'The workdir {workdir!r} is not writable: {e}') from e
+  eval_only = bool(config.get('eval_only', False))
+  # Nothing in the workdir changes until the run is accepted (config valid, checkpoint ours).
+  checkpointing.check_workdir(workdir, require_checkpoint=eval_only)
 
   run = build(config)
+  checkpointing.make_workdir(workdir, is_main)
   builder, meta, setup, mesh = run.builder, run.meta, run.setup, run.mesh
   schedule, executor = run.schedule, run.executor
   logging.info('Setup: %s', setup.describe())
@@ -760,23 +755,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     print(f'anp_jax | {setup.describe()}', flush=True)
     if executor.describe:
       print(f'anp_jax | {executor.describe}', flush=True)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
 
   # Local SGD restores into the state's own (node-sharded) shardings; jit into replicated ones.
   ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None,
                                     identity_extra=executor.identity)
   state = executor.init()
   state, start_step = ckpt.restore_or_init(state, executor)
+  if eval_only:  # Beside the training logs, which stay as the training wrote them.
+    if not start_step:
+      ckpt.close()
+      raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none '
+                              'could be restored).')
+    final = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split), 'eval')
+    ckpt.close()
+    if is_main:
+      with open(os.path.join(workdir, 'eval_only_metrics.json'), 'w') as f:
+        json.dump({'step': start_step, 'time': time.time(), **final}, f, indent=2)
+    return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
+  if is_main:  # The run is accepted: record its config.
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   writer = reporting.MetricWriter(workdir)
   history = []
-
-  if config.get('eval_only', False):
-    sums = evaluate(executor, state, builder, config, setup, meta.eval_split)
-    final = summarize(sums, 'eval')
-    writer.write(start_step, final)
-    writer.close()
-    return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
 
   batches = run.train_batches(start_step)
   bar = reporting.ProgressBar(setup.total_steps, setup.batch_size, start_step,

@@ -94,6 +94,7 @@ for _p in (ROOT, HERE):  # Runnable as `python experiments/batch_size_sweep.py` 
 import ml_collections  # noqa: E402
 
 import report  # noqa: E402  (experiments/report.py: metrics reader and the report itself)
+from anp_jax import cli  # noqa: E402  (no JAX)
 
 
 class SweepError(ValueError):
@@ -298,7 +299,7 @@ def apply_overrides(config, overrides, auto_accum: bool):
     node, parts = config, key.split('.')
     for i, part in enumerate(parts):
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-        raise SweepError(f'--config.{key}: the config has no field {".".join(parts[:i + 1])!r}.')
+        raise SweepError(cli.unknown_field_message(key, cli.config_fields(config)))
       if i < len(parts) - 1:
         node = node[part]
     try:

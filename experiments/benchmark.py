@@ -1,9 +1,10 @@
 """Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py).
 
-  python experiments/benchmark.py --config=anp_jax/configs/default.py --out=bench.json \
+  .venv/bin/python experiments/benchmark.py --config=anp_jax/configs/default.py \
       [--config.batch_size=128 --config.model.name=resnet18 ...] [--noloop] [--notorch]
 
-Prints a table and writes every figure as JSON (`--out`). anp_jax's XLA:CPU defaults
+Prints progress and a table and writes every figure as JSON (`--out`, default
+``workdirs/benchmark.json`` in the checkout, git-ignored). anp_jax's XLA:CPU defaults
 (`anp_jax/xla_flags.py`) apply as in training; `--nocpu_flags` times without them (the JSON's
 `environment.xla_flags` says which flags were in effect).
 """
@@ -12,13 +13,20 @@ import os
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # Runs from any directory, installed or not.
+  sys.path.insert(0, ROOT)
+
+from anp_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file('config', os.path.join(
-    os.path.dirname(__file__), '..', 'anp_jax', 'configs', 'default.py'),
-    'Config file; override fields with --config.x=y.', lock_config=False)
-flags.DEFINE_string('out', 'benchmark.json', 'Where to write the JSON result.')
+DEFAULT_CONFIG = os.path.join(ROOT, 'anp_jax', 'configs', 'default.py')
+cli.define_config_file('config', DEFAULT_CONFIG,
+                                'Config file; override fields with --config.x=y.',
+                                lock_config=False)
+flags.DEFINE_string('out', os.path.join(ROOT, 'workdirs', 'benchmark.json'),
+                    'Where to write the JSON result.')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps per contender after compilation.')
 flags.DEFINE_integer('windows', 5, 'Timed windows per contender (alternating contenders).')
 flags.DEFINE_integer('steps_per_window', 3, 'Steps per timed window (dispatched asynchronously).')
@@ -70,4 +78,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)),
+          flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))

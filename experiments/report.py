@@ -256,11 +256,27 @@ def plot_steps(agg, target: float, path: str) -> str:
     bs = np.array([e['batch'] for e in entries], np.float64)
     ax.plot(bs, s0 * b0 / bs, ':', color=line.get_color(), alpha=0.6)
   ax.plot([], [], 'k:', label='perfect scaling S ∝ 1/B')
+  missed = _missed(agg)
+  if missed:  # Named on the figure: a missing point is a result, not a gap.
+    ax.text(0.02, 0.02, 'did not reach the target:\n' + '\n'.join(missed),
+            transform=ax.transAxes, fontsize=7, va='bottom')
   ax.set_xscale('log', base=2)
-  ax.set_yscale('log')
+  if ax.lines[:-1]:  # Log scale needs positive data; with no point it would raise.
+    ax.set_yscale('log')
   ax.set(xlabel='global batch size B', ylabel=f'steps to {100 * target:g} % top-1',
          title='Steps to target')
   return _finish(fig, ax, path)
+
+
+def _missed(agg) -> List[str]:
+  """Per arm, the batch sizes with finished seeds that did not reach the target (and how many)."""
+  out = []
+  for arm, entries in agg.items():
+    batches = [f"{e['batch']} ({e['not_reached']} of {e['n']} seeds)" for e in entries
+               if e['n'] and e['not_reached']]
+    if batches:
+      out.append(f'{arm_label(*arm)}: B = {", ".join(batches)}')
+  return out
 
 
 def plot_fit(agg, fits, path: str) -> str:
@@ -291,9 +307,12 @@ def plot_fit(agg, fits, path: str) -> str:
   ax_s.set_xscale('log', base=2)
   ax_e.set_xscale('log')
   for ax in (ax_s, ax_e):
-    ax.set_yscale('log')
+    if ax.lines:
+      ax.set_yscale('log')
+      ax.legend(fontsize=7)
+    else:
+      ax.text(0.5, 0.5, 'no run reached the target', transform=ax.transAxes, ha='center')
     ax.grid(alpha=0.3, which='both')
-    ax.legend(fontsize=7)
   ax_s.set(xlabel='global batch size B', ylabel='steps to target S',
            title='S = S_min (1 + B_crit / B); dashed: measured B_simple')
   ax_e.set(xlabel='steps to target S', ylabel='examples to target E = S·B',
@@ -409,6 +428,10 @@ def make_report(out_dir: str) -> str:
             'batch that reached the target. Steps to target are interpolated linearly between '
             'the two evaluations around the first crossing; a batch size whose seeds did not all '
             'reach the target shows how many did not and is left out of the fit below.', '']
+  missed = _missed(agg)
+  if missed:
+    lines += [f'Runs that did not reach {100 * target:g} % top-1 (no point on the figure):', '']
+    lines += [f'- {m}' for m in missed] + ['']
   lines += ['## Critical batch size (McCandlish et al. 2018)', '',
             '![fit](noise_scale_fit.png)', '',
             'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '

@@ -368,7 +368,7 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
     (['--lr_search', '1,-2'], 'must be > 0'),
     (['--epochs', '0'], 'must be > 0'),
     (['--config.batch_size=64'], 'use --batch_sizes'),
-    (['--config.model.depth=3'], "no field 'model.depth'"),
+    (['--config.model.depth=3'], 'Unknown config field --config.model.depth'),
     (['--config.bn_group_size=abc'], 'expected int'),
     (['--config.grad_accum_steps=2'], 'max_per_device_batch 0'),
 ])

@@ -40,7 +40,7 @@ def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
     (['--workers', '0'], 'must be >= 1'),
     (['--config.method=async'], 'set per run'),
     (['--nodes', '3'], 'does not divide the 8 devices'),
-    (['--config.no_such_field=1'], 'no field'),
+    (['--config.no_such_field=1'], 'Unknown config field --config.no_such_field'),
 ])
 def test_bad_input_is_reported_before_training(data_dir, tmp_path, capsys, extra, message):
   argv = ['--preset', 'tiny', '--out', str(tmp_path), f'--config.data_dir={data_dir}'] + extra

@@ -6,7 +6,17 @@
 Every other config imports this one and overrides a few fields.
 """
 
+import os
+
 import ml_collections
+
+# Where datasets are generated or prepared, for every entry point (main, the experiment scripts,
+# notebooks): $ANP_DATA_DIR, else TFDS's usual place.
+DATA_DIR_ENV = 'ANP_DATA_DIR'
+
+
+def default_data_dir() -> str:
+  return os.environ.get(DATA_DIR_ENV) or '~/tensorflow_datasets'
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -15,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Data.
   c.dataset = 'synthetic_anp'  # 'synthetic_anp' (generated here) or 'anp' (a prepared folder).
-  c.data_dir = '~/tensorflow_datasets'
+  c.data_dir = default_data_dir()
   c.synthetic = ml_collections.ConfigDict(dict(
       num_adjectives=8, num_nouns=8, num_pairs=32, image_size=32,
       train_per_class=250, eval_per_class=53, label_noise=0.0, seed=0))

@@ -13,7 +13,6 @@ from anp_jax.configs import default
 def get_config():
   c = default.get_config()
   c.dataset = 'anp'
-  c.data_dir = '~/tensorflow_datasets'
   c.image_size = 224
   c.augment = 'inception'
   c.model.name = 'resnet50'

@@ -1,0 +1,140 @@
+"""Command-line errors as one paragraph that leads with the fix, and exit code 2.
+
+absl + ml_collections report a misspelt ``--config.batchsize`` as a 50-line traceback whose hint
+sits on its last line, a bad value as "FATAL Flags parsing error" with exit code 1, and a missing
+config file as "Failed loading config file config_config". `absl_flags_parser` replaces absl's
+parser in the entry points (``app.run(main, flags_parser=...)``): on any flag error it works out
+what went wrong from the command line itself and exits with `EXIT_USAGE` and a message such as
+``Unknown config field --config.batchsize; did you mean --config.batch_size?``. The experiment
+scripts' own override parser uses `unknown_field_message` for the same wording.
+"""
+
+import difflib
+import os
+import runpy
+import sys
+from typing import Callable, List, Sequence
+
+EXIT_USAGE = 2  # The documented exit code of bad config, input or environment.
+
+
+def config_fields(config, prefix: str = '') -> List[str]:
+  """Every dotted field name of a ConfigDict (nested dicts and their leaves)."""
+  out = []
+  for key in config.keys():
+    name = f'{prefix}{key}'
+    out.append(name)
+    value = config[key]
+    if hasattr(value, 'keys') and hasattr(value, 'items'):
+      out += config_fields(value, name + '.')
+  return out
+
+
+def unknown_field_message(key: str, fields: Sequence[str]) -> str:
+  """``Unknown config field --config.KEY; did you mean --config.X?`` (or where to look)."""
+  # Compare within the same level first (model.nmae -> model.name), then anywhere.
+  depth = key.count('.')
+  same_level = [f for f in fields if f.count('.') == depth]
+  match = (difflib.get_close_matches(key, same_level, n=1, cutoff=0.6) or
+           difflib.get_close_matches(key, fields, n=1, cutoff=0.6))
+  if match:
+    return f'Unknown config field --config.{key}; did you mean --config.{match[0]}?'
+  parent = key.rsplit('.', 1)[0] + '.' if '.' in key else ''
+  siblings = sorted(f[len(parent):] for f in fields
+                    if f.startswith(parent) and '.' not in f[len(parent):])
+  return (f'Unknown config field --config.{key}; the fields at this level are: '
+          f'{", ".join(siblings)}.')
+
+
+def load_config_file(spec: str):
+  """`get_config()` of a config file spec ``path.py`` or ``path.py:arg``."""
+  path, _, arg = spec.partition(':')
+  module = runpy.run_path(os.path.expanduser(path))
+  return module['get_config'](arg) if arg else module['get_config']()
+
+
+def _config_spec(argv: Sequence[str], flag: str, default: str) -> str:
+  spec = default
+  for i, item in enumerate(argv):
+    if item.startswith(f'--{flag}='):
+      spec = item.split('=', 1)[1]
+    elif item == f'--{flag}' and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def _overrides(argv: Sequence[str], flag: str) -> List[str]:
+  return [item[len(flag) + 3:].split('=', 1)[0] for item in argv
+          if item.startswith(f'--{flag}.')]
+
+
+def check_config_argv(argv: Sequence[str], flag: str = 'config',
+                      default_config: str = '') -> str:
+  """What is wrong with the config file or the ``--config.x`` fields of `argv` ('' if nothing).
+
+  Checked on the command line itself: ml_collections loads the file lazily (a missing one
+  surfaces long after parsing) and fails on unknown fields while the flag is being defined.
+  """
+  spec = _config_spec(argv, flag, default_config)
+  if not spec:
+    return ''
+  path = os.path.expanduser(spec.partition(':')[0])
+  if not os.path.isfile(path):
+    return (f'Config file {path} not found (--{flag}={spec}); pass an existing file, e.g. '
+            f'--{flag}=anp_jax/configs/default.py.')
+  try:
+    config = load_config_file(spec)
+  except Exception as e:  # The file itself is broken: say so, not "config_config".
+    return (f'Config file {path} could not be loaded ({type(e).__name__}: {e}); fix it or pass '
+            f'another --{flag}.')
+  fields = config_fields(config)
+  for key in _overrides(argv, flag):
+    if key not in fields:
+      return unknown_field_message(key, fields)
+  return ''
+
+
+def explain_flag_error(error: BaseException, argv: Sequence[str], flag: str = 'config',
+                       default_config: str = '') -> str:
+  """One paragraph, fix first, for a failure to parse `argv` (config flag named `flag`)."""
+  message = check_config_argv(argv, flag, default_config)
+  if message:
+    return message
+  text = ' '.join(str(error).split()).rstrip('.')  # One paragraph.
+  if text.startswith('flag --'):  # absl: "flag --config.x=v: <why>".
+    text = 'Invalid value: ' + text[len('flag '):]
+  return f'{text}. Fix the flag (--helpfull lists every flag).'
+
+
+def _fail(message: str):
+  print(f'ERROR: {message}', file=sys.stderr, flush=True)
+  sys.exit(EXIT_USAGE)
+
+
+def define_config_file(name: str, default: str, help_string: str, **kwargs):
+  """`config_flags.DEFINE_config_file`, exiting 2 with the fix when sys.argv has a bad field.
+
+  (ml_collections applies ``--config.x`` overrides while the flag is defined, i.e. when the
+  entry point is imported, and raises a bare AttributeError for an unknown field.)
+  """
+  from ml_collections import config_flags
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
+  except (AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+    _fail(explain_flag_error(e, sys.argv[1:], name, default))
+
+
+def absl_flags_parser(flag: str = 'config', default_config: str = '') -> Callable:
+  """A `flags_parser` for `absl.app.run`: flag errors exit with code 2 and a one-line fix."""
+  from absl import flags
+
+  def parse(argv):
+    message = check_config_argv(argv[1:], flag, default_config)
+    if message:
+      _fail(message)
+    try:
+      return flags.FLAGS(argv)
+    except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
+      _fail(explain_flag_error(e, argv[1:], flag, default_config))
+
+  return parse

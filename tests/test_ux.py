@@ -1,0 +1,202 @@
+"""What a new user hits (issue 18): reports whatever the runs reached, workdirs untouched by a
+refused run, eval-only without a checkpoint, relative checkpoint paths, flag errors that exit 2
+with the fix, quiet start-up, honest progress, perfmodel presets, README figures that match the
+committed results."""
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+
+import report  # noqa: E402
+
+
+def _env(**extra):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  env.update(extra)
+  return env
+
+
+def _train(data_dir, workdir, **overrides):
+  from anp_jax import train
+  config = tiny_config(data_dir, **overrides)
+  return train.train_and_evaluate(config, str(workdir))
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. The sweep report when no run reaches the target.
+
+
+def _row(batch, steps_to_target, top1=0.1):
+  return {'name': f'b{batch:05d}-linear-warmup-lrx1-s0', 'batch': batch, 'rule': 'linear',
+          'warmup': 'on', 'seed': 0, 'lr_mult': 1.0, 'base_lr': 0.2, 'lr': 0.1 * batch / 128,
+          'warmup_epochs': 1.0, 'epochs': 1.0, 'devices': 2, 'per_device_batch': batch // 2,
+          'accum_steps': 1, 'steps_per_epoch': 10, 'total_steps': 10, 'status': 'finished',
+          'final_step': 10, 'final_top1': top1, 'final_top5': 0.3, 'best_top1': top1,
+          'target_top1': 0.25, 'steps_to_target': steps_to_target,
+          'examples_to_target': None if steps_to_target is None else steps_to_target * batch,
+          'epochs_to_target': None, 'wall_time_s': 1.0, 'b_simple': None, 'best_lr': True,
+          'error': None}
+
+
+@pytest.mark.parametrize('reached', [(None, None), (40, None)])
+def test_report_is_written_when_runs_miss_the_target(tmp_path, reached):
+  rows = [_row(128, reached[0]), _row(256, reached[1])]
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  assert report.main([str(tmp_path)]) == 0
+  text = (tmp_path / 'report.md').read_text()
+  assert (tmp_path / 'steps_vs_batch.png').stat().st_size > 0
+  assert '| linear rule, warmup | 256 |' in text and 'never' in text
+  assert 'did not reach' in text  # The missed runs are named, not silently left out.
+
+
+# ----------------------------------------------------------------------------------------------
+# 2, 3, 12. Workdirs: a refused run changes nothing; eval-only needs a checkpoint.
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('trained')
+  _train(data_dir, workdir, num_train_steps=3)
+  return workdir
+
+
+def _snapshot(workdir):
+  return {name: (workdir / name).read_bytes() for name in ('config.json', 'metrics.jsonl')}
+
+
+def test_refused_resume_leaves_the_workdir_untouched(data_dir, trained):
+  from anp_jax import checkpointing
+  before = _snapshot(trained)
+  with pytest.raises(ValueError, match=r'model\.width'):
+    _train(data_dir, trained, num_train_steps=6, **{'model.width': 1.0})
+  assert _snapshot(trained) == before
+  model, variables, _ = checkpointing.load_checkpoint(str(trained))
+  model.apply(variables, np.zeros((1, 16, 16, 3), np.float32), train=False)
+
+
+def test_failed_validation_leaves_no_new_workdir(data_dir, tmp_path):
+  workdir = tmp_path / 'new' / 'run'
+  with pytest.raises(ValueError, match='not divisible'):
+    _train(data_dir, workdir, batch_size=36)  # 8 devices.
+  assert not (tmp_path / 'new' / 'run').exists()
+
+
+def test_eval_only_without_a_checkpoint_is_an_error(data_dir, tmp_path):
+  workdir = tmp_path / 'typo'
+  with pytest.raises(FileNotFoundError, match='no checkpoint found in'):
+    _train(data_dir, workdir, eval_only=True)
+  assert not workdir.exists()
+
+
+def test_eval_only_writes_beside_the_training_logs(data_dir, trained):
+  before = _snapshot(trained)
+  result = _train(data_dir, trained, num_train_steps=3, eval_only=True, batch_size=64)
+  assert _snapshot(trained) == before
+  saved = json.loads((trained / 'eval_only_metrics.json').read_text())
+  assert saved['step'] == 3
+  assert saved['eval/anp_top1'] == pytest.approx(result.final_eval['eval/anp_top1'])
+
+
+def test_workdir_that_is_a_file_says_so(data_dir, tmp_path):
+  path = tmp_path / 'file'
+  path.write_text('not a directory')
+  with pytest.raises(OSError, match='is a file'):
+    _train(data_dir, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. load_checkpoint on relative and ~ paths.
+
+
+def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
+  from anp_jax import checkpointing
+  monkeypatch.chdir(trained.parent)
+  checkpointing.load_checkpoint(trained.name)
+  monkeypatch.setenv('HOME', str(trained.parent))
+  checkpointing.load_checkpoint(os.path.join('~', trained.name))
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Config flags: misspelt, mistyped, missing file -> exit 2 with the fix first.
+
+
+@pytest.mark.parametrize('flag, expected', [
+    ('--config.batchsize=64', 'Unknown config field --config.batchsize; did you mean '
+                              '--config.batch_size?'),
+    ('--config.model.nmae=resnet8', 'did you mean --config.model.name?'),
+    ('--config.batch_size=abc', '--config.batch_size=abc'),
+    ('--config=/nonexistent/config.py', 'Config file /nonexistent/config.py'),
+])
+def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
+  out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',
+                        flag], env=_env(), capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert 'Traceback' not in out.stderr
+  first = out.stderr.strip().splitlines()[0]
+  assert expected in first, out.stderr
+  assert 'config_config' not in out.stderr
+  assert not (tmp_path / 'w').exists()
+
+
+def test_sweep_override_typo_suggests_the_field():
+  import batch_size_sweep as bss
+  from anp_jax.configs import default
+  with pytest.raises(bss.SweepError, match=r'did you mean --config\.model\.width\?'):
+    bss.apply_overrides(default.get_config(), [('model.widht', '4')], auto_accum=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# 12. One data directory for every entry point.
+
+
+def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
+  import batch_size_sweep as bss
+  from anp_jax.configs import default, musa2_resnet50
+  monkeypatch.setenv('ANP_DATA_DIR', str(tmp_path))
+  configs = [default.get_config(), musa2_resnet50.get_config()]
+  configs += [bss.preset_config(name) for name in bss.PRESETS]
+  assert [c.data_dir for c in configs] == [str(tmp_path)] * len(configs)
+
+
+# ----------------------------------------------------------------------------------------------
+# 10. Performance-model numbers a user will not misread.
+
+
+def test_perfmodel_minotauro_epoch_is_the_papers_dataset(capsys):
+  from anp_jax import perfmodel as pm
+  argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
+          '--per-device-batch', '32', '--nodes', '1']
+  assert pm.main(argv) == 0
+  out = capsys.readouterr().out
+  assert '307,406 images/epoch' in out
+  row = out.splitlines()[-1].split()
+  images_per_s = float(row[5].replace(',', ''))
+  assert row[7] == 'min'  # The epoch column: 307,406 images, not ImageNet's 1.28 M (1.8 h).
+  assert float(row[6]) == pytest.approx(307_406 / images_per_s / 60, abs=0.1)
+  assert pm.main(argv + ['--dataset-size', '1000']) == 0
+  assert '1,000 images/epoch (--dataset-size)' in capsys.readouterr().out
+  assert pm.main(['--target-global-batch', '128', '--sweep-nodes', '1,2']) == 0
+  assert capsys.readouterr().out.splitlines()[-1].endswith('(307,406 images)')
+
+
+def test_perfmodel_headers_say_what_was_predicted(capsys):
+  from anp_jax import perfmodel as pm
+  assert pm.main(['--model', 'resnet20', '--device', 'cpu', '--step-time-ms', '100',
+                  '--measured-batch', '64', '--nodes', '1', '--gpus-per-node', '1']) == 0
+  out = capsys.readouterr().out
+  assert 'minotauro: cpu' not in out and '(measured)' not in out
+  assert "minotauro's links with cpu devices: cpu calibrated to 100 ms per step of 64" in out
+  assert pm.main(['--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16']) == 0
+  method = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('method:'))
+  assert '16 node workers' not in method and 'one worker per node' in method
