@@ -34,8 +34,8 @@ best learning rate, not at one fixed rule).
   ``DIR/runs`` (so sweeps split over several jobs into one DIR add up): batch, rule, warmup,
   seed, lr (peak), final / best top-1, top-5, steps / examples / epochs to the target (first
   evaluation reaching it; None if never), wall time (of the invocation that finished the run),
-  and B_simple (median of the logged ``train/noise_scale_b_simple`` over the second half of
-  training). Rows are recomputed from the run directories on every invocation, so a new
+  and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
+  trained, see `anp_jax.noise_scale.window_b_simple`). Rows are recomputed from the run directories on every invocation, so a new
   ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
 
 Presets:
@@ -92,6 +92,7 @@ for _p in (ROOT, HERE):  # Runnable as `python experiments/batch_size_sweep.py` 
 import ml_collections  # noqa: E402
 
 import report  # noqa: E402  (experiments/report.py: metrics reader and the report itself)
+from anp_jax import noise_scale  # noqa: E402  (pure Python, no JAX)
 
 
 class SweepError(ValueError):
@@ -561,14 +562,6 @@ def estimate_seconds(plans: Sequence[Plan], eval_size: int, images_per_s: float,
 # Results.
 
 
-def _median(values):
-  values = sorted(values)
-  if not values:
-    return None
-  n = len(values)
-  return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-
-
 def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   """One results row from a run directory's files (None if the sweep never started it)."""
   spec_path = os.path.join(run_dir, 'sweep_run.json')
@@ -584,8 +577,10 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   evals = [r for r in records if 'eval/anp_top1' in r]
   total = info['total_steps']
   reached = next((r for r in evals if r['eval/anp_top1'] >= target), None)
-  noise = [r['train/noise_scale_b_simple'] for r in records
-           if 'train/noise_scale_b_simple' in r and r['step'] > total / 2]
+  # The second half of what the run trained: with --stop_at_target that ends at the step the run
+  # stopped at, not at the budget (a window after the budget's half would often be empty).
+  last = max((r['step'] for r in records), default=total)
+  b_simple = noise_scale.window_b_simple(records, start_step=last / 2, end_step=last)
   if final is None:
     status = 'incomplete'
   elif final.get('diverged'):
@@ -609,7 +604,7 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
       examples_to_target=reached['step'] * info['batch'] if reached else None,
       epochs_to_target=reached['step'] / info['steps_per_epoch'] if reached else None,
       wall_time_s=final.get('wall_time_s') if final else None,
-      b_simple=_median(noise),
+      b_simple=b_simple,
       best_lr=True,
       error=final.get('error') if final else None)
   return row
