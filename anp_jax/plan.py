@@ -330,14 +330,13 @@ def _fit_slope(points, bounds, levels):
     ys = np.array([p[1] - 1 for p in pts])
     return float(np.sum(xs * ys) / np.sum(xs * xs)) if np.sum(xs * xs) > 0 else 0.0
   valid = [p for p in points if p[0] > 0]
-  if not valid:
-    return Penalty(0.0, 0.0, max([(b[1] - 1) / b[0] for b in bounds if b[0] > 0], default=0.0),
-                   points, bounds)
+  # An arm that never reached a level needed at least budget/sync epochs: a lower bound.
+  floor = max([(b[1] - 1) / b[0] for b in bounds if b[0] > 0], default=0.0)
+  if not valid:  # Only lower bounds: the least slope they allow (an optimistic estimate).
+    return Penalty(floor, floor, floor, points, bounds)
   per_level = [slope([p for p in valid if p[2] == lv]) for lv in levels
                if any(p[2] == lv for p in valid)]
   central = max(slope(valid), 0.0)
-  # An arm that never reached a level needed at least budget/sync epochs: a lower bound.
-  floor = max([(b[1] - 1) / b[0] for b in bounds if b[0] > 0], default=0.0)
   return Penalty(max(central, floor), max(min(per_level), 0.0), max(max(per_level), floor),
                  points, bounds)
 
@@ -380,6 +379,69 @@ def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3,
     if arms:
       out[kind] = _fit_slope(points, bounds, levels)
   return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation against measurements (experiments/plan_validation.py).
+
+
+def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
+  """Steps to target at every batch predicted from the pilot batch's run alone, vs measured.
+
+  ``points`` as from `sweep_points` (the pilot's B_simple is its row's ``b_simple``).
+  """
+  pilot = points[pilot_batch]
+  model = pilot_model(pilot_batch, pilot['steps'], pilot['b_simple'])
+  return [{'batch': b, 'measured': p['steps'], 'predicted': model.steps(b)[0],
+           'error': model.steps(b)[0] / p['steps'] - 1 if p['steps'] else None}
+          for b, p in sorted(points.items())]
+
+
+def validate_leave_one_out(points: Dict[int, Dict]) -> List[Dict]:
+  """Each batch's steps to target from the S_min, B_crit fit to all the other batches."""
+  reached = {b: p['steps'] for b, p in points.items() if p['steps'] is not None}
+  out = []
+  for b in sorted(reached):
+    others = {k: v for k, v in reached.items() if k != b}
+    if len(others) < 2:
+      continue
+    s_min, b_crit = fit_steps_to_target(list(others), list(others.values()))
+    pred = s_min * (1 + b_crit / b)
+    out.append({'batch': b, 'measured': reached[b], 'predicted': pred,
+                'error': pred / reached[b] - 1, 's_min': s_min, 'b_crit': b_crit})
+  return out
+
+
+def validate_methods(results: Sequence[Dict], level_frac: float = 0.5) -> List[Dict]:
+  """Predicted vs measured time to a level for every arm of the sync/async/mixed experiment.
+
+  Measured: the arm's epochs to ``level_frac`` x the sync arm's best top-1 (interpolated) times
+  its predicted epoch time on the seed paper's cluster (the experiment's own mapping).
+  Predicted: the sync arm's epochs times the penalty fitted *without this arm's worker count or
+  sync period* (leave one out), times the same epoch time. None where an arm never got there.
+  """
+  sync = next(r for r in results if r['method'] == 'sync')
+  level = level_frac * max(c['top1'] for c in sync['curve'])
+  e_sync = epochs_to_level(sync['curve'], level)
+  rows = []
+  for r in results:
+    measured = epochs_to_level(r['curve'], level)
+    if r['method'] == 'sync':
+      factor = 1.0
+    else:
+      kind_x = 'workers' if r['method'] == 'async' else 'sync_every'
+      rest = [o for o in results if o['method'] == 'sync' or
+              (o['method'] == r['method'] and o[kind_x] != r[kind_x])]
+      pen = convergence_penalty(rest, levels=(level_frac,)).get(r['method'])
+      x = r['workers'] - 1 if r['method'] == 'async' else r['sync_every'] - 1
+      factor = pen.factor(x)[0] if pen else None
+    epoch_h = r['predicted_epoch_s'] / 3600
+    rows.append({'name': r['name'], 'method': r['method'], 'level': level,
+                 'measured_epochs': measured, 'predicted_epochs':
+                 e_sync * factor if factor is not None else None,
+                 'measured_h': measured * epoch_h if measured is not None else None,
+                 'predicted_h': e_sync * factor * epoch_h if factor is not None else None})
+  return rows
 
 
 # ----------------------------------------------------------------------------------------------

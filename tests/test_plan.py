@@ -188,3 +188,28 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
   if model.b_noise > 0:
     assert model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
+
+
+def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_report(tmp_path):
+  points = plan.sweep_points(_sweep_rows(b_crit=200.0))
+  points[128]['b_simple'] = 200.0  # A pilot whose B_simple equals B_crit predicts exactly.
+  for r in plan.validate_pilot(points, 128) + plan.validate_leave_one_out(points):
+    assert r['error'] == pytest.approx(0.0, abs=1e-9)
+  results = [{'name': 'sync', 'method': 'sync', 'workers': 0, 'sync_every': 1,
+              'predicted_epoch_s': 3600.0, 'curve': _curve(1.0)}]
+  for n in (4, 8, 16):
+    results.append({'name': f'async-{n}', 'method': 'async', 'workers': n, 'sync_every': 1,
+                    'predicted_epoch_s': 3600.0, 'curve': _curve(1 + 0.05 * (n - 1))})
+  rows = plan.validate_methods(results, 0.5)
+  for r in rows:  # Linear penalty: leave-one-out predicts every arm exactly.
+    assert r['predicted_h'] == pytest.approx(r['measured_h'], rel=1e-6)
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import plan_validation
+  assert plan_validation.main(['--out', str(tmp_path)]) == 0
+  text = (tmp_path / 'report.md').read_text()
+  assert 'Pilot predictions within 25 %' in text and 'published' in text
+  for name in ('steps_predicted_vs_measured.png', 'methods_predicted_vs_measured.png',
+               'seed_paper_time_vs_nodes.png', 'results.json'):
+    assert (tmp_path / name).stat().st_size > 500
