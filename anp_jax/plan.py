@@ -816,7 +816,9 @@ def _workload(args) -> pm.Workload:
     with open(os.path.join(args.pilot, 'config.json')) as f:
       config = json.load(f)
     from anp_jax import models
-    model = models.build_resnet(config['model']['name'], num_anps=config.get('num_anps') or 8,
+    # The head's size barely changes the FLOPs; the generated dataset records its class count.
+    classes = (config.get('synthetic') or {}).get('num_pairs') or 553
+    model = models.build_resnet(config['model']['name'], num_anps=classes,
                                 width=config['model'].get('width', 1.0))
     return pm.workload_from_flax(model, config['image_size'], name=config['model']['name'],
                                  dataset_size=args.dataset_size)
