@@ -713,19 +713,21 @@ def plot_plan(plan: Plan, out_dir: str) -> List[str]:
   """time_vs_nodes.png (time to target vs nodes, a line per batch and method) and pareto.png."""
   from anp_jax import plotting
   plt = plotting.pyplot()
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = plt.subplots(figsize=(8, 4.5))
   keys = sorted({(r.global_batch, r.method, r.sync_period) for r in plan.rows})
+  colour = {b: f'C{i % 10}' for i, b in enumerate(sorted({k[0] for k in keys}))}
   for batch, method, h in keys:
     rs = sorted([r for r in plan.rows if (r.global_batch, r.method, r.sync_period) ==
                  (batch, method, h)], key=lambda r: r.nodes)
     label = f'B={batch} {method}' + (f' H={h}' if method == 'local_sgd' else '')
-    line, = ax.plot([r.nodes for r in rs], [r.time / 3600 for r in rs], marker='o', label=label,
+    line, = ax.plot([r.nodes for r in rs], [r.time / 3600 for r in rs], marker='o', ms=3,
+                    label=label, color=colour[batch],
                     linestyle={'sync': '-', 'async': ':', 'mixed': '--'}.get(method, '-.'))
     ax.fill_between([r.nodes for r in rs], [r.time_range[0] / 3600 for r in rs],
                     [r.time_range[1] / 3600 for r in rs], color=line.get_color(), alpha=0.1)
   ax.set(xscale='log', yscale='log', xlabel='nodes', ylabel='predicted time to target (h)',
-         title='Time to target vs nodes (bands: model range)')
-  ax.legend(fontsize=6, ncol=2)
+         title='Time to target vs nodes (colour: batch, line: method; bands: range)')
+  ax.legend(fontsize=6, ncol=1 + len(keys) // 16, loc='center left', bbox_to_anchor=(1.01, 0.5))
   paths = [plotting.save_figure(fig, os.path.join(out_dir, 'time_vs_nodes.png'))]
   fig, ax = plt.subplots(figsize=(6, 4.5))
   xs = np.array([r.device_hours for r in plan.rows])
@@ -734,11 +736,14 @@ def plot_plan(plan: Plan, out_dir: str) -> List[str]:
   front = pareto_front(plan.rows)
   ax.plot([r.device_hours for r in front], [r.time / 3600 for r in front], 'o-', color='C3',
           label='Pareto front')
+  tags = {}  # One label per configuration, naming every pick it is.
   for r, tag in ((plan.fastest, 'fastest'), (plan.cheapest, 'cheapest ≤10 %'),
                  (plan.sprint, 'SPRINT')):
     if r is not None:
-      ax.annotate(f'{tag}: {r.label()}', (r.device_hours, r.time / 3600), fontsize=6,
-                  xytext=(5, 5), textcoords='offset points')
+      tags.setdefault(id(r), (r, []))[1].append(tag)
+  for i, (r, names) in enumerate(tags.values()):
+    ax.annotate(f'{" = ".join(names)}: {r.label()}', (r.device_hours, r.time / 3600),
+                fontsize=6, xytext=(5, 5 + 9 * i), textcoords='offset points')
   ax.set(xscale='log', yscale='log', xlabel='device-hours', ylabel='time to target (h)',
          title='Time vs cost')
   ax.legend(fontsize=7)
