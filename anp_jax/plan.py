@@ -391,10 +391,17 @@ def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
   ``points`` as from `sweep_points` (the pilot's B_simple is its row's ``b_simple``).
   """
   pilot = points[pilot_batch]
-  model = pilot_model(pilot_batch, pilot['steps'], pilot['b_simple'])
-  return [{'batch': b, 'measured': p['steps'], 'predicted': model.steps(b)[0],
-           'error': model.steps(b)[0] / p['steps'] - 1 if p['steps'] else None}
-          for b, p in sorted(points.items())]
+  return validate_model(pilot_model(pilot_batch, pilot['steps'], pilot['b_simple']), points)
+
+
+def validate_model(model: StepsModel, points: Dict[int, Dict]) -> List[Dict]:
+  """A steps model's predictions (central, low, high) against measured steps per batch."""
+  out = []
+  for b, p in sorted(points.items()):
+    central, lo, hi = model.steps(b)
+    out.append({'batch': b, 'measured': p['steps'], 'predicted': central, 'low': lo, 'high': hi,
+                'error': central / p['steps'] - 1 if p['steps'] else None})
+  return out
 
 
 def validate_leave_one_out(points: Dict[int, Dict]) -> List[Dict]:
