@@ -10,14 +10,25 @@ their own exponential moving averages and reports the ratio of the averages, not
 the ratios (a ratio of noisy terms is biased and heavy-tailed).
 
 In the trainer ``b_small`` is one device's micro-batch and ``b_big`` the global batch, so the
-measurement costs one extra squared norm per device (`anp_jax.train._noise_scale_update` does
-the EMA step inside the compiled train step; `update_ema_state` here is the same arithmetic).
+measurement costs one extra squared norm per device. The compiled train step calls
+`update_ema_state` (the one implementation of the arithmetic); every log step records both
+bias-corrected averages (`log_fields`: ``train/noise_scale_g2`` = |G|², ``train/noise_scale_trace``
+= tr(Σ)) and their ratio. Whoever summarises a run (the sweep, `anp_jax.plan`) takes the ratio of
+the two terms' means over a window of log steps (`window_b_simple`, `b_simple_windows`), not a
+statistic of the per-step ratios, which would be biased and would have to drop the steps where
+the |G|² average is not positive.
+
+The estimate needs each device's gradient to be the gradient of ``b_small`` examples alone. With
+``bn_mode='global'`` on more than one device it is not: the normalisation statistics are
+all-reduced, so a device's gradient also depends on the other devices' examples. The trainer
+then skips the measurement (`unmeasurable_reason`) and says so.
+
 These functions are plain arithmetic, so they accept Python floats, numpy arrays and traced JAX
 values alike, and can be used outside the trainer (e.g. on gradients saved from another run).
 """
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # Keys of the trainer's ``TrainState.noise_ema``.
 EMA_KEYS = ('g2', 'trace', 'weight')
@@ -68,7 +79,7 @@ def init_ema_state(zero=0.0) -> Dict:
 
 
 def update_ema_state(ema: Dict, g_small_sq, g_big_sq, b_small, b_big, decay: float) -> Dict:
-  """One EMA step of both terms (the trainer's `_noise_scale_update`, usable anywhere).
+  """One EMA step of both terms (called inside the trainer's compiled step; usable anywhere).
 
   ``weight`` accumulates the EMA of the constant 1, so that ``g2 / weight`` and
   ``trace / weight`` are the bias-corrected averages; their ratio does not need it.
@@ -84,6 +95,81 @@ def b_simple_from_state(ema: Dict):
   if float(ema['weight']) <= 0 or float(ema['g2']) <= 0:
     return None
   return float(ema['trace']) / float(ema['g2'])
+
+
+# Names of the logged fields (in ``metrics.jsonl`` with the ``train/`` prefix).
+G2_FIELD = 'train/noise_scale_g2'
+TRACE_FIELD = 'train/noise_scale_trace'
+B_SIMPLE_FIELD = 'train/noise_scale_b_simple'
+
+
+def log_fields(ema: Dict) -> Dict[str, float]:
+  """What the trainer logs from its EMA state: both bias-corrected terms, and their ratio.
+
+  Both terms are logged at every log step, whatever their sign, so that a window mean of each
+  is unbiased; the ratio is added only while the |G|² average is positive (a convenience for
+  reading a log, not for summarising it). Empty before the first measurement.
+  """
+  weight = float(ema['weight'])
+  if weight <= 0:
+    return {}
+  out = {G2_FIELD: float(ema['g2']) / weight, TRACE_FIELD: float(ema['trace']) / weight}
+  ratio = b_simple_from_state(ema)
+  if ratio is not None:
+    out[B_SIMPLE_FIELD] = ratio
+  return out
+
+
+def unmeasurable_reason(bn_mode: str, num_devices: int) -> str:
+  """Why B_simple cannot be measured in this set-up ('' if it can).
+
+  Under global BatchNorm over several devices a device's gradient mixes in the other devices'
+  examples through the all-reduced statistics, so |G_small|² is not the squared norm of a
+  ``b_small``-example gradient and the estimator's premise fails. (One device, or 'per_device' /
+  'ghost' BN: each micro-batch's gradient depends on its own examples only.)
+  """
+  if bn_mode == 'global' and num_devices > 1:
+    return ("bn_mode='global' normalises over all devices' examples, so a device's gradient is "
+            'not a gradient of its own micro-batch and the two-batch estimator does not apply; '
+            "use bn_mode='ghost' or 'per_device' to measure it")
+  return ''
+
+
+def _noise_records(records, start_step: float, end_step: float):
+  return [r for r in records
+          if G2_FIELD in r and TRACE_FIELD in r and start_step < r['step'] <= end_step]
+
+
+def window_b_simple(records, start_step: float = -float('inf'),
+                    end_step: float = float('inf')) -> Optional[float]:
+  """B_simple over the log records with ``start_step < step <= end_step``: mean tr(Σ) / mean |G|².
+
+  ``records`` are ``metrics.jsonl`` lines (dicts with ``step``). None if the window has no
+  noise-scale record or the mean |G|² is not positive (no measurable signal in that window).
+  """
+  window = _noise_records(records, start_step, end_step)
+  if not window:
+    return None
+  g2 = sum(r[G2_FIELD] for r in window) / len(window)
+  trace = sum(r[TRACE_FIELD] for r in window) / len(window)
+  return trace / g2 if g2 > 0 else None
+
+
+def b_simple_windows(records, num_windows: int, start_step: float = -float('inf'),
+                     end_step: float = float('inf')) -> List[Optional[float]]:
+  """`window_b_simple` of ``num_windows`` consecutive, equally populated sub-windows.
+
+  Their spread is the uncertainty of B_simple that `anp_jax.plan` carries into its predictions
+  (consecutive windows of EMAs are correlated, so the spread is a lower bound on the error of
+  the whole window's estimate, but an honest one of how much it drifts during training).
+  """
+  if num_windows < 1:
+    raise ValueError(f'num_windows must be >= 1, got {num_windows}.')
+  window = _noise_records(records, start_step, end_step)
+  if len(window) < num_windows:
+    return []
+  edges = [round(i * len(window) / num_windows) for i in range(num_windows + 1)]
+  return [window_b_simple(window[a:b]) for a, b in zip(edges, edges[1:])]
 
 
 @dataclasses.dataclass

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, durations, methods, models, optim, reporting
+from anp_jax import checkpointing, durations, methods, models, noise_scale, optim, reporting
 from anp_jax.data import pipeline
 
 AXIS = 'data'
@@ -266,16 +266,6 @@ def summarize(sums: Dict[str, Any], prefix: str) -> Dict[str, float]:
 # The per-device step (shared by both executors).
 
 
-def _noise_scale_update(ema, small_sq, big_sq, b_small, b_big, decay):
-  """McCandlish et al. 2018, App. A: unbiased |G|^2 and tr(Sigma) from two batch sizes."""
-  g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
-  trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
-  new = {'g2': decay * ema['g2'] + (1 - decay) * g2,
-         'trace': decay * ema['trace'] + (1 - decay) * trace,
-         'weight': decay * ema['weight'] + (1 - decay)}
-  return new
-
-
 def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_steps: int,
                           num_devices: int, axis_name: Optional[str] = AXIS,
                           in_shard_map: bool = False, tau: Optional[jax.Array] = None,
@@ -346,9 +336,10 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
   b_big = b_small * accum_steps * num_devices
 
   noise_ema = state.noise_ema
-  if config.get('noise_scale', True) and b_big > b_small:
-    noise_ema = _noise_scale_update(noise_ema, small_sq, big_sq, b_small, b_big,
-                                    config.get('noise_scale_ema', 0.95))
+  if (config.get('noise_scale', True) and b_big > b_small
+      and not noise_scale.unmeasurable_reason(config.bn_mode, num_devices)):
+    noise_ema = noise_scale.update_ema_state(noise_ema, small_sq, big_sq, b_small, b_big,
+                                             config.get('noise_scale_ema', 0.95))
   sums = dict(sums)
   sums['_grad_norm'] = jnp.sqrt(big_sq)
   if tau is not None and staleness_aware_lr:
@@ -721,9 +712,7 @@ def _train_metrics(executor, pending, state, schedule, step, setup, config):
   metrics['train/lr'] = float(schedule(step - 1))
   metrics.update(setup.progress(step, 'train'))
   if config.get('noise_scale', True):
-    ema = executor.fetch(state.noise_ema)
-    if ema['weight'] > 0 and ema['g2'] > 0:
-      metrics['train/noise_scale_b_simple'] = float(ema['trace'] / ema['g2'])
+    metrics.update(noise_scale.log_fields(executor.fetch(state.noise_ema)))
   _check_finite(metrics, step, metrics['train/lr'])
   return metrics
 
@@ -751,10 +740,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   logging.info('Setup: %s', setup.describe())
   if executor.describe:
     logging.info('Method: %s', executor.describe)
+  unmeasurable = (config.get('noise_scale', True)
+                  and noise_scale.unmeasurable_reason(config.bn_mode, setup.devices))
+  if unmeasurable:
+    logging.warning('Noise scale not measured: %s.', unmeasurable)
   if is_main:
     print(f'anp_jax | {setup.describe()}', flush=True)
     if executor.describe:
       print(f'anp_jax | {executor.describe}', flush=True)
+    if unmeasurable:
+      print(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.', flush=True)
 
   # Local SGD restores into the state's own (node-sharded) shardings; jit into replicated ones.
   ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None,

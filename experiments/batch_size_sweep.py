@@ -36,8 +36,9 @@ best learning rate, not at one fixed rule).
   first crossing, interpolated linearly between the two evaluations around it, see
   `report.target_crossing`; epochs = examples / train_size; None if never), the step of the
   first evaluation reaching it, wall time (of the invocation that finished the run),
-  and B_simple (median of the logged ``train/noise_scale_b_simple`` over the second half of
-  training). Rows are recomputed from the run directories on every invocation, so a new
+  and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
+  trained, see `anp_jax.noise_scale.window_b_simple`). Rows are recomputed from the run
+  directories on every invocation, so a new
   ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
 
 Presets:
@@ -95,6 +96,7 @@ import ml_collections  # noqa: E402
 
 import report  # noqa: E402  (experiments/report.py: metrics reader and the report itself)
 from anp_jax import cli  # noqa: E402  (no JAX)
+from anp_jax import noise_scale  # noqa: E402  (pure Python, no JAX)
 
 
 class SweepError(ValueError):
@@ -563,14 +565,6 @@ def estimate_seconds(plans: Sequence[Plan], eval_size: int, images_per_s: float,
 # Results.
 
 
-def _median(values):
-  values = sorted(values)
-  if not values:
-    return None
-  n = len(values)
-  return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-
-
 def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   """One results row from a run directory's files (None if the sweep never started it)."""
   spec_path = os.path.join(run_dir, 'sweep_run.json')
@@ -589,8 +583,10 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   reached = report.target_crossing(evals, target)
   # Examples per pass; sweeps recorded before train_size was stored: steps_per_epoch * batch.
   train_size = info.get('train_size') or info['steps_per_epoch'] * info['batch']
-  noise = [r['train/noise_scale_b_simple'] for r in records
-           if 'train/noise_scale_b_simple' in r and r['step'] > total / 2]
+  # The second half of what the run trained: with --stop_at_target that ends at the step the run
+  # stopped at, not at the budget (a window after the budget's half would often be empty).
+  last = max((r['step'] for r in records), default=total)
+  b_simple = noise_scale.window_b_simple(records, start_step=last / 2, end_step=last)
   if final is None:
     status = 'incomplete'
   elif final.get('diverged'):
@@ -615,7 +611,7 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
       epochs_to_target=reached['step'] * info['batch'] / train_size if reached else None,
       eval_step_reaching_target=reached['eval_step'] if reached else None,
       wall_time_s=final.get('wall_time_s') if final else None,
-      b_simple=_median(noise),
+      b_simple=b_simple,
       best_lr=True,
       error=final.get('error') if final else None)
   return row

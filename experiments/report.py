@@ -33,35 +33,14 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-from anp_jax import plotting  # noqa: E402  (matplotlib only; no JAX)
+from anp_jax import plan, plotting  # noqa: E402  (numpy and matplotlib only; no JAX)
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
 
 
-def read_metrics(run_dir: str) -> List[Dict]:
-  """The records of ``run_dir/metrics.jsonl``, one per (kind, step), sorted by step.
-
-  A run that was interrupted and resumed from a checkpoint logs the steps after that checkpoint
-  again (the writer appends); resume is exact, so the later record simply replaces the earlier
-  one. A line cut short by a kill is skipped. Kind is ``eval`` or ``train`` by the keys' prefix.
-  """
-  path = os.path.join(run_dir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  by_key = {}
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      kind = 'eval' if any(k.startswith('eval/') for k in record) else 'train'
-      by_key[(int(record['step']), kind)] = record
-  return [by_key[k] for k in sorted(by_key, key=lambda sk: (sk[0], sk[1] == 'eval'))]
+# One reader of the trainer's log, shared with the planner.
+read_metrics = plan.read_metrics
 
 
 def target_crossing(evals: Sequence[Dict], target: float,
@@ -156,31 +135,8 @@ def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
 # The critical-batch fit.
 
 
-def fit_steps_to_target(batch: Sequence[float], steps: Sequence[float],
-                        relative: bool = True) -> Tuple[float, float]:
-  """Least-squares fit of S = S_min (1 + B_crit / B); returns (s_min, b_crit).
-
-  The model is linear in 1/B: S = a + c / B with a = S_min and c = S_min·B_crit, so this is an
-  ordinary linear least-squares problem (no scipy). Steps span orders of magnitude across a
-  sweep, so by default every point is weighted by 1/S, i.e. *relative* residuals are minimised —
-  otherwise the smallest batches (most steps) decide the fit alone. Needs ≥ 2 distinct batch
-  sizes. A non-positive S_min or B_crit means the data do not follow the model in this range
-  (e.g. all points in the perfect-scaling regime); they are returned as fitted, for the caller
-  to report.
-  """
-  b = np.asarray(batch, np.float64)
-  s = np.asarray(steps, np.float64)
-  if b.shape != s.shape or b.ndim != 1:
-    raise ValueError(f'batch and steps must be 1-D of equal length, got {b.shape}, {s.shape}.')
-  if len(np.unique(b)) < 2:
-    raise ValueError('Fitting S = S_min (1 + B_crit / B) needs at least two distinct batch sizes.')
-  if np.any(b <= 0) or np.any(s <= 0):
-    raise ValueError('Batch sizes and steps must be positive.')
-  design = np.stack([np.ones_like(b), 1.0 / b], axis=1)
-  w = 1.0 / s if relative else np.ones_like(s)
-  (a, c), *_ = np.linalg.lstsq(design * w[:, None], s * w, rcond=None)
-  b_crit = c / a if a != 0 else math.inf
-  return float(a), float(b_crit)
+# The fit lives in the library (the planner uses it too).
+fit_steps_to_target = plan.fit_steps_to_target
 
 
 def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:

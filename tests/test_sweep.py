@@ -64,29 +64,82 @@ def test_noise_scale_estimator_recovers_known_gradient_and_trace():
   assert np.std(g2) > 0.1 * g2_true
 
 
-def test_noise_scale_module_matches_the_trainer_update():
+def test_noise_scale_ema_is_one_implementation_for_floats_and_traced_values():
+  """The trainer's compiled step calls `update_ema_state`; on float32 JAX values it gives the
+  numbers of the Python-float tracker, and `log_fields` logs both bias-corrected terms."""
   rng = np.random.default_rng(1)
   b_small, b_big, decay = 4, 32, 0.9
   ours = noise_scale.init_ema_state()
+  traced = jax.jit(lambda e, s, b: noise_scale.update_ema_state(e, s, b, b_small, b_big, decay))
   theirs = {k: jnp.zeros((), jnp.float32) for k in noise_scale.EMA_KEYS}
   tracker = noise_scale.NoiseScaleTracker(b_small, b_big, decay)
   for _ in range(6):
     big_sq = float(rng.uniform(1.0, 2.0))
     small_sq = big_sq + float(rng.uniform(0.5, 3.0))  # |G_small|² > |G_big|² on average.
     ours = noise_scale.update_ema_state(ours, small_sq, big_sq, b_small, b_big, decay)
-    theirs = train._noise_scale_update(theirs, jnp.float32(small_sq), jnp.float32(big_sq),
-                                       b_small, b_big, decay)
+    theirs = traced(theirs, jnp.float32(small_sq), jnp.float32(big_sq))
     tracked = tracker.update(small_sq, big_sq)
     for k in noise_scale.EMA_KEYS:
       np.testing.assert_allclose(float(theirs[k]), ours[k], rtol=1e-5)
-    # What the trainer logs (ratio of the raw EMAs) equals the bias-corrected ratio.
-    assert noise_scale.b_simple_from_state(theirs) == pytest.approx(tracked, rel=1e-5)
+    fields = noise_scale.log_fields(theirs)
+    assert fields[noise_scale.G2_FIELD] == pytest.approx(tracker.g2.value, rel=1e-5)
+    assert fields[noise_scale.TRACE_FIELD] == pytest.approx(tracker.trace.value, rel=1e-5)
+    # The ratio of the raw EMAs equals the bias-corrected ratio.
+    assert fields[noise_scale.B_SIMPLE_FIELD] == pytest.approx(tracked, rel=1e-5)
   assert noise_scale.b_simple_from_state(noise_scale.init_ema_state()) is None
+  assert noise_scale.log_fields(noise_scale.init_ema_state()) == {}
+  # A negative |G|² average is still logged (both terms), only the ratio is left out.
+  negative = noise_scale.log_fields({'g2': -0.1, 'trace': 2.0, 'weight': 0.5})
+  assert negative == {noise_scale.G2_FIELD: pytest.approx(-0.2),
+                      noise_scale.TRACE_FIELD: pytest.approx(4.0)}
   ema = noise_scale.EMA(0.9)
   assert ema.update(5.0) == pytest.approx(5.0)  # Bias-corrected from the first update.
   assert ema.update(1.0) == pytest.approx((0.9 * 0.1 * 5 + 0.1 * 1) / (0.1 + 0.09))
   with pytest.raises(ValueError, match='b_small < b_big'):
     noise_scale.estimate(1.0, 1.0, 8, 8)
+
+
+def _noise_record(step, g2, trace):
+  return {'step': step, noise_scale.G2_FIELD: g2, noise_scale.TRACE_FIELD: trace}
+
+
+def test_window_b_simple_is_the_ratio_of_window_means_including_non_positive_g2():
+  # Per-record ratios 10, 10, (g2 <= 0: no ratio), 10 -> median of ratios 10; dropping the
+  # g2 <= 0 record biases the estimate, the ratio of means keeps it: 30 / 1.5 = 20.
+  records = [_noise_record(1, 1.0, 10.0), _noise_record(2, 2.0, 20.0),
+             _noise_record(3, -1.0, 60.0), _noise_record(4, 4.0, 40.0),
+             {'step': 4, 'eval/anp_top1': 0.5}]
+  assert noise_scale.window_b_simple(records) == pytest.approx(130.0 / 6.0)
+  assert noise_scale.window_b_simple(records, start_step=1, end_step=3) == pytest.approx(80.0)
+  assert noise_scale.window_b_simple(records, start_step=10) is None
+  assert noise_scale.window_b_simple([_noise_record(1, -1.0, 5.0)]) is None
+  windows = noise_scale.b_simple_windows(records, 2)
+  assert windows == [pytest.approx(10.0), pytest.approx(100.0 / 3.0)]
+  assert noise_scale.b_simple_windows(records, 5) == []  # Fewer records than windows.
+
+
+def test_global_bn_over_devices_makes_b_simple_unmeasurable():
+  assert 'global' in noise_scale.unmeasurable_reason('global', 8)
+  for bn_mode, devices in (('global', 1), ('ghost', 8), ('per_device', 8)):
+    assert noise_scale.unmeasurable_reason(bn_mode, devices) == ''
+
+
+def test_stopped_run_gets_b_simple_from_the_steps_it_trained(tmp_path):
+  """--stop_at_target ends a 100-step budget at step 30: the window is steps 16-30, not > 50."""
+  run = tmp_path / 'run'
+  run.mkdir()
+  info = {'name': 'b00032', 'batch': 32, 'rule': 'linear', 'warmup': 'on', 'seed': 0,
+          'lr_mult': 1.0, 'base_lr': 0.1, 'lr': 0.1, 'warmup_epochs': 0.0, 'epochs': 10.0,
+          'devices': 8, 'per_device_batch': 4, 'accum_steps': 1, 'steps_per_epoch': 10,
+          'total_steps': 100}
+  (run / 'sweep_run.json').write_text(json.dumps(info))
+  lines = [_noise_record(s, 1.0 if s <= 15 else 2.0, 50.0) for s in range(2, 31, 2)]
+  lines.append({'step': 30, 'eval/anp_top1': 0.4})
+  (run / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  (run / 'final_metrics.json').write_text(json.dumps({'step': 30, 'eval/anp_top1': 0.4}))
+  row = sweep.summarize_run(str(run), 0.3)
+  assert row['steps_to_target'] == 30
+  assert row['b_simple'] == pytest.approx(25.0)  # Steps 16..30 only: 50 / 2.
 
 
 # ----------------------------------------------------------------------------------------------

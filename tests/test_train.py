@@ -32,6 +32,17 @@ def test_short_run_learns_and_writes_logs(data_dir, tmp_path):
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path))
   assert (tmp_path / 'curves.png').stat().st_size > 1000
   assert 'train/noise_scale_b_simple' in lines[0]
+  assert {'train/noise_scale_g2', 'train/noise_scale_trace'} <= set(lines[0])
+
+
+def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(data_dir, tmp_path, capsys):
+  """bn_mode='global' on 8 devices: a device's gradient is not a b_small-example gradient."""
+  config = tiny_config(data_dir, bn_mode='global', num_train_steps=2, log_every_steps=1)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert "WARNING: B_simple is not measured: bn_mode='global'" in capsys.readouterr().out
+  lines = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  assert any('train/loss' in l for l in lines)
+  assert not any(k.startswith('train/noise_scale') for l in lines for k in l)
 
 
 def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):

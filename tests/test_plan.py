@@ -1,0 +1,215 @@
+"""The time-to-accuracy planner: statistical side, penalty, cluster files, plan, CLI, bad input.
+
+Synthetic pilots and sweeps follow S(B) = S_min (1 + B_noise / B) exactly, so the planner must
+recover their parameters; one end-to-end test plans from a real (tiny) pilot run's workdir.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from anp_jax import noise_scale, perfmodel as pm, plan
+
+
+def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0):
+  """A pilot workdir: noise EMAs every 2 steps (B_simple = trace / 1, drifting), evals every 10."""
+  path.mkdir(parents=True, exist_ok=True)
+  (path / 'config.json').write_text(json.dumps({'batch_size': batch, 'stop_at_metric': '',
+                                                'model': {'name': 'resnet8', 'width': 0.5},
+                                                'image_size': 16}))
+  lines = []
+  for s in range(2, steps + 1, 2):
+    r = {'step': s, 'train/loss': 1.0}
+    if noise:
+      r.update({noise_scale.G2_FIELD: 1.0, noise_scale.TRACE_FIELD: trace + drift * s})
+    lines.append(r)
+  for s in range(10, steps + 1, 10):
+    lines.append({'step': s, 'eval/anp_top1': 0.5 if s >= reach_step else 0.1})
+  (path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  return str(path)
+
+
+def test_pilot_gives_s_min_and_a_range_that_vanishes_at_the_pilot_batch(tmp_path):
+  model = plan.load_pilot(_write_pilot(tmp_path / 'p', drift=2.0), target=0.3)
+  # Window = steps 21..40: mean trace = 200 + 2 * mean(22..40) = 262.
+  assert model.b_noise == pytest.approx(262.0)
+  assert model.s_min == pytest.approx(40 / (1 + 262 / 64))
+  central, lo, hi = model.steps(64)
+  assert central == pytest.approx(40) and lo == pytest.approx(40) and hi == pytest.approx(40)
+  central, lo, hi = model.steps(512)
+  assert lo < central < hi  # Windows disagree (the drift): a range away from the pilot batch.
+  assert len(model.alternatives) == 4
+  assert model.e_min == pytest.approx(model.s_min * model.b_noise)
+
+
+def test_pilot_errors_say_what_to_change(tmp_path):
+  with pytest.raises(plan.PlanError, match='no usable noise-scale logs'):
+    plan.load_pilot(_write_pilot(tmp_path / 'a', noise=False), target=0.3)
+  with pytest.raises(plan.PlanError, match=r'never reached eval/anp_top1 >= 0.9 \(best: 0.5\)'):
+    plan.load_pilot(_write_pilot(tmp_path / 'b'), target=0.9)
+  with pytest.raises(plan.PlanError, match='Give --target'):
+    plan.load_pilot(_write_pilot(tmp_path / 'c'))
+  with pytest.raises(plan.PlanError, match='not a trainer workdir'):
+    plan.load_pilot(str(tmp_path / 'missing'), target=0.3)
+
+
+def _sweep_rows(s_min=120.0, b_crit=200.0, batches=(32, 64, 128, 256, 512, 1024), jitter=0.0):
+  rng = np.random.default_rng(0)
+  return [{'batch': b, 'rule': 'linear', 'warmup': 'on', 'best_lr': True, 'status': 'finished',
+           'steps_to_target': s_min * (1 + b_crit / b) * math.exp(jitter * rng.normal()),
+           'b_simple': 250.0 + b / 10, 'target_top1': 0.25} for b in batches]
+
+
+def test_sweep_fit_recovers_s_min_and_b_crit_and_shows_b_simple(tmp_path):
+  model = plan.sweep_model(plan.sweep_points(_sweep_rows()))
+  assert model.s_min == pytest.approx(120.0) and model.b_noise == pytest.approx(200.0)
+  assert model.notes['b_simple'] == pytest.approx(250.0 + (128 + 256) / 20)
+  assert len(model.alternatives) == 6  # Leave-one-batch-out fits.
+  noisy = plan.sweep_model(plan.sweep_points(_sweep_rows(jitter=0.05)))
+  central, lo, hi = noisy.steps(2048)
+  assert lo < central < hi
+  by_simple = plan.sweep_model(plan.sweep_points(_sweep_rows()), use='b_simple')
+  assert by_simple.b_noise == pytest.approx(model.notes['b_simple'])
+  (tmp_path / 'results.json').write_text(json.dumps(_sweep_rows() + [
+      dict(_sweep_rows()[0], rule='none')]))
+  with pytest.raises(plan.PlanError, match='choose one with --rule'):
+    plan.load_sweep(str(tmp_path))
+  assert plan.load_sweep(str(tmp_path), rule='linear').b_noise == pytest.approx(200.0)
+  with pytest.raises(plan.PlanError, match='not 0.5'):
+    plan.load_sweep(str(tmp_path), rule='linear', target=0.5)
+  with pytest.raises(plan.PlanError, match='needs two'):
+    plan.sweep_model(plan.sweep_points([dict(r, steps_to_target=None) for r in _sweep_rows()][1:]))
+
+
+def _curve(scale, epochs=4.0, cap=1.0):
+  """top1 = 0.1 * epoch / scale (capped): reaching a level takes `scale` times the sync epochs."""
+  return [{'epoch': e, 'top1': min(0.1 * e / scale, cap)} for e in np.arange(0.5, epochs + 0.1, 0.5)]
+
+
+def test_convergence_penalty_recovers_a_linear_staleness_cost():
+  results = [{'method': 'sync', 'workers': 0, 'sync_every': 1, 'curve': _curve(1.0)}]
+  for n in (4, 8):
+    results.append({'method': 'async', 'workers': n, 'sync_every': 1,
+                    'curve': _curve(1 + 0.2 * (n - 1))})
+  for h in (4, 16):
+    results.append({'method': 'local_sgd', 'workers': 0, 'sync_every': h,
+                    'curve': _curve(1 + 0.01 * (h - 1))})
+  pen = plan.convergence_penalty(results)
+  assert pen['async'].slope == pytest.approx(0.2, rel=1e-6)
+  assert pen['local_sgd'].slope == pytest.approx(0.01, rel=1e-6)
+  assert pen['async'].factor(3)[0] == pytest.approx(1.6)
+  # An arm that never reaches the levels bounds the slope from below.
+  results.append({'method': 'async', 'workers': 16, 'sync_every': 1, 'curve': _curve(1, cap=0.01)})
+  bounded = plan.convergence_penalty(results)['async']
+  assert bounded.bounds and bounded.slope >= max((b[1] - 1) / b[0] for b in bounded.bounds) - 1e-9
+  with pytest.raises(plan.PlanError, match='no synchronous arm'):
+    plan.convergence_penalty(results[1:])
+
+
+def test_cluster_files_reject_unknown_fields(tmp_path):
+  good = {'name': 'lab', 'nodes': 8, 'devices_per_node': 4, 'device': 'v100',
+          'interconnect': {'intra_node_bandwidth': 1e10, 'intra_node_latency': 1e-5,
+                           'inter_node_bandwidth': 1e9, 'inter_node_latency': 1e-5}}
+  (tmp_path / 'c.json').write_text(json.dumps(good))
+  cluster, counts = plan.load_cluster(str(tmp_path / 'c.json'))
+  assert cluster.nodes == 8 and cluster.device.name == 'v100' and counts == [1, 2, 4, 8]
+  (tmp_path / 'c.yaml').write_text('nodes: 3\ndevices_per_node: 2\ninterconnect: minotauro\n'
+                                   'device: {preset: k80, efficiency: 0.2}\nnode_counts: [1, 3]\n')
+  cluster, counts = plan.load_cluster(str(tmp_path / 'c.yaml'))
+  assert cluster.device.efficiency == 0.2 and counts == [1, 3]
+  for bad, where in ((dict(good, gpus=4), "'gpus'"),
+                     (dict(good, device={'preset': 'k80', 'tflops': 3}), "'tflops'"),
+                     (dict(good, interconnect=dict(good['interconnect'], bw=1)), "'bw'")):
+    (tmp_path / 'bad.json').write_text(json.dumps(bad))
+    with pytest.raises(plan.PlanError, match=f'Unknown field.*{where}'):
+      plan.load_cluster(str(tmp_path / 'bad.json'))
+  with pytest.raises(plan.PlanError, match='Bad cluster description'):
+    plan.cluster_from_dict(dict(good, nodes=0))
+  with pytest.raises(plan.PlanError, match='neither a preset'):
+    plan.load_cluster(str(tmp_path / 'nope.json'))
+
+
+def test_plan_picks_fastest_cheapest_and_sprint_and_rejects_batches_that_do_not_fit():
+  model = plan.pilot_model(128, 160.0, 400.0, [300.0, 500.0])
+  cluster = pm.minotauro(nodes=8)
+  pen = {'async': plan.Penalty(0.3, 0.2, 0.4, [], [])}
+  p = plan.make_plan(model, cluster, pm.resnet50(307_406), [1, 2, 4, 8], [128, 512, 2048],
+                     ['sync', 'mixed'], pen, sprint_batch=512)
+  assert p.fastest.time == min(r.time for r in p.rows)
+  near = [r for r in p.rows if r.time <= 1.1 * p.fastest.time]
+  assert p.cheapest in near and p.cheapest.device_hours == min(r.device_hours for r in near)
+  sync512 = [r for r in p.rows if r.method == 'sync' and r.global_batch >= 512]
+  assert p.sprint.epoch_time == min(r.epoch_time for r in sync512)
+  for r in p.rows:
+    assert r.time_range[0] <= r.time <= r.time_range[1]
+    assert r.device_hours == pytest.approx(r.time * r.devices / 3600)
+    if r.method == 'sync':
+      assert r.steps == pytest.approx(model.steps(r.global_batch)[0])
+    elif r.nodes > 1:  # Mixed: node batches as updates, slowed by their staleness.
+      assert r.update_batch == r.global_batch // r.nodes and r.mean_staleness > 0
+      assert r.steps == pytest.approx(model.steps(r.update_batch)[0] * (1 + 0.3 * r.mean_staleness))
+  front = plan.pareto_front(p.rows)
+  assert all(not (o.time < f.time and o.device_hours < f.device_hours) for f in front
+             for o in p.rows)
+  with pytest.raises(plan.PlanError, match='Global batch 6 fits none'):
+    plan.make_plan(model, cluster, pm.resnet50(), [1, 2], [6], ['sync'])
+  with pytest.raises(plan.PlanError, match='need a convergence penalty'):
+    plan.make_plan(model, cluster, pm.resnet50(), [1], [128], ['async'])
+
+
+def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path, capsys):
+  pilot = _write_pilot(tmp_path / 'pilot')
+  out = tmp_path / 'plan'
+  assert plan.main(['--pilot', pilot, '--target', '0.3', '--cluster', 'minotauro', '--nodes',
+                    '1,2,4', '--batches', '64,256', '--methods', 'sync,mixed', '--out',
+                    str(out)]) == 0
+  text = capsys.readouterr().out
+  assert 'Fastest:' in text and 'SPRINT' in text and 'Cheapest within 10 %' in text
+  saved = json.loads((out / 'plan.json').read_text())
+  assert len(saved['rows']) == 2 * 3 * 2  # batches x node counts x methods: all fit.
+  for name in ('plan.md', 'time_vs_nodes.png', 'pareto.png'):
+    assert (out / name).stat().st_size > 500
+  assert plan.main(['--pilot', pilot, '--target', '0.3', '--batches', '6']) == 2
+  assert 'Global batch 6 fits none' in capsys.readouterr().err
+  assert plan.main(['--pilot', pilot, '--target', '0.99']) == 2
+  assert 'never reached' in capsys.readouterr().err
+
+
+def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
+  """The trainer's logs are what the planner reads: a tiny pilot to a reachable target."""
+  from anp_jax import train
+  from conftest import tiny_config
+  config = tiny_config(data_dir, num_train_steps=16, log_every_steps=2, eval_every_epochs=1.0,
+                       stop_at_metric='eval/anp_top5', stop_at_value=0.05)
+  train.train_and_evaluate(config, str(tmp_path / 'pilot'))
+  model = plan.load_pilot(str(tmp_path / 'pilot'))
+  assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
+  if model.b_noise > 0:
+    assert model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
+
+
+def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_report(tmp_path):
+  points = plan.sweep_points(_sweep_rows(b_crit=200.0))
+  points[128]['b_simple'] = 200.0  # A pilot whose B_simple equals B_crit predicts exactly.
+  for r in plan.validate_pilot(points, 128) + plan.validate_leave_one_out(points):
+    assert r['error'] == pytest.approx(0.0, abs=1e-9)
+  results = [{'name': 'sync', 'method': 'sync', 'workers': 0, 'sync_every': 1,
+              'predicted_epoch_s': 3600.0, 'curve': _curve(1.0)}]
+  for n in (4, 8, 16):
+    results.append({'name': f'async-{n}', 'method': 'async', 'workers': n, 'sync_every': 1,
+                    'predicted_epoch_s': 3600.0, 'curve': _curve(1 + 0.05 * (n - 1))})
+  rows = plan.validate_methods(results, 0.5)
+  for r in rows:  # Linear penalty: leave-one-out predicts every arm exactly.
+    assert r['predicted_h'] == pytest.approx(r['measured_h'], rel=1e-6)
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import plan_validation
+  assert plan_validation.main(['--out', str(tmp_path)]) == 0
+  text = (tmp_path / 'report.md').read_text()
+  assert 'Pilot predictions within 25 %' in text and 'published' in text
+  for name in ('steps_predicted_vs_measured.png', 'methods_predicted_vs_measured.png',
+               'seed_paper_time_vs_nodes.png', 'results.json'):
+    assert (tmp_path / name).stat().st_size > 500
