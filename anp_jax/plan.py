@@ -543,7 +543,10 @@ def load_cluster(name_or_path: str, nodes: Optional[int] = None) -> Tuple[pm.Clu
     text = f.read()
   if name_or_path.endswith(('.yaml', '.yml')):
     import yaml
-    spec = yaml.safe_load(text)
+    try:
+      spec = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise PlanError(f'{name_or_path}: not valid YAML ({e}).') from e
   else:
     try:
       spec = json.loads(text)

@@ -109,9 +109,15 @@ asynchronous penalty is poorly determined: one seed, a non-linear effect of stal
 cost 1.2–1.9×, 8 workers 4×, 16 never reach 10 % top-1), and every arm ran with the synchronous
 arm's learning rate (0.1 at 128 per update), which is too large under staleness — so the fitted
 slope (0.44 per unit of mean staleness) is a pessimistic estimate for tuned asynchronous SGD.
-**Not done:** the per-arm learning-rate grid the issue asks for (new runs of the preset; they do
-not fit this session's CPU budget). Until then the async penalty should be read as an upper
-bound for a tuned learning rate and the asynchronous ranking as provisional.
+**Not done:** the per-arm learning-rate grid the issue asks for, and the comparison of the arms
+on one cluster size. A reduced grid was tried (`python experiments/sync_async_mixed.py --preset
+cpu --out DIR --workers 16 --aware off --nodes '' --epochs 2 --config.base_lr=LR`, LR = 0.2 and
+0.05, i.e. sync and async-16 at 2 epochs): on the shared 2-core machine (load ~13) one 2-epoch run
+took 219 s, so the four runs would have needed ~15 minutes, twice the session's allowance; it was
+stopped after the first run (sync at the preset's lr: 23.2 % top-1 after 2 epochs), which says
+nothing about the async arms. Until the grid is run (e.g. `--config.base_lr` 0.025–0.2 per arm, 4
+epochs, on an idle machine ~2 min per run), read the async penalty as an upper bound for a tuned
+learning rate and the asynchronous ranking as provisional.
 
 ## 3. The seed paper's cluster (MinoTauro, 4 K80 devices per node)
 

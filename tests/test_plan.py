@@ -186,8 +186,13 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   train.train_and_evaluate(config, str(tmp_path / 'pilot'))
   model = plan.load_pilot(str(tmp_path / 'pilot'))
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
-  if model.b_noise > 0:
-    assert model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
+  assert model.b_noise > 0 and model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
+  # The pilot's own model as the workload: FLOPs from XLA's cost analysis.
+  assert plan.main(['--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
+                    '256', '--nodes', '1,2', '--methods', 'sync', '--out',
+                    str(tmp_path / 'plan')]) == 0
+  saved = json.loads((tmp_path / 'plan' / 'plan.json').read_text())
+  assert saved['rows'] and all(r['step_time'] > 0 for r in saved['rows'])
 
 
 def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_report(tmp_path):
