@@ -40,6 +40,9 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
 IDENTITY_DEFAULTS = {'method': 'sync'}
 # Identity fields added later without a safe default: not compared for checkpoints that lack them.
 IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype')
+# Fields that only fix the position in the training data: an evaluation (config.eval_only) of the
+# checkpoint does not depend on them.
+IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps')
 
 
 class Preempted(SystemExit):
@@ -199,7 +202,8 @@ class Checkpointer:
     saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
     current = identity(self.config, self.identity_extra)
     diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
-            and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)}
+            and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
+            and not (k in IDENTITY_TRAINING_ONLY and self.config.get('eval_only', False))}
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
       raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '

@@ -29,6 +29,7 @@ checkpoints:
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import os
