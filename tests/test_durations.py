@@ -278,3 +278,71 @@ def test_write_json_atomic_never_leaves_a_partial_file(tmp_path):
   with open(path) as f:
     assert json.load(f) == {'step': 3}  # The previous complete file is intact.
   assert os.listdir(tmp_path) == ['final_metrics.json']  # No temporary left behind.
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 14: shards larger than the shuffle buffer are read in a shuffled file order per epoch.
+
+
+@pytest.fixture(scope='module')
+def four_file_builder(tmp_path_factory):
+  """The tests' dataset written as 4 TFRecord files of 64 training examples each."""
+  import tensorflow_datasets as tfds
+  from anp_jax.data import synthetic
+  path = str(tmp_path_factory.mktemp('tfds4'))
+  builder = synthetic.SyntheticAnp(config=synthetic.make_config(**TINY_SYNTHETIC), data_dir=path,
+                                   file_format='tfrecord')
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=4))
+  assert len(builder.info.splits['train'].file_instructions) == 4
+  return builder
+
+
+def _file_of_image(builder, config):
+  """Digest of each preprocessed training image -> index of the file that holds it."""
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+  out = {}
+  for k, fi in enumerate(builder.info.splits['train'].file_instructions):
+    for record in tf.data.TFRecordDataset(fi.filename):
+      ex = builder.info.features.deserialize_example(
+          record, decoders={'image': tfds.decode.SkipDecoding()})
+      image = pipeline.preprocess(ex, train=False, config=config, stored_size=16)['image']
+      out[_digests([image.numpy()])[0]] = k
+  assert len(out) == TRAIN_SIZE
+  return out
+
+
+def test_file_order_is_shuffled_per_epoch_and_reproducible(four_file_builder, data_dir):
+  """A buffer of 1 (no example-level shuffle) on one device: 4 files read round-robin, in an
+  order drawn per epoch. (Before: every epoch followed the file order 0, 1, 2, 3.)"""
+  config = tiny_config(data_dir, augment='none', shuffle_buffer=1)
+  file_of = _file_of_image(four_file_builder, config)
+  kw = dict(per_device_batch=8, num_shards=1, shards=[0])
+  epochs = 5
+  batches = _batches(pipeline.train_dataset(four_file_builder, config, **kw), 32 * epochs)
+  files = [file_of[h] for h in _digests(np.concatenate([b['image'] for b in batches]))]
+  orders = []
+  for e in range(epochs):
+    epoch_files = files[e * TRAIN_SIZE:(e + 1) * TRAIN_SIZE]
+    assert sorted(epoch_files) == sorted(file_of.values())  # A whole epoch, every file.
+    orders.append(tuple(epoch_files[:4]))
+    assert sorted(orders[-1]) == [0, 1, 2, 3]
+    assert epoch_files == list(orders[-1]) * 64  # Interleaved one example per file.
+  assert len(set(orders)) > 1 and orders != [(0, 1, 2, 3)] * epochs
+  again = _batches(pipeline.train_dataset(four_file_builder, config, **kw), 32 * epochs)
+  for a, b in zip(batches, again):
+    np.testing.assert_array_equal(a['image'], b['image'])
+  resumed = _batches(pipeline.train_dataset(four_file_builder, config, start_step=45, **kw), 20)
+  for a, b in zip(batches[45:65], resumed, strict=True):  # Epoch 1 ends in step 63.
+    np.testing.assert_array_equal(a['image'], b['image'])
+
+
+def test_file_shuffled_shards_stay_disjoint_and_complete(four_file_builder, data_dir):
+  """Two devices, each over part of the files (TFDS file instructions with skip/take)."""
+  config = tiny_config(data_dir, augment='none', shuffle_buffer=16)
+  batches = _batches(pipeline.train_dataset(four_file_builder, config, per_device_batch=4,
+                                            num_shards=2, shards=[0, 1]), 32)
+  seen = [_digests(np.concatenate([b['image'][4 * d:4 * d + 4] for b in batches]))
+          for d in range(2)]
+  assert [len(set(s)) for s in seen] == [128, 128]
+  assert not set(seen[0]) & set(seen[1])

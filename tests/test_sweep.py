@@ -259,14 +259,14 @@ def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
     c = sweep.make_run_config(base, spec, accum_steps=1)
     assert (c.batch_size, c.lr_scaling, c.seed) == (batch, rule, 3)
     setup = train.resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
-    assert setup.steps_per_epoch == 8000 // batch
+    assert setup.steps_per_epoch == pytest.approx(8000 / batch)  # An epoch is 8,000 examples.
     schedule = optim.create_lr_schedule(c, setup.steps_per_epoch, setup.total_steps)
     expected = {'linear': 0.2 * batch / 256, 'sqrt': 0.2 * math.sqrt(batch / 256),
                 'none': 0.2}[rule]
     peak = optim.scaled_lr(c)
     assert peak == pytest.approx(expected)
     peaks[batch] = peak
-    w = setup.steps_per_epoch  # 1 epoch of warmup, in this batch size's steps.
+    w = setup.steps(1.0)  # 1 epoch of warmup, in this batch size's steps (rounded).
     if warmup:
       assert float(schedule(0)) == pytest.approx(peak / w, rel=1e-4)
       assert float(schedule(w - 1)) == pytest.approx(peak, rel=1e-4)

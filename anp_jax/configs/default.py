@@ -36,7 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.crop_padding = 4
   c.crop_fraction = 0.875
   c.cache = True
-  c.shuffle_buffer = 16384
+  c.shuffle_buffer = 16384  # A device shard larger than this is also read in a new file order
+  # every epoch (see pipeline._epoch_reader).
 
   # Model.
   c.model = ml_collections.ConfigDict(dict(
@@ -66,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.grad_clip_norm = 0.0  # 0 disables.
   c.adam_b1, c.adam_b2 = 0.9, 0.999
   c.lars_trust_coefficient = 0.001
-  c.num_epochs = 5.0
+  c.num_epochs = 5.0  # Epochs of train_size examples: ceil(N * train_size / batch_size) steps.
   c.num_train_steps = -1  # > 0 overrides num_epochs.
   # Optionally stop early once an evaluation reaches a target accuracy (time-to-accuracy runs):
   # e.g. stop_at_metric='eval/anp_top1', stop_at_value=0.25. '' trains the whole budget.

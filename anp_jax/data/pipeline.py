@@ -253,17 +253,52 @@ def train_dataset(builder, config, *, per_device_batch: int, num_shards: int,
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
 
 
+# Files read concurrently when a shard is read in shuffled file order (see `_epoch_reader`).
+FILE_CYCLE_LENGTH = 16
+
+
 def _epoch_reader(builder, config, split: str, size: int, seed: int, d: int):
-  """``epoch -> Dataset of (epoch, index in epoch, encoded example)``: one shuffled epoch."""
+  """``epoch -> Dataset of (epoch, index in epoch, encoded example)``: one shuffled epoch.
+
+  When the shard fits into ``config.shuffle_buffer`` the buffer shuffles it completely (a uniform
+  permutation per epoch) and the encoded examples may be cached in memory (``config.cache``).
+  When it does not, a buffer alone would keep every epoch close to the order of the files, so the
+  shard's files (its TFDS file instructions) are first put in a random order per epoch, seed
+  ``(seed, d, e)``, and read ``FILE_CYCLE_LENGTH`` at a time, interleaved example by example,
+  before the buffer; such a shard is not cached (it is larger than the buffer, and a cache would
+  fix the file order).
+  """
   buffer = min(size, int(config.get('shuffle_buffer', 16384)))
-  base = builder.as_dataset(split=split, shuffle_files=False,
-                            decoders={'image': tfds.decode.SkipDecoding()})
-  if config.get('cache', True):
-    base = base.cache()
+  epoch_seed = lambda e: seed * 1_000_003 + 7_919 * d + e  # noqa: E731
+  instructions = builder.info.splits[split].file_instructions
+  if buffer >= size or len(instructions) < 2:
+    base = builder.as_dataset(split=split, shuffle_files=False,
+                              decoders={'image': tfds.decode.SkipDecoding()})
+    if config.get('cache', True):
+      base = base.cache()
+    read = lambda e: base  # noqa: E731
+  else:
+    if builder.info.file_format not in (None, tfds.core.FileFormat.TFRECORD):
+      raise ValueError(f'Shuffled file order needs TFRecord files; {builder.name} is stored as '
+                       f'{builder.info.file_format}.')
+    features = builder.info.features
+    files = tf.data.Dataset.from_tensor_slices(
+        (tf.constant([fi.filename for fi in instructions]),
+         tf.constant([fi.skip for fi in instructions], tf.int64),
+         tf.constant([fi.take for fi in instructions], tf.int64)))
+    decoders = {'image': tfds.decode.SkipDecoding()}
+
+    def read(e):
+      order = files.shuffle(len(instructions), seed=epoch_seed(e) * 31 + 17,
+                            reshuffle_each_iteration=False)
+      ds = order.interleave(
+          lambda f, skip, take: tf.data.TFRecordDataset(f).skip(skip).take(take),
+          cycle_length=min(len(instructions), FILE_CYCLE_LENGTH), block_length=1,
+          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      return ds.map(lambda x: features.deserialize_example(x, decoders=decoders))
 
   def epoch(e):
-    ds = base.shuffle(buffer, seed=seed * 1_000_003 + 7_919 * d + e,
-                      reshuffle_each_iteration=False)
+    ds = read(e).shuffle(buffer, seed=epoch_seed(e), reshuffle_each_iteration=False)
     return ds.enumerate().map(lambda i, ex: (e, i, ex))
 
   return epoch
