@@ -47,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from anp_jax import checkpointing, methods, models, optim, reporting
 from anp_jax.data import pipeline
+from anp_jax.models import conv as conv_lowerings
 
 AXIS = 'data'
 NODE, DEVICE = 'node', 'device'  # The local-SGD mesh axes.
@@ -96,29 +97,47 @@ class Setup:
             f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
 
 
+EXECUTORS = ('jit', 'pmap')
+
+# Every enumerated config field (dotted path) and its allowed values: `validate_config` checks
+# them all in one loop, before anything is read or compiled. The tuples live next to the code
+# that dispatches on them.
+CHOICES = {
+    'dataset': pipeline.DATASETS,
+    'augment': pipeline.AUGMENTS,
+    'model.name': tuple(sorted(models.ARCHS)),
+    'model.dtype': tuple(models.DTYPES),
+    'model.conv_impl': conv_lowerings.IMPLS,
+    'bn_mode': models.BN_MODES,
+    'optimizer': optim.OPTIMIZERS,
+    'lr_scaling': optim.SCALING_RULES,
+    'schedule': optim.SCHEDULES,
+    'executor': EXECUTORS,
+    'method': methods.METHODS,
+    'async_sgd.staleness': methods.STALENESS,
+    'async_sgd.momentum': methods.MOMENTUM_MODES,
+}
+# Why a value someone may expect is refused (appended to the message).
+_CHOICE_HINTS = {'model.dtype': models.DTYPE_HINTS}
+
+
+def _check_choices(config) -> None:
+  for field, allowed in CHOICES.items():
+    node = config
+    for part in field.split('.'):
+      if part not in node:  # A config without the section keeps the code's default.
+        break
+      node = node[part]
+    else:
+      if node not in allowed:
+        hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
+        raise ValueError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
+                         + (f' {hint}' if hint else ''))
+
+
 def validate_config(config) -> None:
   """Fails fast, before any data is read or anything compiled, with what to change."""
-  if config.model.name not in models.ARCHS:
-    raise ValueError(f'config.model.name={config.model.name!r} is unknown; choose one of '
-                     f'{sorted(models.ARCHS)}.')
-  if config.dataset not in ('synthetic_anp', 'anp'):
-    raise ValueError(f"config.dataset={config.dataset!r} is unknown; choose 'synthetic_anp' or "
-                     "'anp'.")
-  if config.executor not in ('jit', 'pmap'):
-    raise ValueError(f"config.executor={config.executor!r}; choose 'jit' or 'pmap'.")
-  if config.optimizer not in optim.OPTIMIZERS:
-    raise ValueError(f'config.optimizer={config.optimizer!r}; choose one of {optim.OPTIMIZERS}.')
-  if config.lr_scaling not in optim.SCALING_RULES:
-    raise ValueError(f'config.lr_scaling={config.lr_scaling!r}; choose one of '
-                     f'{optim.SCALING_RULES}.')
-  if config.schedule not in optim.SCHEDULES:
-    raise ValueError(f'config.schedule={config.schedule!r}; choose one of {optim.SCHEDULES}.')
-  if config.bn_mode not in ('global', 'per_device', 'ghost'):
-    raise ValueError(f"config.bn_mode={config.bn_mode!r}; choose 'global', 'per_device' or "
-                     "'ghost'.")
-  if config.model.dtype not in models.DTYPES:
-    raise ValueError(f'config.model.dtype={config.model.dtype!r}; choose one of '
-                     f'{sorted(models.DTYPES)}.')
+  _check_choices(config)
   stem = models.ARCHS[config.model.name][2]
   min_size = models.MIN_IMAGE_SIZE[stem]
   if config.image_size < min_size:
