@@ -289,9 +289,11 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
   With ``tau`` (simulated asynchronous SGD; needs ``state.history``) the current parameters are
   first written to the history slot of this step, then the gradient is computed on the snapshot
   of ``tau`` steps ago (tau = 0: the current parameters, bit for bit) with the current BN
-  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides that
-  gradient by max(tau, 1) (Zhang et al. 2016); weight decay, added by the optimizer on the
-  current parameters, is not divided.
+  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides the
+  optimizer's update (the step, weight decay included) by max(tau, 1), i.e. the learning rate
+  (Zhang et al. 2016). Dividing the gradient instead would do nothing for adamw, lamb and lars,
+  whose updates do not depend on the gradient's scale; the optimizer state (momentum, moments)
+  still accumulates the undivided gradient.
   """
 
   def grads_of(params, batch_stats, mb):
@@ -351,9 +353,11 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
                                     config.get('noise_scale_ema', 0.95))
   sums = dict(sums)
   sums['_grad_norm'] = jnp.sqrt(big_sq)
-  if tau is not None and staleness_aware_lr:
-    grads = jax.tree.map(lambda g: g / jnp.maximum(tau, 1).astype(g.dtype), grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if tau is not None and staleness_aware_lr:
+    # The update, not the gradient: adaptive / trust-ratio optimizers (adamw, lamb, lars)
+    # normalise the gradient's scale away.
+    updates = jax.tree.map(lambda u: u / jnp.maximum(tau, 1).astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
                             opt_state=opt_state, noise_ema=noise_ema, history=history)

@@ -113,3 +113,41 @@ def test_inception_crop_takes_the_same_window_for_every_encoding(fmt):
   np.testing.assert_allclose(got, ref, atol=6)
   other = pipeline._inception_crop(_encoded(image, fmt), 16, tf.constant([4, 1], tf.int64))
   assert np.abs(other.numpy() - got).max() > 20  # Another seed, another window.
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 6: the staleness-aware learning rate divides the update, for every optimizer.
+
+
+@pytest.mark.parametrize('name', optim.OPTIMIZERS)
+def test_staleness_aware_lr_divides_the_update_of_every_optimizer(name):
+  # A large rate: the update is measured as new - old parameters in float32.
+  config = tiny_config('/nonexistent', optimizer=name, schedule='constant', method='async',
+                       lr_scaling='none', base_lr=1.0, noise_scale=False, **{'async_sgd.max_tau': 4,
+                                             'async_sgd.staleness_aware_lr': True})
+  model = models.create_model(config, num_anps=8, num_adjectives=4, num_nouns=4)
+  tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
+  state = train.init_state(model, tx, config.image_size, 0, history=5)
+  # Step 4 with a history of five equal snapshots: tau = 1 and tau = 4 read the same parameters,
+  # so both steps see the same gradient and differ only by the staleness-aware factor.
+  state = state.replace(step=jnp.asarray(4, jnp.int32))
+  rng = np.random.default_rng(0)
+  batch = {'image': jnp.asarray(rng.normal(size=(8, 16, 16, 3)), jnp.float32),
+           'label_anp': jnp.asarray(rng.integers(0, 8, 8), jnp.int32),
+           'label_adjective': jnp.asarray(rng.integers(0, 4, 8), jnp.int32),
+           'label_noun': jnp.asarray(rng.integers(0, 4, 8), jnp.int32)}
+  step = jax.jit(functools.partial(train.per_device_train_step, model=model, tx=tx,
+                                   config=config, accum_steps=1, num_devices=1, axis_name=None,
+                                   staleness_aware_lr=True))
+
+  def update_norms(tau):
+    new, _ = step(state, batch, tau=jnp.asarray(tau, jnp.int32))
+    return np.array([np.linalg.norm(a - b) for a, b in zip(leaves(new.params),
+                                                            leaves(state.params))])
+
+  base, stale = update_norms(1), update_norms(4)
+  moved = base > 0
+  assert moved.sum() >= len(base) // 2
+  # Every parameter's step (kernels under a trust ratio, BN and biases) shrinks by 1/tau.
+  np.testing.assert_allclose(stale[moved] / base[moved], 0.25, rtol=2e-3)
+  assert np.all(stale[~moved] == 0)
