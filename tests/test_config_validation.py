@@ -4,7 +4,6 @@ in one place (unknown values fail before compile, naming the field and the allow
 learning rate scales the *update* so that it acts on every optimizer."""
 
 import functools
-import io
 
 import jax
 import jax.numpy as jnp
