@@ -4,7 +4,8 @@ The global batch size is the knob: ``peak_lr = base_lr * rule(batch_size / base_
 with rule ``linear`` (Goyal et al. 2017), ``sqrt`` (Krizhevsky 2014; Hoffer et al. 2017) or
 ``none``; warmup and decay are given in epochs (of train_size examples, see
 `anp_jax.durations`), so a batch-size sweep changes one number.
-Weight decay skips BatchNorm parameters and biases (every parameter with fewer than 2 dims).
+Weight decay skips BatchNorm parameters and biases (every parameter with fewer than 2 dims), and
+so do the layer-wise trust ratios of LARS and LAMB.
 """
 
 import math
@@ -87,8 +88,14 @@ def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransfor
                     trust_coefficient=config.lars_trust_coefficient,
                     trust_ratio_mask=decay_mask, momentum=config.momentum)
   elif name == 'lamb':
-    tx = optax.lamb(schedule, b1=config.adam_b1, b2=config.adam_b2, weight_decay=wd,
-                    mask=decay_mask)
+    # optax.lamb with the trust ratio restricted to decay_mask, as LARS above and reference LAMB
+    # (You et al. 2020; exclude_from_layer_adaptation): BN scales/offsets and biases take the
+    # plain Adam step (optax.lamb's mask covers weight decay only).
+    tx = optax.chain(
+        optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=1e-6),
+        optax.add_decayed_weights(wd, mask=decay_mask),
+        optax.masked(optax.scale_by_trust_ratio(), decay_mask),
+        optax.scale_by_learning_rate(schedule))
   else:
     raise ValueError(f'config.optimizer={name!r}; choose one of {OPTIMIZERS}.')
   if config.get('grad_clip_norm', 0.0):

@@ -9,7 +9,8 @@ on MinoTauro, synchronous vs. asynchronous vs. mixed-asynchronous), so that conf
 compared, and a cluster sized, before anyone queues a job:
 
 * `ring_allreduce_time` / `hierarchical_allreduce_time`: bandwidth-latency (alpha-beta) cost of the
-  gradient all-reduce; `compute_time`: time of one forward+backward pass on one device.
+  gradient all-reduce; `node_axis_allreduce_time`: local SGD's parameter average as the trainer
+  does it; `compute_time`: time of one forward+backward pass on one device.
 * `predict(cluster, workload, per_device_batch, method=...)`: a `Prediction` with step time,
   images/s, epoch time, speed-ups and, for the asynchronous methods, staleness statistics.
 * `simulate_async`: a discrete-event simulation of workers and parameter servers, the source of
@@ -421,6 +422,23 @@ def hierarchical_allreduce_time(nbytes: float, nodes: int, devices_per_node: int
   intra = ring_reduce_scatter_time(nbytes, devices_per_node, ic.intra_node_bandwidth,
                                    ic.intra_node_latency)
   return 2.0 * intra + inter
+
+
+def node_axis_allreduce_time(nbytes: float, nodes: int, devices_per_node: int,
+                             interconnect: Interconnect) -> float:
+  """All-reduce over the node axis of replicated buffers: what local SGD's averaging does.
+
+  Every device of a node holds the node's whole replica, and `anp_jax.train`'s local-SGD step
+  averages it with ``pmean`` over the ``node`` mesh axis: d concurrent ring all-reduces of the
+  full ``nbytes``, one per device position, each over the N nodes. There is no intra-node
+  reduce-scatter first (unlike `hierarchical_allreduce_time`); the d rings share the node's one
+  network interface, which therefore moves d x 2(N-1)/N x nbytes; their latencies overlap. So
+  it costs a ring all-reduce of d x nbytes over the nodes (zero for one node).
+  """
+  _require_positive('node_axis_allreduce', 'devices_per_node', devices_per_node, integer=True)
+  ic = interconnect
+  return ring_allreduce_time(devices_per_node * nbytes, nodes, ic.inter_node_bandwidth,
+                             ic.inter_node_latency)
 
 
 def check_memory(workload: Workload, device: Device, per_device_batch: int):
@@ -883,7 +901,9 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
 
   if method == 'mixed' and mixed_mode == 'local_sgd':
     node_step = t_c + _exposed(intra, overlap, backward)
-    average = hierarchical_allreduce_time(params, n, d, ic) if n > 1 else 0.0
+    # Parameters (and BN statistics, ignored: tiny) averaged as the trainer does: `pmean` over
+    # the node axis of every device's full replica.
+    average = node_axis_allreduce_time(params, n, d, ic)
     step = node_step + average / local_steps
     comm = intra + average / local_steps
     stale = {j: 1.0 / local_steps for j in range(local_steps)} if n > 1 else {0: 1.0}
@@ -958,8 +978,9 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
     ``local_steps`` > 1 lets a node take that many synchronous steps between pushes.
     ``mixed_mode='local_sgd'``: synchronous inside each node, and every ``local_steps`` steps a
     synchronous all-reduce averages the parameters across nodes (local SGD / periodic model
-    averaging); there is no staleness, and the reported 'staleness' is the local steps since
-    the last average.
+    averaging), costed as `anp_jax.train` does it (`node_axis_allreduce_time`: every device's
+    full replica over the node axis); there is no staleness, and the reported 'staleness' is
+    the local steps since the last average.
   """
   if method not in METHODS:
     raise ValueError(f'method={method!r}; choose one of {METHODS}.')

@@ -47,6 +47,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from anp_jax import checkpointing, durations, methods, models, noise_scale, optim, reporting
 from anp_jax.data import pipeline
+from anp_jax.models import conv as conv_lowerings
 
 AXIS = 'data'
 NODE, DEVICE = 'node', 'device'  # The local-SGD mesh axes.
@@ -111,29 +112,47 @@ class Setup:
             f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
 
 
+EXECUTORS = ('jit', 'pmap')
+
+# Every enumerated config field (dotted path) and its allowed values: `validate_config` checks
+# them all in one loop, before anything is read or compiled. The tuples live next to the code
+# that dispatches on them.
+CHOICES = {
+    'dataset': pipeline.DATASETS,
+    'augment': pipeline.AUGMENTS,
+    'model.name': tuple(sorted(models.ARCHS)),
+    'model.dtype': tuple(models.DTYPES),
+    'model.conv_impl': conv_lowerings.IMPLS,
+    'bn_mode': models.BN_MODES,
+    'optimizer': optim.OPTIMIZERS,
+    'lr_scaling': optim.SCALING_RULES,
+    'schedule': optim.SCHEDULES,
+    'executor': EXECUTORS,
+    'method': methods.METHODS,
+    'async_sgd.staleness': methods.STALENESS,
+    'async_sgd.momentum': methods.MOMENTUM_MODES,
+}
+# Why a value someone may expect is refused (appended to the message).
+_CHOICE_HINTS = {'model.dtype': models.DTYPE_HINTS}
+
+
+def _check_choices(config) -> None:
+  for field, allowed in CHOICES.items():
+    node = config
+    for part in field.split('.'):
+      if part not in node:  # A config without the section keeps the code's default.
+        break
+      node = node[part]
+    else:
+      if node not in allowed:
+        hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
+        raise ValueError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
+                         + (f' {hint}' if hint else ''))
+
+
 def validate_config(config) -> None:
   """Fails fast, before any data is read or anything compiled, with what to change."""
-  if config.model.name not in models.ARCHS:
-    raise ValueError(f'config.model.name={config.model.name!r} is unknown; choose one of '
-                     f'{sorted(models.ARCHS)}.')
-  if config.dataset not in ('synthetic_anp', 'anp'):
-    raise ValueError(f"config.dataset={config.dataset!r} is unknown; choose 'synthetic_anp' or "
-                     "'anp'.")
-  if config.executor not in ('jit', 'pmap'):
-    raise ValueError(f"config.executor={config.executor!r}; choose 'jit' or 'pmap'.")
-  if config.optimizer not in optim.OPTIMIZERS:
-    raise ValueError(f'config.optimizer={config.optimizer!r}; choose one of {optim.OPTIMIZERS}.')
-  if config.lr_scaling not in optim.SCALING_RULES:
-    raise ValueError(f'config.lr_scaling={config.lr_scaling!r}; choose one of '
-                     f'{optim.SCALING_RULES}.')
-  if config.schedule not in optim.SCHEDULES:
-    raise ValueError(f'config.schedule={config.schedule!r}; choose one of {optim.SCHEDULES}.')
-  if config.bn_mode not in ('global', 'per_device', 'ghost'):
-    raise ValueError(f"config.bn_mode={config.bn_mode!r}; choose 'global', 'per_device' or "
-                     "'ghost'.")
-  if config.model.dtype not in models.DTYPES:
-    raise ValueError(f'config.model.dtype={config.model.dtype!r}; choose one of '
-                     f'{sorted(models.DTYPES)}.')
+  _check_choices(config)
   stem = models.ARCHS[config.model.name][2]
   min_size = models.MIN_IMAGE_SIZE[stem]
   if config.image_size < min_size:
@@ -280,9 +299,11 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
   With ``tau`` (simulated asynchronous SGD; needs ``state.history``) the current parameters are
   first written to the history slot of this step, then the gradient is computed on the snapshot
   of ``tau`` steps ago (tau = 0: the current parameters, bit for bit) with the current BN
-  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides that
-  gradient by max(tau, 1) (Zhang et al. 2016); weight decay, added by the optimizer on the
-  current parameters, is not divided.
+  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides the
+  optimizer's update (the step, weight decay included) by max(tau, 1), i.e. the learning rate
+  (Zhang et al. 2016). Dividing the gradient instead would do nothing for adamw, lamb and lars,
+  whose updates do not depend on the gradient's scale; the optimizer state (momentum, moments)
+  still accumulates the undivided gradient.
   """
 
   def grads_of(params, batch_stats, mb):
@@ -343,9 +364,11 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
                                              config.get('noise_scale_ema', 0.95))
   sums = dict(sums)
   sums['_grad_norm'] = jnp.sqrt(big_sq)
-  if tau is not None and staleness_aware_lr:
-    grads = jax.tree.map(lambda g: g / jnp.maximum(tau, 1).astype(g.dtype), grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if tau is not None and staleness_aware_lr:
+    # The update, not the gradient: adaptive / trust-ratio optimizers (adamw, lamb, lars)
+    # normalise the gradient's scale away.
+    updates = jax.tree.map(lambda u: u / jnp.maximum(tau, 1).astype(u.dtype), updates)
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
                             opt_state=opt_state, noise_ema=noise_ema, history=history)

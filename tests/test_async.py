@@ -45,8 +45,8 @@ def _reference_async(config, steps, taus, aware):
   @jax.jit
   def update(params, stale, stats, opt, batch, scale):
     grads, stats = jax.grad(loss, has_aux=True)(stale, stats, batch)
-    grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt = run.tx.update(grads, opt, params)
+    updates = jax.tree.map(lambda u: u * scale, updates)  # Staleness-aware: the step / tau.
     return optax.apply_updates(params, updates), stats, opt
 
   cpu = jax.devices()[0]

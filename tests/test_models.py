@@ -30,6 +30,20 @@ def test_cifar_resnet_parameter_counts_match_he_et_al(name, expected):
   assert abs(count - expected) / expected < 0.03, count
 
 
+def test_cifar_resnet20_uses_projection_shortcuts():
+  # Option B (1x1 conv + BN where the shape changes), as the README and the docstring say:
+  # 272,474 parameters with 10 classes = the paper's option-A count 269,722 + the projections.
+  params = jax.eval_shape(lambda: build_resnet('resnet20', num_anps=10).init(
+      jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False))['params']
+  blocks = sorted(b for b, layers in params.items() if 'conv_proj' in layers)
+  assert blocks == ['BasicBlock_3', 'BasicBlock_6']  # First blocks of stages 2 and 3.
+  proj_count = sum(int(np.prod(x.shape)) for b in blocks
+                   for x in jax.tree.leaves((params[b]['conv_proj'], params[b]['norm_proj'])))
+  assert proj_count == (16 * 32 + 2 * 32) + (32 * 64 + 2 * 64)  # 1x1 kernels + BN scale/bias.
+  total = _param_count(build_resnet('resnet20', num_anps=10), 32)
+  assert total == 272_474 and total - proj_count == 269_722
+
+
 def test_width_multiplier_scales_parameters_quadratically():
   base = _param_count(build_resnet('resnet20', num_anps=10), 32)
   wide = _param_count(build_resnet('resnet20', num_anps=10, width=2.0), 32)

@@ -79,3 +79,28 @@ def test_unknown_names_rejected():
     optim.scaled_lr(_cfg(lr_scaling='cubic'))
   with pytest.raises(ValueError, match='optimizer'):
     optim.create_optimizer(_cfg(optimizer='rmsprop'), lambda s: 0.1)
+
+
+def test_lamb_trust_ratio_skips_batchnorm_and_biases():
+  # One LAMB step by hand (You et al. 2020): Adam direction, + weight decay on kernels, then the
+  # layer-wise trust ratio |w| / |u| on kernels only; BN scales/offsets and biases (1-D) take
+  # the plain Adam step, as in reference LAMB and this project's LARS.
+  lr, wd, eps = 0.5, 0.1, 1e-6
+  c = _cfg(optimizer='lamb', schedule='constant', warmup_epochs=0, base_lr=lr,
+           batch_size=256, base_batch_size=256, weight_decay=wd)
+  tx = optim.create_optimizer(c, optim.create_lr_schedule(c, 1, 1))
+  params = {'kernel': jnp.array([[1.0, -2.0], [0.5, 3.0]]), 'bias': jnp.array([3.0, 4.0])}
+  grads = {'kernel': jnp.array([[0.2, 0.1], [-0.4, 0.3]]), 'bias': jnp.array([1.0, -2.0])}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  expected = {}
+  for name in params:
+    w, g = np.asarray(params[name]), np.asarray(grads[name])
+    u = g / (np.abs(g) + eps)  # First Adam step: bias-corrected m / sqrt(v) = g / |g|.
+    if w.ndim > 1:
+      u = u + wd * w
+      u = u * np.linalg.norm(w) / np.linalg.norm(u)
+    expected[name] = -lr * u
+  for name in params:
+    np.testing.assert_allclose(np.asarray(updates[name]), expected[name], rtol=1e-5)
+  # The test can fail: a trust ratio on the bias would rescale its step by |b| / |u| = 3.5.
+  assert np.linalg.norm(np.asarray(params['bias'])) / np.linalg.norm(expected['bias'] / lr) > 3

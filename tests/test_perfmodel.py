@@ -304,3 +304,26 @@ def test_cli_workload_from_a_flax_model(capsys):
   assert float(row[3]) == pytest.approx(20.0, rel=0.01)
   assert pm.main(['--flax-model', 'resnet7']) == 2
   assert 'resnet7' in capsys.readouterr().err
+
+
+def test_local_sgd_average_is_costed_as_the_trainer_does_it():
+  # train.py's local-SGD step averages with pmean over 'node' of every device's full replica:
+  # d concurrent rings of the whole parameter buffer over the N nodes, sharing the node's NIC,
+  # and no intra-node reduce-scatter (which the hierarchical all-reduce would do).
+  ic = pm.minotauro_interconnect()
+  p, n, d = 1e8, 4, 4
+  expected = 2 * (n - 1) / n * d * p / ic.inter_node_bandwidth + 2 * (n - 1) * ic.inter_node_latency
+  assert pm.node_axis_allreduce_time(p, n, d, ic) == pytest.approx(expected)
+  assert pm.node_axis_allreduce_time(p, 1, d, ic) == 0.0
+  assert pm.node_axis_allreduce_time(p, n, 1, ic) == pm.hierarchical_allreduce_time(p, n, 1, ic)
+  # With d > 1 the node moves d times the hierarchical scheme's inter-node bytes.
+  assert pm.node_axis_allreduce_time(p, n, d, ic) > pm.hierarchical_allreduce_time(p, n, d, ic)
+  # predict() charges exactly that, amortised over the local steps.
+  w = pm.resnet50()
+  cluster = _cluster(nodes=n)
+  h = 8
+  local = pm.predict(cluster, w, 32, method='mixed', mixed_mode='local_sgd', local_steps=h)
+  intra = pm.ring_allreduce_time(w.grad_bytes, cluster.devices_per_node,
+                                 ic.intra_node_bandwidth, ic.intra_node_latency)
+  average = pm.node_axis_allreduce_time(w.param_bytes, n, cluster.devices_per_node, ic)
+  assert local.comm_time == pytest.approx(intra + average / h)

@@ -32,7 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.anp = ml_collections.ConfigDict(dict(config_name=''))  # Used with dataset='anp'.
   c.eval_split = 'validation'
   c.image_size = 32
-  c.augment = 'cifar'  # 'cifar' (pad + crop + flip), 'inception' (random-resized crop), 'none'.
+  # 'cifar' (pad + crop + flip), 'inception' (random-resized crop + flip, any image encoding),
+  # 'flip', 'none'. Every enumerated field's choices: anp_jax.train.CHOICES.
+  c.augment = 'cifar'
   c.crop_padding = 4
   c.crop_fraction = 0.875
   c.cache = True
@@ -41,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Model.
   c.model = ml_collections.ConfigDict(dict(
+      # dtype: 'float32' or 'bfloat16' (float16 is refused: it would need loss scaling).
       name='resnet20', width=1.0, dtype='float32', zero_init_last_bn=True,
       adjective_head=True, noun_head=True, conv_impl='xla'))
   c.loss_weights = ml_collections.ConfigDict(dict(anp=1.0, adjective=0.5, noun=0.5))

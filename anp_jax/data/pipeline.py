@@ -32,6 +32,10 @@ import tensorflow_datasets as tfds  # noqa: E402
 tf.config.set_visible_devices([], 'GPU')
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
+DATASETS = ('synthetic_anp', 'anp')
+# 'cifar': reflect-pad + random crop + flip; 'inception': random-resized crop + flip (centre crop
+# for evaluation); 'flip': flip only; 'none'.
+AUGMENTS = ('cifar', 'inception', 'flip', 'none')
 MEAN_RGB = (0.485, 0.456, 0.406)
 STDDEV_RGB = (0.229, 0.224, 0.225)
 
@@ -117,17 +121,35 @@ def _normalize(image):
 
 
 def _inception_crop(image_bytes, size, seed):
-  """Random-resized crop (area 8-100 %, aspect 3/4-4/3) decoded straight from JPEG bytes."""
-  shape = tf.io.extract_jpeg_shape(image_bytes)
+  """Random-resized crop (area 8-100 %, aspect 3/4-4/3) of an encoded image of any format.
+
+  JPEG is decoded only inside the window (`decode_and_crop_jpeg`, the fast path for photos);
+  other encodings (the generated dataset stores PNG) are decoded whole, then cropped. Both
+  sample the window from the image shape with the same seed, so the crop does not depend on the
+  encoding.
+  """
   bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
-  begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
-      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-      use_image_if_no_bounding_boxes=True)
-  offset_y, offset_x, _ = tf.unstack(begin)
-  h, w, _ = tf.unstack(crop_size)
-  window = tf.stack([offset_y, offset_x, h, w])
-  image = tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3)
+
+  def window(shape):
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    return begin, crop_size
+
+  def from_jpeg():
+    begin, crop_size = window(tf.io.extract_jpeg_shape(image_bytes))
+    offset_y, offset_x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(crop_size)
+    return tf.io.decode_and_crop_jpeg(image_bytes, tf.stack([offset_y, offset_x, h, w]),
+                                      channels=3)
+
+  def from_other():
+    image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
+    begin, crop_size = window(tf.shape(image))
+    return tf.slice(image, begin, crop_size)
+
+  image = tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
   return tf.image.resize(image, [size, size], method='bicubic')
 
 
@@ -151,6 +173,8 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
   """
   size = config.image_size
   augment = config.get('augment', 'cifar')
+  if augment not in AUGMENTS:
+    raise ValueError(f'config.augment={augment!r} is unknown; choose one of {AUGMENTS}.')
   image_bytes = example['image']
   if augment == 'inception':
     image = (_inception_crop(image_bytes, size, seed) if train

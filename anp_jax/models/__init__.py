@@ -7,7 +7,22 @@ import jax.numpy as jnp
 from anp_jax.models.norm import BatchNorm  # noqa: F401
 from anp_jax.models.resnet import ARCHS, MIN_IMAGE_SIZE, ResNet, build_resnet  # noqa: F401
 
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+# Compute dtypes. float16 is deliberately absent: its 5-bit exponent makes small gradients
+# underflow to zero unless the loss is scaled (dynamic loss scaling), which this trainer does not
+# implement; bfloat16 has float32's exponent range and needs none.
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# Why a dtype someone may expect is refused (appended to the error message).
+DTYPE_HINTS = {'float16': "float16 would need loss scaling to keep small gradients from "
+                          "underflowing, which this trainer does not implement; use 'bfloat16' "
+                          "(float32's exponent range, no loss scaling needed)."}
+BN_MODES = ('global', 'per_device', 'ghost')
+
+
+def dtype_error(dtype) -> str:
+  """The message for an unsupported ``config.model.dtype``."""
+  hint = DTYPE_HINTS.get(dtype, '') if isinstance(dtype, str) else ''
+  return (f'config.model.dtype={dtype!r} is unknown; choose one of {tuple(DTYPES)}.'
+          + (f' {hint}' if hint else ''))
 
 
 def bn_settings(config, per_device_micro_batch: Optional[int], axis_name: Optional[str]):
@@ -19,7 +34,7 @@ def bn_settings(config, per_device_micro_batch: Optional[int], axis_name: Option
     return None, None
   if mode == 'ghost':
     return config.bn_group_size, None
-  raise ValueError(f"config.bn_mode={mode!r}; choose 'global', 'per_device' or 'ghost'.")
+  raise ValueError(f'config.bn_mode={mode!r} is unknown; choose one of {BN_MODES}.')
 
 
 def create_model(config, num_anps: int, num_adjectives: int = 0, num_nouns: int = 0,
@@ -32,7 +47,7 @@ def create_model(config, num_anps: int, num_adjectives: int = 0, num_nouns: int 
   """
   m = config.model
   if m.dtype not in DTYPES:
-    raise ValueError(f'config.model.dtype={m.dtype!r}; choose one of {sorted(DTYPES)}.')
+    raise ValueError(dtype_error(m.dtype))
   group_size, bn_axis = bn_settings(config, None, axis_name)
   conv_impl = None
   if m.get('conv_impl', 'xla') != 'xla':

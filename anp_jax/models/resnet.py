@@ -3,7 +3,11 @@
 * ImageNet-style ResNet v1.5 (He et al. 2016, with the stride on the 3x3 convolution of the
   bottleneck as in the torchvision / MLPerf reference): ResNet-18/34/50/101/152 for 224 px photos.
 * CIFAR-style ResNet-20/32/56 (He et al. 2016, section 4.2): 3x3 stem, three stages of
-  16/32/64 x ``width`` channels, basic blocks, for small images.
+  16/32/64 x ``width`` channels, basic blocks, for small images. Where the shape changes (the
+  first block of stages 2 and 3) the shortcut is a 1x1 convolution + BN projection (the paper's
+  option B), not option A's parameter-free zero-padded identity: one block type for both
+  families. That adds 2,752 parameters: ResNet-20 with 10 classes has 272,474 instead of the
+  paper's 269,722 (0.27M); ResNet-32 466,906, ResNet-56 855,770.
 
 Every model returns a dict of logits: ``anp`` always, ``adjective`` and ``noun`` when those heads
 are enabled (``num_adjectives`` / ``num_nouns`` > 0).
