@@ -10,22 +10,24 @@
 * Restore goes into targets carrying the *current* mesh's shardings, so a run saved on 8 devices
   resumes on 4. A corrupt latest checkpoint is reported and the previous one used; a checkpoint
   of another model fails with the mismatching fields named.
-* SIGTERM / SIGUSR1 (what SLURM sends with ``--signal``) set a flag; at the next step boundary all
-  processes agree, save, and the run exits with `EXIT_PREEMPTED` for the launcher to requeue.
+* SIGTERM / SIGUSR1 (what SLURM sends with ``--signal``) set a process-wide flag
+  (`anp_jax.preemption`); within a few steps all processes agree on one step, save there, and the
+  run exits with `EXIT_PREEMPTED` for the launcher to requeue.
 """
 
 import json
 import logging
 import os
 import shutil
-import signal
 import time
 from typing import Any, Dict, Optional, Tuple
 
 import jax
 import numpy as np
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on this code.
+from anp_jax import preemption
+from anp_jax.preemption import EXIT_PREEMPTED, Preempted  # noqa: F401  (re-exported)
+
 EXIT_DIVERGED = 3
 EXIT_CONFIG = 2
 
@@ -43,14 +45,6 @@ IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'mo
 # Fields that only fix the position in the training data: an evaluation (config.eval_only) of the
 # checkpoint does not depend on them.
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps')
-
-
-class Preempted(SystemExit):
-  """Raised after the preemption checkpoint is written; exits with EXIT_PREEMPTED."""
-
-  def __init__(self, step: int):
-    super().__init__(EXIT_PREEMPTED)
-    self.step = step
 
 
 def _get(config, dotted: str):
@@ -83,7 +77,7 @@ class Checkpointer:
     self.every_steps = int(config.get('checkpoint_every_steps', 0) or 0)
     self.every_s = float(config.get('checkpoint_every_minutes', 0) or 0) * 60
     self._last_save_time = time.time()
-    self._preempt_signal = None
+    self._agreement = preemption.StepAgreement()  # Installs the signal handler (once).
     self._mesh = mesh
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
@@ -103,34 +97,20 @@ class Checkpointer:
               best_mode='min' if 'loss' in metric else 'max',
               keep_checkpoints_without_metrics=False,
               enable_async_checkpointing=False, create=True))
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-      try:
-        signal.signal(sig, self._on_signal)
-      except ValueError:  # Not the main thread (e.g. inside some notebook runners).
-        pass
 
   # -- preemption ------------------------------------------------------------------------------
 
-  def _on_signal(self, signum, frame):
-    del frame
-    self._preempt_signal = signum
-    logging.warning('Received signal %d: checkpointing at the next step boundary.', signum)
-
-  def _agree(self, flags: np.ndarray) -> np.ndarray:
-    """Element-wise OR of `flags` over processes, so that all take the same branch."""
-    if jax.process_count() == 1:
-      return flags
-    from jax.experimental import multihost_utils
-    gathered = multihost_utils.process_allgather(flags.astype(np.int32))
-    return np.asarray(gathered).reshape(jax.process_count(), -1).max(axis=0).astype(bool)
-
   def save_due(self, step: int, force: bool = False) -> Tuple[bool, bool]:
-    """(save now?, preempted?) for the step just completed; identical on every process."""
+    """(save now?, preempted?) for the step just dispatched; identical on every process.
+
+    Step-based saves and `force` are the same everywhere by construction; time-based saves
+    (process 0's clock) and preemption are agreed through `preemption.StepAgreement`, which
+    needs no device collective and no host fetch.
+    """
     by_steps = self.every_steps > 0 and step % self.every_steps == 0
     by_time = self.every_s > 0 and time.time() - self._last_save_time >= self.every_s
-    preempt = self._preempt_signal is not None
-    save, by_time, preempt = self._agree(np.array([by_steps or force, by_time, preempt]))
-    return bool(save or by_time or preempt), bool(preempt)
+    save, preempt = self._agreement.due(step, local_save=by_time)
+    return bool(save or by_steps or force), bool(preempt)
 
   # -- save / restore --------------------------------------------------------------------------
 

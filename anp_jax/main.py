@@ -36,7 +36,8 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
-  from anp_jax import checkpointing, train
+  from anp_jax import checkpointing, preemption, train
+  preemption.install()  # A signal during set-up or compilation still gives a checkpoint + 75.
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
   try:

@@ -45,7 +45,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, durations, methods, models, noise_scale, optim, reporting
+from anp_jax import (checkpointing, durations, methods, models, noise_scale, optim, preemption,
+                     reporting)
 from anp_jax.data import pipeline
 from anp_jax.models import conv as conv_lowerings
 
@@ -804,6 +805,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   final_eval: Dict[str, float] = {}
   step = start_step
   stopped_at_target = False
+  run_ahead = preemption.RunAhead()  # Bounds the signal-to-checkpoint delay to a few steps.
   if config.get('stop_at_metric', '') and 0 < start_step < setup.total_steps:
     # A resumed early-stopping run may have stopped at this checkpoint already.
     final_eval = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split),
@@ -817,6 +819,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       batch = next(batches)
       state, sums = executor.train_step(state, batch, *executor.step_args(step))
       pending.append(sums)
+      run_ahead.push(sums)
       step += 1
       if step == start_step + 1:
         bar.reset_clock(step)  # Exclude compilation from the rates.
@@ -864,6 +867,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
           ckpt.save_best(step, state, evaluated, host_state=host_state)
       if preempted and not last:
         ckpt.wait()
+        logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
         if is_main:
           bar.close()
           print(f'Preempted: checkpoint written at step {step}; exiting with code '

@@ -737,6 +737,8 @@ def sweep(argv: Sequence[str]) -> List[Dict]:
   from anp_jax import distributed
   distributed.initialize()  # Multi-process jobs (SLURM / ANP_* variables); no-op otherwise.
   import jax
+  from anp_jax import preemption
+  preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
   sw = resolve(args, overrides)
   from anp_jax import optim
   plans, meta = plan_runs(sw)
@@ -768,6 +770,9 @@ def sweep(argv: Sequence[str]) -> List[Dict]:
       if is_main:
         print(f'[{i}/{len(plans)}] {plan.spec.name}: finished earlier, skipped.', flush=True)
       continue
+    # A signal that came after the previous run's last step check (its final evaluation, its
+    # plots, this loop) is still pending: stop before starting another run.
+    preemption.exit_if_requested(f'[{i}/{len(plans)}] {plan.spec.name}')
     _run_one(plan, run_dir, i, len(plans), is_main)
   rows = []
   if is_main:

@@ -294,7 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from anp_jax import distributed
     distributed.initialize()
     import jax
-    from anp_jax import train
+    from anp_jax import preemption, train
+    preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
     base, runs = resolve(args, overrides)
     plans = plan(base, runs, jax.device_count())
     out = os.path.abspath(os.path.expanduser(args.out))
@@ -310,6 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       if is_main:
         print(f'[{i}/{len(plans)}] {spec.name}: finished earlier, skipped.', flush=True)
       continue
+    preemption.exit_if_requested(f'[{i}/{len(plans)}] {spec.name}')  # A signal between runs.
     if is_main:
       print(f'[{i}/{len(plans)}] {spec.name}: {setup.describe()}', flush=True)
     try:

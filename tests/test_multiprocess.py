@@ -135,3 +135,17 @@ def test_unreachable_coordinator_fails_with_a_message(tmp_path):
   assert out.returncode != 0
   assert time.time() - t0 < 120
   assert 'coordinator' in (out.stderr + out.stdout)
+
+
+def test_first_run_on_an_empty_data_dir_prepares_the_dataset_once(tmp_path):
+  """Two processes on a fresh data_dir: process 0 generates synthetic_anp, the other waits at a
+  barrier and then reads it (before: the second one read a half-written dataset and failed)."""
+  data_dir = tmp_path / 'fresh_tfds'
+  assert not data_dir.exists()
+  mp_config = dict(OVERRIDES, num_train_steps=2, data_dir=str(data_dir),
+                   workdir=str(tmp_path / 'work'))
+  procs = _launch([sys.executable, os.path.join(HERE, 'mp_worker.py')], 2, 1, tmp_path,
+                  MP_CONFIG=json.dumps(mp_config))
+  outs = _wait(procs, tmp_path)
+  assert [o['process_count'] for o in outs] == [2, 2]
+  assert outs[0]['final_eval']['eval/anp_top1'] == outs[1]['final_eval']['eval/anp_top1']

@@ -60,10 +60,10 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   if config.dataset == 'synthetic_anp':
     from anp_jax.data import synthetic
     builder_config = synthetic.make_config(**dict(config.synthetic))
-    builder = synthetic.SyntheticAnp(config=builder_config, data_dir=data_dir,
-                                     file_format='tfrecord')
-    _prepare_once(builder, data_dir)
-    return builder
+    def make():
+      return synthetic.SyntheticAnp(config=builder_config, data_dir=data_dir,
+                                    file_format='tfrecord')
+    return _prepared(make, data_dir)
   if config.dataset == 'anp':
     from anp_jax.data import anp
     check_data_dir(config)
@@ -79,13 +79,38 @@ def check_data_dir(config) -> None:
                             'dataset there first with `python -m anp_jax.data.prepare`.')
 
 
+def _prepared(make, data_dir: str) -> tfds.core.DatasetBuilder:
+  """A builder from `make()` whose dataset is generated, once, before anyone reads it.
+
+  In a multi-process job process 0 generates while the others wait at a barrier (every process
+  calls this, so the barrier is never under a process branch). A builder made before its files
+  existed has no splits, so it is made afresh after generation. A process that still finds no
+  dataset (a node-local data_dir, or a single process) generates it under the file lock, which
+  also serialises independent jobs sharing a data_dir.
+  """
+  if jax.process_count() > 1:
+    if jax.process_index() == 0:
+      _prepare_once(make(), data_dir)
+    from anp_jax import distributed
+    distributed.barrier('anp_jax_prepare_dataset')
+  builder = make()
+  if not _is_prepared(builder):
+    _prepare_once(builder, data_dir)
+    builder = make()
+  return builder
+
+
+def _is_prepared(builder) -> bool:
+  return tf.io.gfile.exists(os.path.join(builder.data_dir, 'dataset_info.json'))
+
+
 def _prepare_once(builder, data_dir: str):
   """Generates the dataset under a file lock: one process writes, the others wait and reuse."""
   os.makedirs(data_dir, exist_ok=True)
   with open(os.path.join(data_dir, '.prepare.lock'), 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
-      if not tf.io.gfile.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
+      if not _is_prepared(builder):
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(verify_ssl=False))
     finally:

@@ -1,0 +1,176 @@
+"""Process-wide preemption state and cheap step agreement across processes.
+
+* **One flag per process.** SIGTERM / SIGUSR1 (what SLURM sends with ``--signal``) set a
+  module-level flag; `install()` puts the handler in place once and it stays for the life of the
+  process. The flag therefore survives from one run to the next: a signal that lands in a run's
+  final evaluation, in plotting, or between two runs of a sweep is still seen, by the next run's
+  first step or by `exit_if_requested()` between runs.
+* **Bounded run-ahead.** JAX dispatches steps asynchronously; the Python loop would otherwise run
+  up to the next host fetch (``log_every_steps``) ahead of the devices and see the flag that much
+  later. `RunAhead` blocks on the outputs of the step `MAX_IN_FLIGHT` back, so at most
+  `MAX_IN_FLIGHT` steps are queued behind the one the loop is at (enough to keep a device busy).
+* **Agreement without a per-step collective.** `StepAgreement` decides, identically on every
+  process, at which step to save and whether to stop, through the key-value store of
+  jax.distributed's coordination service: a process that sees the signal at step ``s`` proposes
+  the stop step ``s + STOP_MARGIN`` (the first proposal wins); process 0 alone proposes the
+  time-based saves. Every process reads the run's keys once per step (one non-blocking get, no
+  device work). Because of the bounded run-ahead no process can be more than `MAX_IN_FLIGHT`
+  steps past another, so all of them read a proposal before they reach its step and stop at
+  that same step. One process: no store, the stop is the step at which the flag is seen.
+
+Bound (stated in the README): a signal is acted on at most ``MAX_IN_FLIGHT + 1`` step times after
+it arrives with one process, and ``STOP_MARGIN + MAX_IN_FLIGHT + 1`` with several, plus an
+evaluation that is running when it arrives, then the checkpoint is written.
+"""
+
+import collections
+import itertools
+import logging
+import signal
+from typing import Any, Optional, Tuple
+
+import jax
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on this code.
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
+# Steps between a stop proposal and the stop: > MAX_IN_FLIGHT + 1 (the most another process can
+# be ahead when it reads the proposal; it reads before each step it dispatches).
+STOP_MARGIN = MAX_IN_FLIGHT + 2
+
+_signal: Optional[int] = None
+_installed = False
+_runs = itertools.count()  # Per-process count of agreements made: the same on every process.
+
+
+class Preempted(SystemExit):
+  """Raised after the preemption checkpoint is written (or between runs); exits 75."""
+
+  def __init__(self, step: Optional[int] = None):
+    super().__init__(EXIT_PREEMPTED)
+    self.step = step
+
+
+def _on_signal(signum, frame):
+  del frame
+  global _signal
+  _signal = signum
+  logging.warning('Received signal %d: checkpointing at the next step boundary.', signum)
+
+
+def install() -> None:
+  """Installs the SIGTERM/SIGUSR1 handler once per process (later calls do nothing)."""
+  global _installed
+  if _installed:
+    return
+  for sig in SIGNALS:
+    try:
+      signal.signal(sig, _on_signal)
+    except ValueError:  # Not the main thread (e.g. inside some notebook runners).
+      return
+  _installed = True
+
+
+def requested() -> Optional[int]:
+  """The signal number received by this process (None: none so far)."""
+  return _signal
+
+
+def reset() -> None:
+  """Forgets a received signal (for tests and interactive use after handling it)."""
+  global _signal
+  _signal = None
+
+
+def any_process_requested() -> bool:
+  """Whether any process got the signal. A collective: every process must call it."""
+  local = _signal is not None
+  if jax.process_count() == 1:
+    return local
+  import numpy as np
+  from jax.experimental import multihost_utils
+  return bool(np.max(multihost_utils.process_allgather(np.array([int(local)], np.int32))))
+
+
+def exit_if_requested(what: str = 'the next run') -> None:
+  """Between runs: raises `Preempted` (exit 75) on every process if any got the signal."""
+  if any_process_requested():
+    if jax.process_index() == 0:
+      print(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the launcher '
+            'requeues the job; rerun the same command to continue.', flush=True)
+    raise Preempted()
+
+
+class RunAhead:
+  """Keeps at most `MAX_IN_FLIGHT` dispatched steps unfinished (see the module docstring)."""
+
+  def __init__(self, limit: int = MAX_IN_FLIGHT):
+    self.limit = limit
+    self._outputs = collections.deque()
+
+  def push(self, outputs: Any) -> None:
+    """Call after dispatching a step with (some of) its outputs; may wait for an older step."""
+    self._outputs.append(outputs)
+    while len(self._outputs) > self.limit:
+      jax.block_until_ready(self._outputs.popleft())
+
+
+def _client():
+  from jax._src import distributed as jax_distributed
+  return jax_distributed.global_state.client
+
+
+class StepAgreement:
+  """Save/stop decisions every process takes at the same step, without a device collective.
+
+  Create one per run on every process (in the same order). `due(step, local_save)` after each
+  dispatched step returns (save, stop); `local_save` is process 0's time-based trigger (other
+  processes' value is ignored so that one clock decides).
+  """
+
+  def __init__(self):
+    install()
+    self.multi = jax.process_count() > 1
+    self.prefix = f'anp_jax/agree/{next(_runs)}/'
+    self.stop_at: Optional[int] = None
+    self._proposed_stop = False
+    self._save_steps = set()
+    self._saves_proposed = 0
+    self._client = _client() if self.multi else None
+
+  def due(self, step: int, local_save: bool = False) -> Tuple[bool, bool]:
+    """(save at `step`?, stop at `step`?) for the step just dispatched; same on all processes."""
+    if not self.multi:
+      stop = _signal is not None
+      return bool(local_save or stop), stop
+    if _signal is not None and not self._proposed_stop and self.stop_at is None:
+      self._propose('stop', step + STOP_MARGIN, first_wins=True)
+      self._proposed_stop = True
+    if local_save and jax.process_index() == 0 and not self._pending_save(step):
+      self._propose(f'save/{self._saves_proposed}', step + STOP_MARGIN)
+      self._saves_proposed += 1
+    self._read()
+    stop = self.stop_at is not None and step >= self.stop_at
+    if self.stop_at is not None and step > self.stop_at:  # Cannot happen (see the docstring).
+      raise RuntimeError(f'Stop step {self.stop_at} agreed too late (now at step {step}).')
+    save = stop or step in self._save_steps
+    return save, stop
+
+  def _pending_save(self, step: int) -> bool:
+    return any(s > step for s in self._save_steps) or self._saves_proposed > len(
+        self._save_steps)
+
+  def _propose(self, key: str, step: int, first_wins: bool = False):
+    try:
+      self._client.key_value_set(self.prefix + key, str(step), allow_overwrite=not first_wins)
+    except Exception:  # Another process proposed first: its value stands.
+      if not first_wins:
+        raise
+
+  def _read(self):
+    for key, value in self._client.key_value_dir_get(self.prefix):
+      name = key[len(self.prefix):]
+      if name == 'stop':
+        self.stop_at = int(value)
+      else:
+        self._save_steps.add(int(value))

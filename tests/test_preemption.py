@@ -1,0 +1,213 @@
+"""Preemption: a process-wide flag that survives between runs, a bounded signal-to-checkpoint
+delay, and one agreed stop step for all processes of a job (no per-step collective)."""
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import jax
+import pytest
+
+from anp_jax import checkpointing, preemption, train
+from conftest import tiny_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+
+import batch_size_sweep as sweep  # noqa: E402
+import sync_async_mixed as sam  # noqa: E402
+from test_multiprocess import _launch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def clean_flag():
+  preemption.install()  # SIGTERM must set the flag, not end the test session.
+  preemption.reset()
+  yield
+  preemption.reset()
+
+
+def _checkpoint_steps(workdir):
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def _ready(tree) -> bool:
+  return all(x.is_ready() for x in jax.tree.leaves(tree))
+
+
+def test_signal_is_acted_on_within_a_few_steps_whatever_the_log_cadence(data_dir, tmp_path,
+                                                                        monkeypatch):
+  """A signal while the device runs step s+1: checkpoint at <= s + MAX_IN_FLIGHT + 1, although
+  metrics are fetched only every 1000 steps (before: at the next fetch, here never: the run
+  went on to its end and exited 0)."""
+  signal_after = 5
+  outputs, seen = [], {}
+  make_executor = train.make_executor
+
+  def recording_executor(*args, **kwargs):
+    executor = make_executor(*args, **kwargs)
+    step_fn = executor.train_step
+
+    def train_step(state, batch, *step_args):
+      state, sums = step_fn(state, batch, *step_args)
+      outputs.append(sums)
+      return state, sums
+    return dataclasses.replace(executor, train_step=train_step)
+
+  def watcher():  # Sends SIGTERM as soon as the device has finished step `signal_after`.
+    deadline = time.time() + 300
+    while time.time() < deadline:
+      done = 0
+      while done < len(outputs) and _ready(outputs[done]):
+        done += 1
+      if done >= signal_after:
+        seen['completed'] = done
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.0005)
+
+  monkeypatch.setattr(train, 'make_executor', recording_executor)
+  # Large batches: slow steps, so that the loop (before: unbounded) runs far ahead of the device.
+  config = tiny_config(data_dir, num_train_steps=60, log_every_steps=1000, batch_size=256)
+  thread = threading.Thread(target=watcher, daemon=True)
+  thread.start()
+  with pytest.raises(checkpointing.Preempted) as info:
+    train.train_and_evaluate(config, str(tmp_path / 'work'))
+  thread.join()
+  bound = seen['completed'] + preemption.MAX_IN_FLIGHT + 1
+  assert info.value.code == checkpointing.EXIT_PREEMPTED
+  assert seen['completed'] <= info.value.step <= bound
+  assert _checkpoint_steps(tmp_path / 'work') == [info.value.step]
+
+
+def test_the_flag_survives_between_runs(data_dir, tmp_path):
+  """A signal after a run's last step boundary stops the next run at its first step."""
+  config = tiny_config(data_dir, num_train_steps=3)
+  train.train_and_evaluate(config, str(tmp_path / 'a'))
+  os.kill(os.getpid(), signal.SIGUSR1)
+  time.sleep(0.1)
+  assert preemption.requested() == signal.SIGUSR1
+  with pytest.raises(checkpointing.Preempted) as info:
+    train.train_and_evaluate(config, str(tmp_path / 'b'))
+  assert info.value.step == 1 and _checkpoint_steps(tmp_path / 'b') == [1]
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep: a signal in the final evaluation or between runs -> exit 75, then an exact resume.
+
+
+def _sweep_argv(out, data_dir):
+  return ['--preset', 'tiny', '--out', str(out), '--target_top1', '0.05', '--no_report',
+          f'--config.data_dir={data_dir}']
+
+
+_COMPARED = ('name', 'final_step', 'final_top1', 'final_top5', 'best_top1', 'steps_to_target',
+             'status')
+
+
+def _rows(out):
+  rows = json.load(open(os.path.join(out, 'results.json')))
+  return [{k: r[k] for k in _COMPARED} for r in rows]
+
+
+@pytest.fixture(scope='module')
+def reference_sweep(data_dir, tmp_path_factory):
+  out = tmp_path_factory.mktemp('reference_sweep')
+  assert sweep.main(_sweep_argv(out, data_dir)) == 0
+  return _rows(out)
+
+
+@pytest.mark.parametrize('when', ['final_evaluation', 'between_runs'])
+def test_sweep_exits_75_on_a_late_signal_and_resumes_exactly(data_dir, tmp_path, monkeypatch,
+                                                             reference_sweep, when):
+  out = tmp_path / 'sweep'
+  sent = []
+  if when == 'final_evaluation':
+    evaluate = train.evaluate
+
+    def evaluate_and_signal(executor, state, builder, config, setup, split):
+      if not sent and int(executor.fetch(state.step)) == setup.total_steps:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+      return evaluate(executor, state, builder, config, setup, split)
+    monkeypatch.setattr(train, 'evaluate', evaluate_and_signal)
+  else:
+    train_and_evaluate = train.train_and_evaluate
+
+    def train_then_signal(config, workdir):
+      result = train_and_evaluate(config, workdir)
+      if not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+      return result
+    monkeypatch.setattr(train, 'train_and_evaluate', train_then_signal)
+  with pytest.raises(SystemExit) as info:
+    sweep.main(_sweep_argv(out, data_dir))
+  assert info.value.code == checkpointing.EXIT_PREEMPTED and sent
+  finished = sorted(os.listdir(out / 'runs'))
+  assert [os.path.exists(out / 'runs' / n / 'final_metrics.json') for n in finished] == [True]
+  monkeypatch.undo()
+  preemption.reset()  # The requeued job is a new process.
+  assert sweep.main(_sweep_argv(out, data_dir)) == 0
+  assert _rows(out) == reference_sweep
+
+
+def test_sync_async_mixed_exits_75_between_runs(data_dir, tmp_path):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(0.1)
+  with pytest.raises(SystemExit) as info:
+    sam.main(['--preset', 'tiny', '--out', str(tmp_path / 'sam'),
+              f'--config.data_dir={data_dir}'])
+  assert info.value.code == checkpointing.EXIT_PREEMPTED
+  assert not (tmp_path / 'sam' / 'runs').exists()  # Nothing was started.
+
+
+# ----------------------------------------------------------------------------------------------
+# Several processes: SIGTERM to one of them.
+
+
+def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
+  workdir = tmp_path / 'work'
+
+  def cmd(steps):
+    c = [sys.executable, '-m', 'anp_jax.main', f'--workdir={workdir}',
+         f'--config.data_dir={data_dir}', f'--config.num_train_steps={steps}',
+         '--config.model.name=resnet8', '--config.model.width=0.25', '--config.image_size=16',
+         '--config.batch_size=8', '--config.bn_group_size=4', '--config.progress_bar=False',
+         '--config.checkpoint_every_steps=0', '--config.checkpoint_every_minutes=0',
+         '--config.log_every_steps=1', '--config.eval_every_epochs=0']
+    return c + [f'--config.synthetic.{k}={v}' for k, v in tiny_config(data_dir).synthetic.items()]
+
+  procs = _launch(cmd(100000), 2, 1, tmp_path)
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.time() + 300
+  while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
+    assert time.time() < deadline, open(tmp_path / 'proc0.log').read()[-3000:]
+    assert all(p.poll() is None for p in procs), open(tmp_path / 'proc0.log').read()[-3000:]
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGTERM)
+  try:
+    codes = [p.wait(timeout=180) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
+  assert codes == [checkpointing.EXIT_PREEMPTED] * 2, [log[-3000:] for log in logs]
+  stops = []
+  for i, log in enumerate(logs):
+    line = [l for l in log.splitlines() if f'Preempted: process {i} stops at step' in l]
+    assert len(line) == 1, log[-3000:]
+    stops.append(int(line[0].rsplit(' ', 1)[-1].rstrip('.')))
+  assert stops[0] == stops[1]
+  assert _checkpoint_steps(workdir) == [stops[0]]
+  procs = _launch(cmd(stops[0] + 2), 2, 1, tmp_path)
+  codes = [p.wait(timeout=300) for p in procs]
+  log0 = open(tmp_path / 'proc0.log').read()
+  assert codes == [0, 0], log0[-3000:]
+  assert f'Resumed from checkpoint at step {stops[0]}' in log0
