@@ -200,3 +200,88 @@ def test_perfmodel_headers_say_what_was_predicted(capsys):
   assert pm.main(['--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16']) == 0
   method = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('method:'))
   assert '16 node workers' not in method and 'one worker per node' in method
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. A run's first screen is anp_jax's own lines.
+
+THIRD_PARTY_NOISE = ('absl::InitializeLog', 'oneDNN', 'Using custom data configuration',
+                     'Downloading and preparing', 'Generating splits', '\x1b[', '\r')
+OWN_LINES = ('process 0/1 on ', 'anp_jax | ', '[', 'eval @ step', 'Done in ')
+
+
+def test_first_screen_is_anp_jax_own_lines(tmp_path):
+  c = tiny_config(tmp_path / 'fresh_data')  # Generated during the run: its lines count too.
+  argv = [sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "run"}',
+          '--config.progress_bar=True', '--config.num_train_steps=4']
+  for key in ('data_dir', 'image_size', 'batch_size', 'eval_batch_size', 'bn_group_size',
+              'log_every_steps', 'eval_every_epochs', 'warmup_epochs'):
+    argv.append(f'--config.{key}={c[key]}')
+  argv += [f'--config.model.{k}={c.model[k]}' for k in ('name', 'width')]
+  argv += [f'--config.synthetic.{k}={v}' for k, v in c.synthetic.items()]
+  env = _env()
+  for key in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS'):  # What a new user has.
+    env.pop(key, None)
+  out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  text = out.stdout + out.stderr
+  assert not [s for s in THIRD_PARTY_NOISE if s in text], text[:3000]
+  foreign = [l for l in text.splitlines() if l.strip() and not l.startswith(OWN_LINES)]
+  assert not foreign, '\n'.join(foreign[:20])
+  assert 'anp_jax | generating the synthetic_anp dataset' in out.stdout
+
+
+def test_prepare_help_does_not_import_tensorflow():
+  code = ('import runpy, sys\n'
+          'sys.argv = ["prepare", "--help"]\n'
+          'try:\n'
+          '  runpy.run_module("anp_jax.data.prepare", run_name="__main__")\n'
+          'except SystemExit as e:\n'
+          '  assert e.code == 0, e.code\n'
+          'print("tensorflow" in sys.modules)\n')
+  out = subprocess.run([sys.executable, '-c', code], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip().splitlines()[-1] == 'False'
+
+
+# ----------------------------------------------------------------------------------------------
+# 9. Progress that moves, with honest rates.
+
+
+def test_rates_after_an_evaluation_exclude_it(monkeypatch):
+  from anp_jax import reporting
+  now = [100.0]
+  monkeypatch.setattr(reporting.time, 'time', lambda: now[0])
+  bar = reporting.ProgressBar(100, images_per_step=10, enabled=False)
+  bar.reset_clock(0)
+  now[0] += 10.0  # 10 steps of training in 10 s ...
+  now[0] += 30.0  # ... then a 30 s evaluation.
+  bar.exclude(30.0)
+  assert bar.rates(10) == pytest.approx((1.0, 10.0))
+
+
+def test_progress_bar_in_a_log_writes_plain_lines_every_few_seconds(monkeypatch):
+  import io
+  from anp_jax import reporting
+  now = [0.0]
+  monkeypatch.setattr(reporting.time, 'time', lambda: now[0])
+  stream = io.StringIO()
+  bar = reporting.ProgressBar(100, images_per_step=10, stream=stream)
+  for step in range(1, 31):
+    now[0] += 1.0
+    bar.update(step)
+  lines = stream.getvalue().splitlines()
+  assert 5 <= len(lines) <= 7 and '\r' not in stream.getvalue()
+
+
+def test_benchmark_windows_report_progress():
+  from anp_jax import benchmarking
+  lines = []
+  contenders = [benchmarking.Contender(name, 8, lambda n: None) for name in ('a', 'b')]
+  benchmarking.interleave(contenders, windows=3, steps_per_window=2, warmup_steps=1,
+                          progress=lines.append)
+  assert [l for l in lines if l.startswith('window ')] == [
+      l for l in lines if re.match(r'window \d/3: a [\d.e+]+ img/s, b [\d.e+]+ img/s', l)]
+  assert len([l for l in lines if l.startswith('window ')]) == 3
+  assert len([l for l in lines if 'warm-up' in l]) == 2
