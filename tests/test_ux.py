@@ -285,3 +285,82 @@ def test_benchmark_windows_report_progress():
       l for l in lines if re.match(r'window \d/3: a [\d.e+]+ img/s, b [\d.e+]+ img/s', l)]
   assert len([l for l in lines if l.startswith('window ')]) == 3
   assert len([l for l in lines if 'warm-up' in l]) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# 11. The figures the README and the sweep's docstring quote are the committed results.
+
+
+def _flat(text):
+  return ' '.join(text.split())
+
+
+def test_quoted_sweep_figures_match_the_committed_results():
+  results = os.path.join(ROOT, 'experiments', 'results', 'bs_sweep_cpu')
+  with open(os.path.join(results, 'results.csv')) as f:
+    rows = {(int(r['batch']), r['rule'], r['warmup']): r for r in csv.DictReader(f)}
+  pct = lambda b, rule='linear', warm='on': f'{100 * float(rows[(b, rule, warm)]["final_top1"]):.1f}'
+  steps = lambda b, warm: rows[(b, 'linear', warm)]['steps_to_target']
+  readme = _flat(open(os.path.join(ROOT, 'README.md')).read())
+  quoted = [
+      f'final ANP top-1 falls from {pct(32)} % (B=32) and {pct(64)} % (64) to {pct(128)} % (128), '
+      f'{pct(256)} % (256), {pct(512)} % (512) and {pct(1024)} % (1024)',
+      f'({steps(32, "off")} → {steps(64, "off")} → {steps(128, "off")} without warmup), then '
+      f'{steps(256, "off")}, {steps(512, "off")}, {steps(1024, "off")}',
+      f'({pct(32, "none")} % at B=32)',
+  ]
+  fits = report.fit_arms(report.aggregate(report.load_results(results)))
+  b_crit = {w: fits[('linear', w)]['b_crit'] for w in ('on', 'off')}
+  b_simple = {w: fits[('linear', w)]['b_simple_median'] for w in ('on', 'off')}
+  quoted.append(f'B_crit = {b_crit["on"]:.0f} (warmup) / {b_crit["off"]:.0f} (no warmup) against a '
+                f'measured B_simple of {b_simple["on"]:.0f} / {b_simple["off"]:.0f}')
+  for text in quoted:
+    assert text in readme, text
+  r256, r1024 = rows[(256, 'linear', 'on')], rows[(1024, 'linear', 'on')]
+  docstring = _flat(open(os.path.join(ROOT, 'experiments', 'batch_size_sweep.py')).read())
+  assert (f'B=256 reaches it after {r256["steps_to_target"]} steps '
+          f'({float(r256["epochs_to_target"]):.1f} epochs) and ends at {pct(256)} %; B=1024 (lr '
+          f'{float(r1024["lr"]):g}) after {r1024["steps_to_target"]} steps '
+          f'({float(r1024["epochs_to_target"]):.1f} epochs), ending at {pct(1024)} %') in docstring
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. One way to run things.
+
+
+def test_readme_commands_have_one_form():
+  """Every command line of the README's code blocks starts the same way (no bare `python`)."""
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  blocks = re.findall(r'```bash\n(.*?)```', text, re.S)
+  commands = [l.strip() for b in blocks for l in b.splitlines()
+              if l.strip() and not l.startswith((' ', '\t'))]
+  bad = [c for c in commands if re.search(r'(^|\s)(PYTHONPATH=\S* )?python3? ', c)]
+  assert not bad, bad
+  assert not re.search(r'PYTHONPATH=\. ', text)
+  assert all(c.split()[0] in ('.venv/bin/python', './run.sh', './test.sh', 'sbatch',
+                              'experiments/bench_gpu.sh') or '=' in c.split()[0]
+             for c in commands), commands
+
+
+def test_package_builds_with_every_module(tmp_path):
+  """pyproject.toml: the wheel (what `pip install -e .` installs) holds all of anp_jax."""
+  out = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+                        '--no-build-isolation', '-w', str(tmp_path), ROOT],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-2000:]
+  import zipfile
+  wheel, = [p for p in os.listdir(tmp_path) if p.endswith('.whl')]
+  names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
+  ours = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(
+      os.path.join(ROOT, 'anp_jax')) for f in fs if f.endswith('.py')}
+  assert ours <= names, sorted(ours - names)
+
+
+def test_experiment_scripts_run_from_another_directory(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('PYTHONPATH', None)
+  for script in ('report.py', 'batch_size_sweep.py', 'perfmodel_validation.py',
+                 'sync_async_mixed.py'):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', script), '--help'],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, (script, out.stderr[-2000:])
