@@ -344,8 +344,14 @@ def test_readme_commands_have_one_form():
 
 def test_package_builds_with_every_module(tmp_path):
   """pyproject.toml: the wheel (what `pip install -e .` installs) holds all of anp_jax."""
+  import shutil
+  src = tmp_path / 'src'  # setuptools builds in the source tree: not in the checkout.
+  shutil.copytree(os.path.join(ROOT, 'anp_jax'), src / 'anp_jax',
+                  ignore=shutil.ignore_patterns('__pycache__'))
+  for name in ('pyproject.toml', 'requirements.txt', 'README.md'):
+    shutil.copy(os.path.join(ROOT, name), src / name)
   out = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
-                        '--no-build-isolation', '-w', str(tmp_path), ROOT],
+                        '--no-build-isolation', '-w', str(tmp_path), str(src)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-2000:]
   import zipfile
