@@ -20,7 +20,7 @@ PY="${ANP_PYTHON:-python3}"
 install_package() {
   local isolation=--no-build-isolation  # Python >= 3.12 venvs come without setuptools.
   "$VENV/bin/python" -c 'import setuptools' 2>/dev/null || isolation=
-  "$VENV/bin/python" -m pip install -q --no-deps $isolation -e "$HERE" >&2 || {
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $isolation -e "$HERE" >&2 || {
     echo "run.sh: pip install -e $HERE failed" >&2; return 1; }
   echo "$HERE" > "$VENV/.anp_package_ok"
 }
@@ -36,8 +36,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
   else
     echo "run.sh: creating the Python environment in $VENV (first run only, a few minutes)..." >&2
     "$PY" -m venv "$VENV" || { echo "run.sh: could not create a venv with $PY" >&2; exit 2; }
-    "$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true
-    "$VENV/bin/python" -m pip install -q -r "$HERE/requirements.txt" >&2 || {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$HERE/requirements.txt" >&2 || {
       echo "run.sh: pip install -r requirements.txt failed" >&2; exit 2; }
     install_package || exit 2
     cp "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"
