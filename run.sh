@@ -14,6 +14,17 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${ANP_VENV:-$HERE/.venv}"
 PY="${ANP_PYTHON:-python3}"
 
+# anp_jax itself, editable (pyproject.toml): `import anp_jax` then works from any directory,
+# notebook or script of this environment. Offline: no build isolation, no dependencies (those
+# are requirements.txt's, installed just before).
+install_package() {
+  local isolation=--no-build-isolation  # Python >= 3.12 venvs come without setuptools.
+  "$VENV/bin/python" -c 'import setuptools' 2>/dev/null || isolation=
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $isolation -e "$HERE" >&2 || {
+    echo "run.sh: pip install -e $HERE failed" >&2; return 1; }
+  echo "$HERE" > "$VENV/.anp_package_ok"
+}
+
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
    ! cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"; then
   if [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_PROCID}" != "0" ]; then
@@ -25,11 +36,17 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
   else
     echo "run.sh: creating the Python environment in $VENV (first run only, a few minutes)..." >&2
     "$PY" -m venv "$VENV" || { echo "run.sh: could not create a venv with $PY" >&2; exit 2; }
-    "$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true
-    "$VENV/bin/python" -m pip install -q -r "$HERE/requirements.txt" >&2 || {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$HERE/requirements.txt" >&2 || {
       echo "run.sh: pip install -r requirements.txt failed" >&2; exit 2; }
+    install_package || exit 2
     cp "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"
   fi
+fi
+# An environment built before pyproject.toml existed, or for another checkout: (re)install the
+# package (task 0 only; the others import it through PYTHONPATH below).
+if [ "${SLURM_PROCID:-0}" = 0 ] && ! cmp -s <(echo "$HERE") "$VENV/.anp_package_ok" 2>/dev/null; then
+  install_package || exit 2
 fi
 
 [ "${ANP_SETUP_ONLY:-0}" = 1 ] && exit 0
@@ -42,9 +59,6 @@ args=("$@")
 has_workdir=0
 for a in "${args[@]}"; do case "$a" in --workdir=*|--workdir) has_workdir=1;; esac; done
 [ "$has_workdir" = 1 ] || args+=("--workdir=$HERE/workdirs/demo")
-has_data=0
-for a in "${args[@]}"; do case "$a" in --config.data_dir=*) has_data=1;; esac; done
-[ "$has_data" = 1 ] || [ -z "${ANP_DATA_DIR:-}" ] || args+=("--config.data_dir=$ANP_DATA_DIR")
 
 echo "run.sh: host $(hostname) task ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} job ${SLURM_JOB_ID:-none}" >&2
 # Forward SIGTERM/SIGUSR1 (SLURM preemption / time-limit warning) to the trainer, which

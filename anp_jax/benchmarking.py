@@ -80,15 +80,27 @@ class Contender:
     self.timing.step_times.append((time.perf_counter() - t0) / steps)
 
 
+def _silent(message: str):
+  del message
+
+
 def interleave(contenders: Sequence[Contender], windows: int, steps_per_window: int,
-               warmup_steps: int) -> Dict[str, Any]:
-  """Warms every contender up, then times them in alternating windows; ratios per round."""
+               warmup_steps: int, progress: Callable[[str], None] = _silent) -> Dict[str, Any]:
+  """Warms every contender up, then times them in alternating windows; ratios per round.
+
+  `progress` gets a line after each warm-up and each round (the rates of that round).
+  """
   for c in contenders:
     if warmup_steps:
+      t0 = time.perf_counter()
       c.run(warmup_steps)
-  for _ in range(windows):
+      progress(f'{c.name}: {warmup_steps} warm-up step(s) in {time.perf_counter() - t0:.1f} s')
+  for w in range(windows):
     for c in contenders:
       c.window(steps_per_window)
+    progress(f'window {w + 1}/{windows}: ' + ', '.join(
+        f'{c.name} {c.timing.images_per_step / max(c.timing.step_times[-1], 1e-12):.1f} img/s'
+        for c in contenders))
   out = {c.name: c.timing.summary() for c in contenders}
   ratios = {}
   for i, a in enumerate(contenders):
@@ -495,10 +507,13 @@ def environment() -> Dict[str, Any]:
 def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_window: int = 3,
                   loop: bool = True, loop_steps: Optional[int] = None, reference: bool = True,
                   torch_compare: bool = True, peak_n: Optional[int] = None,
-                  workdir: Optional[str] = None) -> Dict[str, Any]:
+                  workdir: Optional[str] = None,
+                  progress: Callable[[str], None] = _silent) -> Dict[str, Any]:
   """Measures everything the module docstring lists for `config`; returns a JSON-able dict.
 
   Every key is always present; what was not measured is None with a ``*_skipped`` reason.
+  `progress` receives a line at every stage (compilation, each timed window, the matmul peak,
+  the training loop), so a run of minutes is never silent.
   """
   import jax
   result: Dict[str, Any] = {'environment': environment(), 'config': {
@@ -509,7 +524,9 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
       'dataset': config.dataset},
       'method': {'warmup_steps': warmup_steps, 'windows': windows,
                  'steps_per_window': steps_per_window}}
+  progress(f'compiling the train step ({config.model.name}, batch {config.batch_size})...')
   bare = build_bare_step(config)
+  progress(f'compiled in {bare.compile_s:.1f} s')
   b = config.batch_size
   # The compiled step is the per-device SPMD program: its cost analysis is one device's share.
   flops_step = compiled_flops(bare.compiled) * jax.device_count()
@@ -551,7 +568,9 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
       contenders.append(Contender('torch', b, t_run))
       result['torch'] = {'version': version, 'n_params': t_params, 'threads': t_threads}
 
-  timed = interleave(contenders, windows, steps_per_window, warmup_steps)
+  progress(f'timing {", ".join(c.name for c in contenders)}: {windows} window(s) of '
+           f'{steps_per_window} step(s) each, alternating')
+  timed = interleave(contenders, windows, steps_per_window, warmup_steps, progress)
   result['bare'] = timed['results']['anp_jax']
   if result['reference'] is not None:
     result['reference'].update(timed['results']['reference'])
@@ -561,7 +580,9 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['memory'] = memory_report(bare.compiled)
   del contenders
 
+  progress('measuring the matmul peak FLOP/s...')
   peak = measure_peak_flops(config.model.dtype, peak_n)
+  progress(f'peak {peak["flops_per_s"] / 1e9:.1f} GFLOP/s')
   result['peak'] = peak
   n_dev = jax.device_count()
   achieved = result['bare']['images_per_s'] * result['flops_per_image_train']
@@ -572,7 +593,9 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['loop'] = None
   if loop:
     loop_steps = loop_steps or windows * steps_per_window
+    progress(f'training loop: {loop_steps} steps of train.train_and_evaluate...')
     lr = measure_loop(config, loop_steps, workdir)
+    progress(f'training loop: {lr["images_per_s"]:.1f} img/s; timing the bare step again')
     # The loop cannot alternate with the bare step window by window; time the bare step again
     # right after it and compare against both (a load change shows up as before != after).
     after = Contender('anp_jax_after_loop', b, bare.run)

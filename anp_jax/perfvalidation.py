@@ -180,6 +180,8 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
     row['step_times_s'] = times
     row['step_time_s'] = statistics.median(times)
     row['images_per_s'] = b / row['step_time_s']
+    print(f'batch {b}: {row["step_time_s"] * 1e3:.1f} ms per step, {row["images_per_s"]:.1f} img/s',
+          flush=True)  # Relayed by the parent as progress.
     steps.append(row)
     del dev_batch, run
 
@@ -225,9 +227,16 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+HEARTBEAT_S = 10.0  # Seconds of silence after which a running measurement says it still runs.
+
+
 def _launch(spec: MeasureSpec, out_json: str, devices_per_process: int, processes: int,
-            log_prefix: str, timeout_s: float) -> dict:
-  """Runs the measurement in ``processes`` subprocesses; returns process 0's result."""
+            log_prefix: str, timeout_s: float, progress=None) -> dict:
+  """Runs the measurement in ``processes`` subprocesses; returns process 0's result.
+
+  ``progress`` (a print-like function) gets process 0's new ``batch ...`` lines as they come,
+  and a line every `HEARTBEAT_S` seconds while nothing new was printed.
+  """
   flags = f'--xla_force_host_platform_device_count={devices_per_process}'
   if spec.plumbing_only:
     flags += ' --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
@@ -249,10 +258,25 @@ def _launch(spec: MeasureSpec, out_json: str, devices_per_process: int, processe
       procs.append(subprocess.Popen(
           [sys.executable, '-m', 'anp_jax.perfvalidation', json.dumps(dataclasses.asdict(spec)),
            out_json], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT))
-  deadline = time.time() + timeout_s
+  start = time.time()
+  deadline = start + timeout_s
+  seen, last_news = 0, start
   try:
-    for p in procs:
-      p.wait(timeout=max(1.0, deadline - time.time()))
+    while any(p.poll() is None for p in procs):
+      if time.time() > deadline:
+        raise subprocess.TimeoutExpired(procs[0].args, timeout_s)
+      time.sleep(0.5)
+      if progress is None:
+        continue
+      lines = [l for l in open(logs[0]).read().splitlines() if l.startswith('batch ')]
+      for line in lines[seen:]:
+        progress(f'  {os.path.basename(log_prefix)}: {line}')
+        last_news = time.time()
+      seen = len(lines)
+      if time.time() - last_news >= HEARTBEAT_S:
+        progress(f'  {os.path.basename(log_prefix)}: running for {time.time() - start:.0f} s '
+                 '(compiling / timing)')
+        last_news = time.time()
   except subprocess.TimeoutExpired:
     for p in procs:
       p.kill()
@@ -332,8 +356,10 @@ def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], pr
       log(f'{key}: skipped, the time budget of {budget_s:.0f} s is spent')
       continue
     t0 = time.time()
+    log(f'{key}: measuring batches {list(job_spec.batches)} on {per_process * nproc} '
+        f'{kind}...')
     runs[key] = _launch(job_spec, out_json, per_process, nproc,
-                        os.path.join(out_dir, f'measure_{key}'), timeout_s)
+                        os.path.join(out_dir, f'measure_{key}'), timeout_s, progress=log)
     runs[key]['kind'] = kind
     with open(out_json, 'w') as f:  # With its kind and settings, for --reuse.
       json.dump(runs[key], f)
@@ -843,6 +869,7 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
     results['measured'] = measured
     results['cpu'] = predict_points(measured, calibration_batch)
   if 'paper' in parts:
+    log("paper: simulating the seed paper's cluster (presets, then the one-knob fit)...")
     results['paper'] = paper_comparison(sim_updates=2_000 if quick else 20_000, num_ps=num_ps,
                                         fit_method=fit_method)
   results['load_after'] = _uptime()

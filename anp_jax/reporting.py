@@ -47,7 +47,12 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class ProgressBar:
-  """One-line progress with steps/s, images/s and ETA (a line per update when not a TTY)."""
+  """One-line progress with steps/s, images/s and ETA.
+
+  On a terminal the line is redrawn in place; otherwise (a log file, SLURM output) a plain line is
+  written at most every `LOG_EVERY_S` seconds, never cursor-control characters.
+  """
+  LOG_EVERY_S = 5.0
 
   def __init__(self, total_steps: int, images_per_step: int, start_step: int = 0,
                enabled: bool = True, stream=None, width: int = 24):
@@ -63,6 +68,10 @@ class ProgressBar:
     """Restart the rate measurement (after compilation, so it reports steady-state speed)."""
     self._t0, self._s0 = time.time(), step
 
+  def exclude(self, seconds: float):
+    """Leaves `seconds` of non-training work (an evaluation) out of the training rates."""
+    self._t0 += seconds
+
   def rates(self, step: int):
     elapsed = max(time.time() - self._t0, 1e-9)
     steps_per_s = (step - self._s0) / elapsed
@@ -74,7 +83,7 @@ class ProgressBar:
     now = time.time()
     if not force and self.tty and now - self._last_print < 0.2:
       return
-    if not force and not self.tty and now - self._last_print < 10.0:
+    if not force and not self.tty and now - self._last_print < self.LOG_EVERY_S:
       return
     self._last_print = now
     sps, ips = self.rates(step)

@@ -840,6 +840,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
         bar.update(step)
       evaluated = None
       if step % setup.eval_every_steps == 0 or last:
+        jax.block_until_ready(state)  # The steps dispatched so far are training time.
+        t_eval = time.time()
         sums = evaluate(executor, state, builder, config, setup, meta.eval_split)
         final_eval = evaluated = summarize(sums, 'eval')
         final_eval.update(setup.progress(step, 'eval'))
@@ -850,6 +852,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
           print(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
                 f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
                 f'{final_eval["eval/loss"]:.3f}', flush=True)
+        bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
       if _target_reached(config, evaluated):
         stopped_at_target = True
         if is_main:

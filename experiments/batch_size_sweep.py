@@ -43,17 +43,17 @@ best learning rate, not at one fixed rule).
 
 Presets:
 
-* ``tiny``: seconds, for tests — ResNet-8 width 0.5 at 16 px on 256 generated images (the
+* ``tiny``: for tests (about a minute on 2 cores, mostly start-up and compilation) — ResNet-8 width 0.5 at 16 px on 256 generated images (the
   tests' dataset), batches 32, 64 (accumulation above 4 per device), one arm, 0.75 epochs.
 * ``cpu``: the experiment on a 2-core machine, ≤ 45 min. ResNet-20 at width 0.5 on the generated
   32-class ANP dataset drawn at 16 px (8,000 train / 1,696 eval images), 2 simulated CPU devices
   (ghost BN over 16 images, so the smallest batch still spans two devices and B_simple is
   measured for every batch), batches 32, 64, ..., 1024, 3 arms, 1 seed — 18 runs — of 10 epochs
   each, nesterov, base lr 0.2 per 256, 1 epoch of warmup, cosine decay, evaluation every half
-  epoch, target 25 % ANP top-1 (chance 3.1 %). Measured with the linear rule and warmup: B=256
-  reaches it after 96 steps (3.1 epochs) and ends at 48 %; B=1024 (lr 0.8) after 56 steps (8
-  epochs), ending at 29 % — the large-batch loss of accuracy at a fixed epoch budget, and far
-  from perfect scaling in steps. No gradient accumulation: on XLA:CPU the accumulation loop runs
+  epoch, target 25 % ANP top-1 (chance 3.1 %). Measured with the linear rule and warmup
+  (``experiments/results/bs_sweep_cpu/``): B=256 reaches it after 96 steps (3.1 epochs) and ends
+  at 46.6 %; B=1024 (lr 0.8) after 60 steps (8.6 epochs), ending at 26.7 % — the large-batch loss
+  of accuracy at a fixed epoch budget, and far from perfect scaling in steps. No gradient accumulation: on XLA:CPU the accumulation loop runs
   ~6x slower per image (115 vs 685 img/s measured), and 512 per device fits easily.
   Time estimate: ResNet-20 width 1 at 32 px trains at ~120 img/s at batch 128 on this machine
   (90 measured while other jobs loaded it); width 0.5 quarters the FLOPs and 16 px quarters them

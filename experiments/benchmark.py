@@ -44,6 +44,12 @@ flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1
                   'JSON per layout next to --out.')
 
 
+def _progress(message: str):
+  import jax
+  if jax.process_index() == 0:
+    print(f'benchmark | {message}', flush=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -66,7 +72,8 @@ def main(argv):
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
       steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,
       loop_steps=FLAGS.loop_steps or None, reference=FLAGS.reference,
-      torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir)
+      torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir,
+      progress=_progress)
   result['command'] = ' '.join(sys.argv)
   import jax
   if jax.process_index() > 0:  # Every process measured the same global step; one file each.

@@ -1,7 +1,7 @@
 """Synchronous vs simulated asynchronous vs local SGD: accuracy per epoch and per predicted hour.
 
   python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~15-20 min
-  python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # seconds (CI)
+  python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # ~75 s (CI)
   python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
       --nodes 4 --sync_every 1,8 --config.base_lr=0.1
 

@@ -200,3 +200,173 @@ def test_perfmodel_headers_say_what_was_predicted(capsys):
   assert pm.main(['--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16']) == 0
   method = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('method:'))
   assert '16 node workers' not in method and 'one worker per node' in method
+
+
+# ----------------------------------------------------------------------------------------------
+# 8. A run's first screen is anp_jax's own lines.
+
+THIRD_PARTY_NOISE = ('absl::InitializeLog', 'oneDNN', 'Using custom data configuration',
+                     'Downloading and preparing', 'Generating splits', '\x1b[', '\r')
+OWN_LINES = ('process 0/1 on ', 'anp_jax | ', '[', 'eval @ step', 'Done in ')
+
+
+def test_first_screen_is_anp_jax_own_lines(tmp_path):
+  c = tiny_config(tmp_path / 'fresh_data')  # Generated during the run: its lines count too.
+  argv = [sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "run"}',
+          '--config.progress_bar=True', '--config.num_train_steps=4']
+  for key in ('data_dir', 'image_size', 'batch_size', 'eval_batch_size', 'bn_group_size',
+              'log_every_steps', 'eval_every_epochs', 'warmup_epochs'):
+    argv.append(f'--config.{key}={c[key]}')
+  argv += [f'--config.model.{k}={c.model[k]}' for k in ('name', 'width')]
+  argv += [f'--config.synthetic.{k}={v}' for k, v in c.synthetic.items()]
+  env = _env()
+  for key in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS'):  # What a new user has.
+    env.pop(key, None)
+  out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  text = out.stdout + out.stderr
+  assert not [s for s in THIRD_PARTY_NOISE if s in text], text[:3000]
+  foreign = [l for l in text.splitlines() if l.strip() and not l.startswith(OWN_LINES)]
+  assert not foreign, '\n'.join(foreign[:20])
+  assert 'anp_jax | generating the synthetic_anp dataset' in out.stdout
+
+
+def test_prepare_help_does_not_import_tensorflow():
+  code = ('import runpy, sys\n'
+          'sys.argv = ["prepare", "--help"]\n'
+          'try:\n'
+          '  runpy.run_module("anp_jax.data.prepare", run_name="__main__")\n'
+          'except SystemExit as e:\n'
+          '  assert e.code == 0, e.code\n'
+          'print("tensorflow" in sys.modules)\n')
+  out = subprocess.run([sys.executable, '-c', code], env=_env(), capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip().splitlines()[-1] == 'False'
+
+
+# ----------------------------------------------------------------------------------------------
+# 9. Progress that moves, with honest rates.
+
+
+def test_rates_after_an_evaluation_exclude_it(monkeypatch):
+  from anp_jax import reporting
+  now = [100.0]
+  monkeypatch.setattr(reporting.time, 'time', lambda: now[0])
+  bar = reporting.ProgressBar(100, images_per_step=10, enabled=False)
+  bar.reset_clock(0)
+  now[0] += 10.0  # 10 steps of training in 10 s ...
+  now[0] += 30.0  # ... then a 30 s evaluation.
+  bar.exclude(30.0)
+  assert bar.rates(10) == pytest.approx((1.0, 10.0))
+
+
+def test_progress_bar_in_a_log_writes_plain_lines_every_few_seconds(monkeypatch):
+  import io
+  from anp_jax import reporting
+  now = [0.0]
+  monkeypatch.setattr(reporting.time, 'time', lambda: now[0])
+  stream = io.StringIO()
+  bar = reporting.ProgressBar(100, images_per_step=10, stream=stream)
+  for step in range(1, 31):
+    now[0] += 1.0
+    bar.update(step)
+  lines = stream.getvalue().splitlines()
+  assert 5 <= len(lines) <= 7 and '\r' not in stream.getvalue()
+
+
+def test_benchmark_windows_report_progress():
+  from anp_jax import benchmarking
+  lines = []
+  contenders = [benchmarking.Contender(name, 8, lambda n: None) for name in ('a', 'b')]
+  benchmarking.interleave(contenders, windows=3, steps_per_window=2, warmup_steps=1,
+                          progress=lines.append)
+  assert [l for l in lines if l.startswith('window ')] == [
+      l for l in lines if re.match(r'window \d/3: a [\d.e+]+ img/s, b [\d.e+]+ img/s', l)]
+  assert len([l for l in lines if l.startswith('window ')]) == 3
+  assert len([l for l in lines if 'warm-up' in l]) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# 11. The figures the README and the sweep's docstring quote are the committed results.
+
+
+def _flat(text):
+  return ' '.join(text.split())
+
+
+def test_quoted_sweep_figures_match_the_committed_results():
+  results = os.path.join(ROOT, 'experiments', 'results', 'bs_sweep_cpu')
+  with open(os.path.join(results, 'results.csv')) as f:
+    rows = {(int(r['batch']), r['rule'], r['warmup']): r for r in csv.DictReader(f)}
+  pct = lambda b, rule='linear', warm='on': f'{100 * float(rows[(b, rule, warm)]["final_top1"]):.1f}'
+  steps = lambda b, warm: rows[(b, 'linear', warm)]['steps_to_target']
+  readme = _flat(open(os.path.join(ROOT, 'README.md')).read())
+  quoted = [
+      f'final ANP top-1 falls from {pct(32)} % (B=32) and {pct(64)} % (64) to {pct(128)} % (128), '
+      f'{pct(256)} % (256), {pct(512)} % (512) and {pct(1024)} % (1024)',
+      f'({steps(32, "off")} → {steps(64, "off")} → {steps(128, "off")} without warmup), then '
+      f'{steps(256, "off")}, {steps(512, "off")}, {steps(1024, "off")}',
+      f'({pct(32, "none")} % at B=32)',
+  ]
+  fits = report.fit_arms(report.aggregate(report.load_results(results)))
+  b_crit = {w: fits[('linear', w)]['b_crit'] for w in ('on', 'off')}
+  b_simple = {w: fits[('linear', w)]['b_simple_median'] for w in ('on', 'off')}
+  quoted.append(f'B_crit = {b_crit["on"]:.0f} (warmup) / {b_crit["off"]:.0f} (no warmup) against a '
+                f'measured B_simple of {b_simple["on"]:.0f} / {b_simple["off"]:.0f}')
+  for text in quoted:
+    assert text in readme, text
+  r256, r1024 = rows[(256, 'linear', 'on')], rows[(1024, 'linear', 'on')]
+  docstring = _flat(open(os.path.join(ROOT, 'experiments', 'batch_size_sweep.py')).read())
+  assert (f'B=256 reaches it after {r256["steps_to_target"]} steps '
+          f'({float(r256["epochs_to_target"]):.1f} epochs) and ends at {pct(256)} %; B=1024 (lr '
+          f'{float(r1024["lr"]):g}) after {r1024["steps_to_target"]} steps '
+          f'({float(r1024["epochs_to_target"]):.1f} epochs), ending at {pct(1024)} %') in docstring
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. One way to run things.
+
+
+def test_readme_commands_have_one_form():
+  """Every command line of the README's code blocks starts the same way (no bare `python`)."""
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  blocks = re.findall(r'```bash\n(.*?)```', text, re.S)
+  commands = [l.strip() for b in blocks for l in b.splitlines()
+              if l.strip() and not l.startswith((' ', '\t'))]
+  bad = [c for c in commands if re.search(r'(^|\s)(PYTHONPATH=\S* )?python3? ', c)]
+  assert not bad, bad
+  assert not re.search(r'PYTHONPATH=\. ', text)
+  assert all(c.split()[0] in ('.venv/bin/python', './run.sh', './test.sh', 'sbatch',
+                              'experiments/bench_gpu.sh') or '=' in c.split()[0]
+             for c in commands), commands
+
+
+def test_package_builds_with_every_module(tmp_path):
+  """pyproject.toml: the wheel (what `pip install -e .` installs) holds all of anp_jax."""
+  import shutil
+  src = tmp_path / 'src'  # setuptools builds in the source tree: not in the checkout.
+  shutil.copytree(os.path.join(ROOT, 'anp_jax'), src / 'anp_jax',
+                  ignore=shutil.ignore_patterns('__pycache__'))
+  for name in ('pyproject.toml', 'requirements.txt', 'README.md'):
+    shutil.copy(os.path.join(ROOT, name), src / name)
+  out = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+                        '--no-build-isolation', '-w', str(tmp_path), str(src)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-2000:]
+  import zipfile
+  wheel, = [p for p in os.listdir(tmp_path) if p.endswith('.whl')]
+  names = set(zipfile.ZipFile(tmp_path / wheel).namelist())
+  ours = {os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(
+      os.path.join(ROOT, 'anp_jax')) for f in fs if f.endswith('.py')}
+  assert ours <= names, sorted(ours - names)
+
+
+def test_experiment_scripts_run_from_another_directory(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('PYTHONPATH', None)
+  for script in ('report.py', 'batch_size_sweep.py', 'perfmodel_validation.py',
+                 'sync_async_mixed.py'):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', script), '--help'],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, (script, out.stderr[-2000:])

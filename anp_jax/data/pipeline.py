@@ -111,6 +111,9 @@ def _prepare_once(builder, data_dir: str):
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
       if not _is_prepared(builder):
+        # The builder prints its own progress lines; TFDS's bars leave cursor-control fragments
+        # in logs that are not terminals.
+        tfds.display_progress_bar(False)
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(verify_ssl=False))
     finally:

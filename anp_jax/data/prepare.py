@@ -18,23 +18,41 @@ import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-import tensorflow as tf  # noqa: E402
-import tensorflow_datasets as tfds  # noqa: E402
-
-from anp_jax.data import anp  # noqa: E402
-
-tf.config.set_visible_devices([], 'GPU')  # Preparation never needs an accelerator.
+# TensorFlow (~6 s to import, with start-up noise) is imported only once the arguments are
+# known to be good, so `--help` and usage errors are immediate.
+anp = tfds = None
 
 
-def _parser() -> argparse.ArgumentParser:
-  defaults = anp.AnpConfig(name='defaults')
+def _import_tensorflow():
+  """Imports TensorFlow, TFDS and the `anp` builder into this module (once)."""
+  global anp, tfds
+  if anp is not None:
+    return
+  import tensorflow as tf
+  import tensorflow_datasets
+  from anp_jax.data import anp as anp_module
+  tf.config.set_visible_devices([], 'GPU')  # Preparation never needs an accelerator.
+  anp, tfds = anp_module, tensorflow_datasets
+
+
+class _Unknown:
+  """Placeholder defaults for the first parse (before TensorFlow): every value is None."""
+
+  def __getattr__(self, name):
+    return None
+
+
+def _parser(defaults=None) -> argparse.ArgumentParser:
+  """The CLI; without `defaults` (the first, TensorFlow-free parse) values default to None."""
+  if defaults is None and anp is not None:
+    defaults = anp.AnpConfig(name='defaults')
+  defaults = defaults or _Unknown()
   p = argparse.ArgumentParser(prog='python -m anp_jax.data.prepare', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--manual_dir', required=True, help='Folder with the images (and the CSV).')
   p.add_argument('--data_dir', required=True, help='TFDS data dir to write the dataset to.')
-  p.add_argument('--layout', choices=anp.LAYOUTS, default=defaults.layout)
+  p.add_argument('--layout', choices=anp.LAYOUTS if anp else None, default=defaults.layout,
+                 help='csv or folder (see anp_jax.data.anp).')
   p.add_argument('--csv_file', default=defaults.csv_file,
                  help='CSV list, relative to --manual_dir.')
   p.add_argument('--csv_image_column', default=defaults.csv_image_column)
@@ -48,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                  help='Drop ANPs with fewer usable images (the MVSO papers use 500).')
   p.add_argument('--max_images_per_anp', type=int, default=defaults.max_images_per_anp,
                  help='Keep at most this many images per ANP (a seeded sample); 0 = all.')
-  p.add_argument('--split_fractions', default=','.join(str(f) for f in defaults.split_fractions),
+  p.add_argument('--split_fractions',
+                 default=','.join(str(f) for f in defaults.split_fractions or ()),
                  help='train,validation,test fractions when the source has no splits.')
   p.add_argument('--split_seed', type=int, default=defaults.split_seed)
   p.add_argument('--resize', type=int, default=defaults.resize,
@@ -69,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sample_examples(builder, split: str, count: int, max_read: int = 4096) -> List[Dict]:
   """Up to `count` decoded examples of `split`, taken round-robin over ANPs (deterministic)."""
+  _import_tensorflow()
   if split not in builder.info.splits:
     raise ValueError(f'--contact_split={split!r} is not a split of the dataset; it has '
                      f'{list(builder.info.splits)}.')
@@ -109,6 +129,7 @@ def write_contact_sheet(builder, path: str, split: str = 'train', rows: int = 4,
 
 def _print_report(builder, out=None):
   """Prints classes, split sizes, per-class extremes and the skip / duplicate / drop counts."""
+  _import_tensorflow()
   out = out or sys.stdout
   info = builder.info
   report = anp.read_report(builder.data_dir)
@@ -153,6 +174,9 @@ def _print_report(builder, out=None):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Parses `argv` (without the program name), prepares, prints the report; returns 0."""
+  if anp is None:
+    _parser().parse_args(argv)  # --help and usage errors before TensorFlow is imported.
+    _import_tensorflow()
   args = _parser().parse_args(argv)
   options = {k: getattr(args, k) for k in anp.OPTION_NAMES}
   builder = anp.prepare(args.manual_dir, args.data_dir, overwrite=args.overwrite,
@@ -170,4 +194,4 @@ if __name__ == '__main__':
     sys.exit(main(sys.argv[1:]))
   except (ValueError, FileNotFoundError) as e:  # Bad input: the message says what to fix.
     print(f'prepare: error: {e}', file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)

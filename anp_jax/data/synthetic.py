@@ -14,6 +14,9 @@ deterministic whatever the order or the machine.
 
 import dataclasses
 import hashlib
+import logging
+import sys
+import time
 from typing import List, Tuple
 
 import numpy as np
@@ -27,6 +30,19 @@ ADJECTIVES = ('red', 'green', 'blue', 'yellow', 'striped', 'dotted', 'checkered'
 _COLOURS = {'red': (0.85, 0.12, 0.1), 'green': (0.1, 0.7, 0.15), 'blue': (0.12, 0.25, 0.9),
             'yellow': (0.92, 0.85, 0.1)}
 _SPLITS = ('train', 'validation')
+# Seconds between progress lines while the dataset is generated (the demo's takes ~40 s).
+PROGRESS_EVERY_S = 5.0
+
+
+class _DropCustomConfigWarning(logging.Filter):
+  """TFDS warns 'Using custom data configuration: <400 characters>' for every config it does not
+  list in BUILDER_CONFIGS, i.e. every run here (configs are derived from the run's options)."""
+
+  def filter(self, record):
+    return not str(record.msg).startswith('Using custom data configuration')
+
+
+logging.getLogger('absl').addFilter(_DropCustomConfigWarning())
 
 
 @dataclasses.dataclass
@@ -212,6 +228,18 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
         description=__doc__,
     )
 
+  # anp_jax's own lines instead of TFDS's "Downloading and preparing dataset Unknown size ...".
+  def _log_download_bytes(self):
+    c = self.builder_config
+    total = c.num_pairs * (c.train_per_class + c.eval_per_class)
+    print(f'anp_jax | generating the {self.name} dataset ({total:,} images of {c.image_size} px, '
+          f'{c.num_pairs} ANPs; first use only) in {self.data_dir}', flush=True)
+    self._generation_start = time.time()
+
+  def _log_download_done(self):
+    took = time.time() - getattr(self, '_generation_start', time.time())
+    print(f'anp_jax | dataset generated in {took:.0f} s', flush=True)
+
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing is downloaded.
     c = self.builder_config
@@ -222,8 +250,13 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
     c = self.builder_config
     pairs = choose_pairs(c.num_adjectives, c.num_nouns, c.num_pairs, c.seed)
     split_id = _SPLITS.index(split)
+    total, last = len(pairs) * per_class, time.time()
     for cls, (a, n) in enumerate(pairs):
       for i in range(per_class):
+        if time.time() - last >= PROGRESS_EVERY_S:
+          last = time.time()
+          print(f'anp_jax | generating {split}: {cls * per_class + i:,}/{total:,} images',
+                file=sys.stdout, flush=True)
         rng = np.random.default_rng([c.seed, split_id, cls, i])
         image = render(ADJECTIVES[a], NOUNS[n], c.image_size, rng)
         label, adj, noun = cls, a, n
