@@ -34,6 +34,8 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
                    'dataset', 'image_size', 'optimizer', 'method')
 # Identity fields added later: a checkpoint without them was written with these values.
 IDENTITY_DEFAULTS = {'method': 'sync'}
+# Identity entries that checkpoints of older versions lack: not compared when absent.
+IDENTITY_OPTIONAL = ('num_anps', 'num_adjectives', 'num_nouns')
 
 
 class Preempted(SystemExit):
@@ -192,7 +194,8 @@ class Checkpointer:
   def _check_identity(self, meta, step):
     saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
     current = identity(self.config, self.identity_extra)
-    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
+            and (k in saved or k not in IDENTITY_OPTIONAL)}
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
       raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '

@@ -177,6 +177,15 @@ def data_dir(tmp_path_factory):
   return path
 
 
+@pytest.fixture(scope='session')
+def sync_baseline(data_dir, tmp_path_factory):
+  """5 synchronous steps of the tiny config, every step logged (the reference that async with
+  tau = 0 and local SGD with H = 1 must reproduce); computed once per session."""
+  from anp_jax import train
+  config = tiny_config(data_dir, noise_scale=False, log_every_steps=1, num_train_steps=5)
+  return train.train_and_evaluate(config, str(tmp_path_factory.mktemp('sync_baseline')))
+
+
 def leaves(tree):
   """The leaves of a pytree as host numpy arrays."""
   import jax

@@ -163,10 +163,13 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   eight = tmp_path / 'eight_to_four'
   trained = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4,
                                                  checkpoint_every_steps=2), str(eight))
+  lines = _line_count(eight)
   out = _run(_cmd(data_dir, eight, steps=4, every=2, eval_only=True), devices=4)
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'Resumed from checkpoint at step 4' in out.stdout and '4 devices' in out.stdout
-  got = json.load(open(eight / 'final_metrics.json'))
+  logged = open(eight / 'metrics.jsonl').read().splitlines()
+  assert len(logged) == lines + 1  # The 4-device evaluation of the restored state.
+  got = json.loads(logged[-1])
   for head in train.HEADS:
     assert got[f'eval/{head}_top1'] == trained.final_eval[f'eval/{head}_top1']
   assert got['eval/loss'] == pytest.approx(trained.final_eval['eval/loss'], rel=1e-5)
@@ -186,6 +189,10 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   assert_leaves_close(leaves({'batch_stats': again.state.batch_stats,
                               'params': again.state.params}), saved)
   assert int(again.state.step) == 4 and again.setup.devices == 8
+  four_eval = json.load(open(four / 'final_metrics.json'))  # Evaluated on 4 devices.
+  for head in train.HEADS:
+    assert again.final_eval[f'eval/{head}_top1'] == four_eval[f'eval/{head}_top1']
+  assert again.final_eval['eval/loss'] == pytest.approx(four_eval['eval/loss'], rel=1e-5)
   resumed = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=6), str(four))
   assert int(resumed.state.step) == 6 and resumed.history[0]['step'] == 5
 
@@ -238,7 +245,7 @@ def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, 
 
 @pytest.mark.parametrize('overrides,field', [
     ({'model.width': 1.0}, r'model\.width: checkpoint 0\.5 vs config 1\.0'),
-    ({'optimizer': 'adamw'}, "optimizer: checkpoint 'sgd' vs config 'adamw'"),
+    ({'optimizer': 'adamw'}, "optimizer: checkpoint 'nesterov' vs config 'adamw'"),
     ({'image_size': 24}, 'image_size: checkpoint 16 vs config 24'),
     ({'dataset': None}, "dataset: checkpoint 'anp' vs config 'synthetic_anp'"),
 ])
@@ -256,11 +263,11 @@ def test_checkpoint_of_another_configuration_is_rejected_by_name(data_dir, tmp_p
   assert sorted(n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()) == ['3']
 
 
-def test_checkpoint_of_a_dataset_with_other_classes_is_rejected(data_dir, tmp_path, capsys):
+def test_checkpoint_of_a_dataset_with_other_classes_is_rejected(data_dir, tmp_path):
   """Same dataset name, other label set (6 ANPs instead of 8): refused, not silently restarted."""
   _in_process(data_dir, tmp_path, num_train_steps=3)
   other = tmp_path / 'other_data'
-  with pytest.raises(ValueError, match='anp'):
+  with pytest.raises(ValueError, match='num_anps: checkpoint 8 vs config 6'):
     _in_process(other, tmp_path, num_train_steps=6, **{'synthetic.num_pairs': 6})
   assert sorted(n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()) == ['3']
 

@@ -21,15 +21,14 @@ def _local(data_dir, **kw):
 
 
 @pytest.mark.parametrize('nodes', [4])  # 2 nodes: the resume and 2-process tests.
-def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes):
+def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes, sync_baseline):
   """H=1 with momentum SGD (nesterov, weight decay, ghost BN): the same model as sync.
 
   The node averages of p - lr * m_n equal sync's update because the optimizer is linear in the
   gradient (momentum buffers average too); the gradient mean is taken in two levels (devices,
   then nodes) instead of one, so results agree to float rounding: rtol 1e-5 on 5 steps.
   """
-  sync = train.train_and_evaluate(tiny_config(data_dir, noise_scale=False, log_every_steps=1,
-                                              num_train_steps=5), str(tmp_path / 'sync'))
+  sync = sync_baseline
   local = train.train_and_evaluate(_local(data_dir, num_train_steps=5,
                                           **{'local_sgd.nodes': nodes}), str(tmp_path / 'local'))
   assert_leaves_close(leaves((local.state.params, local.state.batch_stats)),

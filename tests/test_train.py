@@ -186,13 +186,16 @@ def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp
   big_sq = np.sum(flat.mean(axis=0) ** 2)
   g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
   trace = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
-  assert g2 > 0 and trace > 0
+  assert trace > 0 and abs(g2) > 0  # One step's |G|^2 estimate may be negative (it is noisy).
 
   result = train.train_and_evaluate(config, str(tmp_path))
   got_g2, got_trace = _trainer_noise_estimates(result.state)
   assert got_g2 == pytest.approx(g2, rel=2e-3)
   assert got_trace == pytest.approx(trace, rel=2e-3)
-  assert result.history[0]['train/noise_scale_b_simple'] == pytest.approx(trace / g2, rel=4e-3)
+  if g2 > 0:
+    assert result.history[0]['train/noise_scale_b_simple'] == pytest.approx(trace / g2, rel=4e-3)
+  else:  # B_simple is only logged once the |G|^2 EMA is positive.
+    assert 'train/noise_scale_b_simple' not in result.history[0]
   assert result.history[0]['train/grad_norm'] == pytest.approx(np.sqrt(big_sq), rel=1e-4)
 
 
