@@ -78,6 +78,7 @@ class Checkpointer:
     self._last_save_time = time.time()
     self._preempt_signal = None
     self._mesh = mesh
+    self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
     options = ocp.CheckpointManagerOptions(
@@ -135,6 +136,7 @@ class Checkpointer:
         self.manager.save(step, args=args)
       except Exception as e:
         raise self._save_error(step, e) from e
+      self._last_saved_step = step
     self._last_save_time = time.time()
 
   def save_best(self, step: int, state, eval_metrics: Dict[str, float], host_state=None):
@@ -226,8 +228,9 @@ class Checkpointer:
   def wait(self):
     try:
       self.manager.wait_until_finished()
-    except Exception as e:  # An asynchronous save failed.
-      raise self._save_error(self.manager.latest_step(), e) from e
+    except Exception as e:  # An asynchronous save failed: name its step, not the last good one.
+      step = self._last_saved_step
+      raise self._save_error(self.manager.latest_step() if step is None else step, e) from e
 
   def close(self):
     self.wait()
