@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Runs the test suite (8 simulated CPU devices; multi-process tests on 127.0.0.1).
-# Creates the environment from requirements.txt first if it is missing. Extra args go to pytest.
+# Creates the environment from requirements.txt first if it is missing, and adds
+# requirements-bench.txt (PyTorch, CPU: the benchmark's reference tests need it), so that this
+# runs the same tests as CI. Extra args go to pytest.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
+VENV_PY="${ANP_VENV:-$HERE/.venv}/bin/python"
+BENCH_OK="${ANP_VENV:-$HERE/.venv}/.anp_bench_requirements_ok"
+if ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
+  echo "test.sh: installing requirements-bench.txt (PyTorch CPU, first run only)..." >&2
+  "$VENV_PY" -m pip install -q -r requirements-bench.txt >&2
+  cp requirements-bench.txt "$BENCH_OK"
+fi
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 # Test files run in parallel worker processes (pytest-xdist, whole files per worker so that module
 # fixtures are built once): min(cores, 4, GiB of memory / 6) workers (a worker with its 8 simulated
@@ -16,4 +25,4 @@ auto=$(( mem_gib / 6 < auto ? mem_gib / 6 : auto ))
 workers="${ANP_TEST_WORKERS:-$(( auto < 1 ? 1 : auto ))}"
 xdist=()
 if [ "$workers" -gt 1 ]; then xdist=(-n "$workers" --dist loadfile); fi
-exec "${ANP_VENV:-$HERE/.venv}/bin/python" -m pytest -q "${xdist[@]}" "$@"
+exec "$VENV_PY" -m pytest -q "${xdist[@]}" "$@"

@@ -40,8 +40,9 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
                    'grad_accum_steps', 'bn_mode', 'model.dtype')
 # Identity fields added later: a checkpoint without them was written with these values.
 IDENTITY_DEFAULTS = {'method': 'sync'}
-# Identity fields added later without a safe default: not compared for checkpoints that lack them.
-IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype')
+# Identity entries added later without a safe default: not compared for checkpoints that lack them.
+IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype',
+                                'num_anps', 'num_adjectives', 'num_nouns')
 # Fields that only fix the position in the training data: an evaluation (config.eval_only) of the
 # checkpoint does not depend on them.
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps')
@@ -79,6 +80,7 @@ class Checkpointer:
     self._last_save_time = time.time()
     self._agreement = preemption.StepAgreement()  # Installs the signal handler (once).
     self._mesh = mesh
+    self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
     options = ocp.CheckpointManagerOptions(
@@ -122,6 +124,7 @@ class Checkpointer:
         self.manager.save(step, args=args)
       except Exception as e:
         raise self._save_error(step, e) from e
+      self._last_saved_step = step
     self._last_save_time = time.time()
 
   def save_best(self, step: int, state, eval_metrics: Dict[str, float], host_state=None):
@@ -214,8 +217,9 @@ class Checkpointer:
   def wait(self):
     try:
       self.manager.wait_until_finished()
-    except Exception as e:  # An asynchronous save failed.
-      raise self._save_error(self.manager.latest_step(), e) from e
+    except Exception as e:  # An asynchronous save failed: name its step, not the last good one.
+      step = self._last_saved_step
+      raise self._save_error(self.manager.latest_step() if step is None else step, e) from e
 
   def close(self):
     self.wait()

@@ -68,6 +68,14 @@ def _node_gpu_ids() -> Optional[List[int]]:
   return None
 
 
+def _check_address(address: str) -> None:
+  """Raises unless `address` is host:port with a non-empty host and a port in 1..65535."""
+  host, _, port = address.rpartition(':')
+  if not host.strip('[]') or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f'The coordinator address {address!r} must be host:port (e.g. '
+                     '10.0.0.1:12345), with a port in 1..65535.')
+
+
 def detect_topology(coordinator_address: Optional[str] = None,
                     num_processes: Optional[int] = None,
                     process_id: Optional[int] = None) -> Topology:
@@ -90,8 +98,7 @@ def detect_topology(coordinator_address: Optional[str] = None,
     if not 0 <= process_id < num_processes:
       raise ValueError(f'The process id {process_id} is not in [0, {num_processes}): '
                        'inconsistent process counts.')
-    if ':' not in coordinator_address:
-      raise ValueError(f'The coordinator address {coordinator_address!r} must be host:port.')
+    _check_address(coordinator_address)
     if num_processes == 1:
       return Topology('single', local_device_ids=local_device_ids)
     return Topology('explicit', coordinator_address, num_processes, process_id, local_device_ids)

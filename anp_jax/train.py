@@ -777,8 +777,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       print(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.', flush=True)
 
   # Local SGD restores into the state's own (node-sharded) shardings; jit into replicated ones.
+  # The label sets too: a checkpoint of a dataset with other classes would otherwise fail to
+  # restore, look corrupt, and the run would silently start again from scratch.
+  classes = {'num_anps': meta.num_anps, 'num_adjectives': meta.num_adjectives,
+             'num_nouns': meta.num_nouns}
   ckpt = checkpointing.Checkpointer(workdir, config, mesh=mesh if executor.kind == 'jit' else None,
-                                    identity_extra=executor.identity)
+                                    identity_extra={**classes, **(executor.identity or {})})
   state = executor.init()
   state, start_step = ckpt.restore_or_init(state, executor)
   if eval_only:  # Beside the training logs, which stay as the training wrote them.

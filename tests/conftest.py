@@ -22,9 +22,18 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
 import pytest  # noqa: E402
 
 from anp_jax.configs import default  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, 'tests')
 
 # 8 ANPs of 4 adjectives x 4 nouns, 16 px; 104 eval examples: not a multiple of any batch used.
 TINY_SYNTHETIC = dict(num_adjectives=4, num_nouns=4, num_pairs=8, image_size=16,
@@ -60,6 +69,105 @@ def tiny_config(data_dir, **overrides):
   return c
 
 
+def config_flags(config) -> list:
+  """The ``--config.x=y`` flags that turn the default config into `config` (for the CLI)."""
+  flags = []
+
+  def walk(node, ref, prefix):
+    for key in sorted(node.keys()):
+      value, base = node[key], ref.get(key) if ref is not None else None
+      if hasattr(value, 'keys'):
+        walk(value, base, f'{prefix}{key}.')
+      elif value != base:
+        flags.append(f'--config.{prefix}{key}={value}')
+  walk(config, default.get_config(), '')
+  return flags
+
+
+def main_cmd(data_dir, workdir, **overrides) -> list:
+  """``python -m anp_jax.main`` on `tiny_config(data_dir, **overrides)` in `workdir`."""
+  return ([sys.executable, '-m', 'anp_jax.main', f'--workdir={workdir}']
+          + config_flags(tiny_config(data_dir, **overrides)))
+
+
+def subprocess_env(devices: int = 8, **extra) -> dict:
+  """The environment of a child JAX process with `devices` simulated CPU devices."""
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def free_port() -> int:
+  """A port the OS just handed out (never a fixed one: parallel sessions would collide)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def multiprocess_env(num_processes, process_id, port, devices_per_process, **extra) -> dict:
+  """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed.py)."""
+  return subprocess_env(devices_per_process, ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                        ANP_NUM_PROCESSES=num_processes, ANP_PROCESS_ID=process_id,
+                        ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15, **extra)
+
+
+def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
+  """Starts `cmd` as the processes of one job (logs in tmp_path/proc<i>.log)."""
+  port = free_port()
+  procs = []
+  for pid in range(num_processes):
+    log = open(tmp_path / f'proc{pid}.log', 'w')
+    procs.append(subprocess.Popen(
+        cmd, env=multiprocess_env(num_processes, pid, port, devices_per_process,
+                                  MP_OUT=tmp_path / f'out{pid}.json', **extra),
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+  return procs
+
+
+def wait(procs, tmp_path, timeout=600):
+  """Waits for a job from `launch`; asserts exit 0; returns each process's MP_OUT JSON."""
+  deadline = time.time() + timeout
+  for p in procs:
+    try:
+      p.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
+  for p, log in zip(procs, logs, strict=True):
+    assert p.returncode == 0, log[-4000:]
+  return [json.load(open(tmp_path / f'out{i}.json')) for i in range(len(procs))]
+
+
+def run_workers(config, num_processes, tmp_path, workdir=None, **extra):
+  """Trains `config` in a job of `num_processes` processes x 8 / num_processes devices
+  (tests/mp_worker.py); returns each process's result dict, with its final ``params`` and
+  ``batch_stats`` leaves (numpy, in `jax.tree.leaves` order)."""
+  import numpy as np
+  procs = launch([sys.executable, os.path.join(TESTS, 'mp_worker.py')], num_processes,
+                 8 // num_processes, tmp_path, MP_CONFIG=config.to_json(),
+                 MP_WORKDIR=workdir or tmp_path / 'work', **extra)
+  outs = wait(procs, tmp_path)
+  for i, o in enumerate(outs):
+    with np.load(tmp_path / f'out{i}.json.npz') as z:
+      o['leaves'] = [z[f'arr_{j}'] for j in range(len(z.files))]
+  return outs
+
+
+def assert_leaves_close(got, want, **tol):
+  """Leaf-by-leaf comparison of two lists of arrays of the same tree (both non-empty)."""
+  import numpy as np
+  assert len(want) > 0 and len(got) == len(want), (len(got), len(want))
+  for i, (x, y) in enumerate(zip(got, want, strict=True)):
+    assert np.shape(x) == np.shape(y), (i, np.shape(x), np.shape(y))
+    if tol:
+      np.testing.assert_allclose(x, y, err_msg=f'leaf {i}', **tol)
+    else:
+      np.testing.assert_array_equal(x, y, err_msg=f'leaf {i}')
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
   """A prepared tiny synthetic_anp dataset (generated once per test session)."""
@@ -67,6 +175,15 @@ def data_dir(tmp_path_factory):
   from anp_jax.data import pipeline
   pipeline.get_builder(tiny_config(path))
   return path
+
+
+@pytest.fixture(scope='session')
+def sync_baseline(data_dir, tmp_path_factory):
+  """5 synchronous steps of the tiny config, every step logged (the reference that async with
+  tau = 0 and local SGD with H = 1 must reproduce); computed once per session."""
+  from anp_jax import train
+  config = tiny_config(data_dir, noise_scale=False, log_every_steps=1, num_train_steps=5)
+  return train.train_and_evaluate(config, str(tmp_path_factory.mktemp('sync_baseline')))
 
 
 def leaves(tree):
@@ -80,12 +197,43 @@ def assert_resume_is_exact(make_config, steps: int, split: int, tmp_path, capsys
   """Trains `steps` steps in one go, then `split` steps + a resumed run to `steps` in another
   workdir; asserts the resume message and bit-identical final states. `make_config(n)` is the
   config with ``num_train_steps=n`` (it must checkpoint at `split`). Returns (whole, resumed)."""
-  import numpy as np
   from anp_jax import train
   whole = train.train_and_evaluate(make_config(steps), str(tmp_path / 'whole'))
   train.train_and_evaluate(make_config(split), str(tmp_path / 'split'))
   resumed = train.train_and_evaluate(make_config(steps), str(tmp_path / 'split'))
   assert f'Resumed from checkpoint at step {split}' in capsys.readouterr().out
-  for x, y in zip(leaves(whole.state), leaves(resumed.state), strict=True):
-    np.testing.assert_array_equal(x, y)
+  assert_leaves_close(leaves(resumed.state), leaves(whole.state))
   return whole, resumed
+
+
+def direct_eval(config, params, batch_stats):
+  """Top-1 accuracy per head and the mean loss over the whole evaluation split, counted directly:
+  every example through the model in one call on one device (no batching, padding, masking or
+  sharding), the reference for the trainer's exact evaluation."""
+  import numpy as np
+  import tensorflow_datasets as tfds
+  from anp_jax import models, train
+  from anp_jax.data import pipeline
+  builder = pipeline.get_builder(config)
+  meta = pipeline.dataset_meta(builder, config)
+  ds = builder.as_dataset(split=meta.eval_split, shuffle_files=False,
+                          decoders={'image': tfds.decode.SkipDecoding()})
+  stored = pipeline._stored_size(builder)
+  ds = ds.map(lambda ex: pipeline.preprocess(ex, train=False, config=config, stored_size=stored))
+  examples = next(iter(tfds.as_numpy(ds.batch(1 << 20))))
+  n = len(examples['label_anp'])
+  assert n == meta.eval_size
+  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
+  logits = model.apply({'params': params, 'batch_stats': batch_stats}, examples['image'],
+                       train=False)
+  out = {'count': n}
+  loss = 0.0
+  for head, head_logits in logits.items():
+    labels = examples[train.LABEL_OF[head]]
+    hits = int(np.sum(np.argmax(np.asarray(head_logits), -1) == labels))
+    out[f'eval/{head}_top1'] = hits / n
+    out[f'{head}_hits'] = hits
+    ce = float(np.mean(np.asarray(train.cross_entropy(head_logits, labels))))
+    loss += config.loss_weights[head] * ce
+  out['eval/loss'] = loss
+  return out

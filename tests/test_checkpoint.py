@@ -6,45 +6,37 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
+import types
 
 import jax
 import numpy as np
 import pytest
 
 from anp_jax import checkpointing, train
-from conftest import tiny_config
+from conftest import (ROOT, assert_leaves_close, assert_resume_is_exact, leaves, main_cmd,
+                      subprocess_env, tiny_config)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cmd(data_dir, workdir, steps=16, every=3, extra=()):
-  c = tiny_config(data_dir)
-  cmd = [sys.executable, '-m', 'anp_jax.main', f'--workdir={workdir}',
-         f'--config.data_dir={data_dir}', f'--config.num_train_steps={steps}',
-         f'--config.checkpoint_every_steps={every}', '--config.log_every_steps=1',
-         '--config.model.name=resnet8', '--config.model.width=0.5', '--config.image_size=16',
-         '--config.batch_size=32', '--config.bn_group_size=4', '--config.eval_batch_size=32',
-         '--config.progress_bar=False', '--config.eval_every_epochs=0',
-         '--config.warmup_epochs=0', '--config.async_checkpointing=True']
-  cmd += [f'--config.synthetic.{k}={v}' for k, v in c.synthetic.items()]
-  return cmd + list(extra)
+STEPS = 24  # Of the uninterrupted run that the kill/SIGTERM tests must end equal to.
 
 
-def _env(devices=8):
-  return dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu',
-              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+def _cmd(data_dir, workdir, steps=STEPS, every=3, **extra):
+  return main_cmd(data_dir, workdir, num_train_steps=steps, checkpoint_every_steps=every,
+                  log_every_steps=1, async_checkpointing=True, **extra)
 
 
 def _run(cmd, devices=8, timeout=600):
-  return subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=timeout,
-                        cwd=ROOT)
+  return subprocess.run(cmd, env=subprocess_env(devices), capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT)
+
+
+def _popen(cmd, **kw):
+  return subprocess.Popen(cmd, env=subprocess_env(), cwd=ROOT, **kw)
 
 
 def _final_params(workdir):
   _, variables, _ = checkpointing.load_checkpoint(str(workdir))
-  return jax.tree.map(np.asarray, variables)
+  return leaves(variables)
 
 
 def _logged_steps(workdir, skip_lines=0):
@@ -62,6 +54,23 @@ def _line_count(workdir):
   return len(open(path).read().splitlines()) if os.path.exists(path) else 0
 
 
+def _tmp_dirs(ckpt_dir):
+  """orbax's temporary folders of saves in flight: {name: step}."""
+  try:
+    names = os.listdir(ckpt_dir)
+  except FileNotFoundError:
+    return {}
+  return {n: int(n.split('.')[0]) for n in names if '.orbax-checkpoint-tmp' in n}
+
+
+def _assert_same_final_state(workdir, reference):
+  assert_leaves_close(_final_params(workdir), _final_params(reference))
+  ref_eval = json.load(open(reference / 'final_metrics.json'))
+  got_eval = json.load(open(workdir / 'final_metrics.json'))
+  assert ref_eval['eval/anp_top1'] == got_eval['eval/anp_top1']
+  assert ref_eval['eval/loss'] == got_eval['eval/loss']
+
+
 @pytest.fixture(scope='module')
 def uninterrupted(data_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp('uninterrupted')
@@ -70,67 +79,137 @@ def uninterrupted(data_dir, tmp_path_factory):
   return workdir
 
 
-def test_kill_9_at_random_steps_then_resume_is_bit_identical(data_dir, tmp_path, uninterrupted):
-  workdir = tmp_path / 'killed'
-  rng = random.Random(0)
-  kills = 0
-  # Kill points (absolute steps; saves every 3): after the first save, during a save, later on.
-  targets = [rng.randint(4, 6), None, rng.randint(10, 13)]
-  for target in targets:
-    skip = _line_count(workdir)
-    proc = subprocess.Popen(_cmd(data_dir, workdir), env=_env(), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _kill_mid_save(data_dir, workdir):
+  """Starts the run (saving every step) and kill -9s it while one of *its own* saves is in
+  flight: after it logged a step, with a temporary folder that was not there at launch.
+  Returns the step of that save, after checking that its temporary folder is still there and
+  no final folder for it exists (a save that completed before the kill does not count: then
+  the next launch tries again)."""
+  ckpt_dir = workdir / 'checkpoints'
+  for _ in range(4):
+    skip, before = _line_count(workdir), set(_tmp_dirs(ckpt_dir))
+    proc = _popen(_cmd(data_dir, workdir, every=1), stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-      ckpt_dir = workdir / 'checkpoints'
-      if target is None and ckpt_dir.exists() and any('tmp' in n for n in os.listdir(ckpt_dir)):
-        break  # A save is in flight: kill now.
-      if target is not None and _logged_steps(workdir, skip) >= target:
-        break
-      time.sleep(0.01)
+    seen = None
+    while proc.poll() is None and time.time() < deadline and seen is None:
+      if _logged_steps(workdir, skip) > 0:
+        new = {n: s for n, s in _tmp_dirs(ckpt_dir).items() if n not in before}
+        seen = next(iter(new.items()), None)
+      if seen is None:
+        time.sleep(0.002)
     if proc.poll() is None:
       proc.send_signal(signal.SIGKILL)
-      kills += 1
     proc.wait()
-  assert kills >= 2
+    assert proc.returncode != 0, 'the run finished before any save could be interrupted'
+    if seen and (ckpt_dir / seen[0]).exists() and not (ckpt_dir / str(seen[1])).exists():
+      return seen[1]
+  raise AssertionError('no kill landed inside a save in 4 launches')
+
+
+def test_kill_9_at_random_steps_and_mid_save_then_resume_is_bit_identical(data_dir, tmp_path,
+                                                                          uninterrupted):
+  workdir = tmp_path / 'killed'
+  rng = random.Random(0)
+  # Kill points (absolute steps; saves every 3): after the first save, during a save, later on.
+  for target in [rng.randint(4, 6), None, rng.randint(14, 18)]:
+    if target is None:
+      assert _kill_mid_save(data_dir, workdir) >= 4
+      continue
+    skip = _line_count(workdir)
+    proc = _popen(_cmd(data_dir, workdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+      if _logged_steps(workdir, skip) >= target:
+        break
+      time.sleep(0.01)
+    assert proc.poll() is None, 'the run ended before the kill'
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _logged_steps(workdir, skip) < STEPS
   out = _run(_cmd(data_dir, workdir))
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'Resumed from checkpoint' in out.stdout
-  ref, got = _final_params(uninterrupted), _final_params(workdir)
-  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
-    np.testing.assert_array_equal(a, b)
-  ref_eval = json.load(open(uninterrupted / 'final_metrics.json'))
-  got_eval = json.load(open(workdir / 'final_metrics.json'))
-  assert ref_eval['eval/anp_top1'] == got_eval['eval/anp_top1']
-  assert ref_eval['eval/loss'] == got_eval['eval/loss']
+  _assert_same_final_state(workdir, uninterrupted)
 
 
-def test_sigterm_checkpoints_and_exits_75_then_resumes(data_dir, tmp_path):
+def test_sigterm_checkpoints_and_exits_75_then_resumes_equal_to_an_uninterrupted_run(
+    data_dir, tmp_path, uninterrupted):
   workdir = tmp_path / 'preempted'
-  cmd = _cmd(data_dir, workdir, steps=40, every=0)
-  proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  proc = _popen(_cmd(data_dir, workdir, every=0), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
   deadline = time.time() + 300
   while _logged_steps(workdir) < 3:
     assert time.time() < deadline and proc.poll() is None
-    time.sleep(0.1)
+    time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
   output, _ = proc.communicate(timeout=120)
   assert proc.returncode == checkpointing.EXIT_PREEMPTED, output[-3000:]
   steps = [int(n) for n in os.listdir(workdir / 'checkpoints') if n.isdigit()]
-  assert len(steps) == 1 and 3 <= steps[0] < 40
-  out = _run(_cmd(data_dir, workdir, steps=steps[0] + 2, every=0))
+  assert len(steps) == 1 and 3 <= steps[0] < STEPS, steps
+  assert f'Preempted: checkpoint written at step {steps[0]}' in output
+  out = _run(_cmd(data_dir, workdir, every=0))
   assert out.returncode == 0, out.stderr[-3000:]
   assert f'Resumed from checkpoint at step {steps[0]}' in out.stdout
+  _assert_same_final_state(workdir, uninterrupted)
 
 
-def test_resume_on_fewer_devices(data_dir, tmp_path):
-  workdir = tmp_path / 'eight_to_four'
-  assert _run(_cmd(data_dir, workdir, steps=4, every=2)).returncode == 0
-  out = _run(_cmd(data_dir, workdir, steps=6, every=2), devices=4)
+def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
+  """8 -> 4: the 4-device job restores the 8-device state (its evaluation of it gives the same
+  hits over all 104 examples and the same loss) and trains on. 4 -> 8: the restored state is
+  the checkpoint's, leaf for leaf, and training continues (the data order then follows the new
+  device count, so there is no uninterrupted run to compare with)."""
+  eight = tmp_path / 'eight_to_four'
+  trained = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4,
+                                                 checkpoint_every_steps=2), str(eight))
+  lines = _line_count(eight)
+  out = _run(_cmd(data_dir, eight, steps=4, every=2, eval_only=True), devices=4)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'Resumed from checkpoint at step 4' in out.stdout and '4 devices' in out.stdout
+  logged = open(eight / 'metrics.jsonl').read().splitlines()
+  assert len(logged) == lines + 1  # The 4-device evaluation of the restored state.
+  got = json.loads(logged[-1])
+  for head in train.HEADS:
+    assert got[f'eval/{head}_top1'] == trained.final_eval[f'eval/{head}_top1']
+  assert got['eval/loss'] == pytest.approx(trained.final_eval['eval/loss'], rel=1e-5)
+  out = _run(_cmd(data_dir, eight, steps=6, every=2), devices=4)
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'Resumed from checkpoint at step 4' in out.stdout
-  assert '4 devices' in out.stdout
+  assert sorted(int(n) for n in os.listdir(eight / 'checkpoints') if n.isdigit()) == [2, 4, 6]
+
+  four = tmp_path / 'four_to_eight'
+  out = _run(_cmd(data_dir, four, steps=4, every=2), devices=4)
+  assert out.returncode == 0, out.stderr[-3000:]
+  saved = _final_params(four)
+  capsys.readouterr()
+  again = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, eval_only=True),
+                                   str(four))
+  assert 'Resumed from checkpoint at step 4' in capsys.readouterr().out
+  assert_leaves_close(leaves({'batch_stats': again.state.batch_stats,
+                              'params': again.state.params}), saved)
+  assert int(again.state.step) == 4 and again.setup.devices == 8
+  four_eval = json.load(open(four / 'final_metrics.json'))  # Evaluated on 4 devices.
+  for head in train.HEADS:
+    assert again.final_eval[f'eval/{head}_top1'] == four_eval[f'eval/{head}_top1']
+  assert again.final_eval['eval/loss'] == pytest.approx(four_eval['eval/loss'], rel=1e-5)
+  resumed = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=6), str(four))
+  assert int(resumed.state.step) == 6 and [h['step'] for h in resumed.history] == [6, 6]
+
+
+def test_pmap_executor_resumes_bit_identically(data_dir, tmp_path, capsys):
+  """The pmap restore branch (host restore, then replicated to the local devices)."""
+  assert_resume_is_exact(
+      lambda n: tiny_config(data_dir, executor='pmap', num_train_steps=n, schedule='constant',
+                            checkpoint_every_steps=2, log_every_steps=1), 4, 2, tmp_path, capsys)
+
+
+def test_exit_codes_2_and_3_at_the_process_level(data_dir, tmp_path):
+  out = _run(_cmd(data_dir, tmp_path / 'bad', batch_size=36))
+  assert out.returncode == checkpointing.EXIT_CONFIG, out.stderr[-3000:]
+  assert 'ERROR:' in out.stderr and 'not divisible by the 8 devices' in out.stderr
+  out = _run(_cmd(data_dir, tmp_path / 'nan', steps=6, every=0, base_lr=1e30))
+  assert out.returncode == checkpointing.EXIT_DIVERGED, out.stderr[-3000:]
+  assert 'ERROR:' in out.stderr and 'loss is' in out.stderr
 
 
 def _in_process(data_dir, workdir, **kw):
@@ -153,10 +232,63 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(data_dir, tmp_path
   assert result.history[0]['step'] > 3 and int(result.state.step) == 8
 
 
-def test_checkpoint_of_another_model_is_rejected_by_name(data_dir, tmp_path):
+def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, capsys):
+  _in_process(data_dir, tmp_path, num_train_steps=6)
+  (tmp_path / 'checkpoints' / '6' / 'meta' / 'metadata').write_text('{"step": 6, "ident')
+  capsys.readouterr()
+  result = _in_process(data_dir, tmp_path, num_train_steps=8)
+  out = capsys.readouterr().out
+  assert 'checkpoint 6 is unreadable' in out and 'Resumed from checkpoint at step 3' in out
+  assert result.history[0]['step'] == 4 and int(result.state.step) == 8
+
+
+@pytest.mark.parametrize('overrides,field', [
+    ({'model.width': 1.0}, r'model\.width: checkpoint 0\.5 vs config 1\.0'),
+    ({'optimizer': 'adamw'}, "optimizer: checkpoint 'nesterov' vs config 'adamw'"),
+    ({'image_size': 24}, 'image_size: checkpoint 16 vs config 24'),
+    ({'dataset': None}, "dataset: checkpoint 'anp' vs config 'synthetic_anp'"),
+])
+def test_checkpoint_of_another_configuration_is_rejected_by_name(data_dir, tmp_path, overrides,
+                                                                 field):
   _in_process(data_dir, tmp_path, num_train_steps=3)
-  with pytest.raises(ValueError, match=r'model\.width'):
-    _in_process(data_dir, tmp_path, num_train_steps=6, **{'model.width': 1.0})
+  if overrides == {'dataset': None}:  # Another dataset: its record, as a real-ANP run writes it.
+    meta = tmp_path / 'checkpoints' / '3' / 'meta' / 'metadata'
+    record = json.loads(meta.read_text())
+    record['identity']['dataset'] = 'anp'
+    meta.write_text(json.dumps(record))
+    overrides = {}
+  with pytest.raises(ValueError, match=field):
+    _in_process(data_dir, tmp_path, num_train_steps=6, **overrides)
+  assert sorted(n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()) == ['3']
+
+
+def test_checkpoint_of_a_dataset_with_other_classes_is_rejected(data_dir, tmp_path):
+  """Same dataset name, other label set (6 ANPs instead of 8): refused, not silently restarted."""
+  _in_process(data_dir, tmp_path, num_train_steps=3)
+  other = tmp_path / 'other_data'
+  with pytest.raises(ValueError, match='num_anps: checkpoint 8 vs config 6'):
+    _in_process(other, tmp_path, num_train_steps=6, **{'synthetic.num_pairs': 6})
+  assert sorted(n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()) == ['3']
+
+
+def test_checkpoint_every_minutes_saves_by_wall_clock(data_dir, tmp_path, monkeypatch):
+  now = [1000.0]
+  monkeypatch.setattr(checkpointing, 'time', types.SimpleNamespace(time=lambda: now[0]))
+  config = tiny_config(data_dir, checkpoint_every_minutes=1.0, checkpoint_every_steps=0,
+                       async_checkpointing=False)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), config)
+  assert ckpt.save_due(1) == (False, False)
+  now[0] += 59
+  assert ckpt.save_due(2) == (False, False)
+  now[0] += 2
+  assert ckpt.save_due(3) == (True, False)
+  ckpt.save(3, {'x': np.arange(3.0)})
+  assert ckpt.save_due(4) == (False, False)  # The clock restarts at each save.
+  now[0] += 61
+  assert ckpt.save_due(5) == (True, False)
+  assert ckpt.save_due(6, force=True) == (True, False)
+  ckpt.close()
+  assert sorted(n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()) == ['3']
 
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
@@ -196,15 +328,20 @@ def small_disk(tmp_path):
   subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
+@pytest.mark.parametrize('background', [False, True])
 def test_disk_full_while_saving_is_a_clear_error_and_keeps_older_checkpoints(data_dir,
-                                                                             small_disk):
+                                                                             small_disk,
+                                                                             background):
+  """Also for a failed background (asynchronous) save: the error surfaces, not lost."""
   workdir = small_disk / 'run'
-  _in_process(data_dir, workdir, num_train_steps=3)
+  _in_process(data_dir, workdir, num_train_steps=3, async_checkpointing=background)
   stat = os.statvfs(small_disk)
   with open(small_disk / 'filler', 'wb') as f:  # Leave a few KiB: too little for a checkpoint.
     f.write(b'\0' * max(0, stat.f_bavail * stat.f_frsize - 16 * 1024))
   with pytest.raises(OSError) as info:
-    _in_process(data_dir, workdir, num_train_steps=6)
+    _in_process(data_dir, workdir, num_train_steps=6, async_checkpointing=background)
+  assert 'Saving the checkpoint of step 6' in str(info.value)
+  assert 'intact (latest: 3)' in str(info.value)
   assert 'No space left' in str(info.value) or 'space' in str(info.value).lower()
   os.remove(small_disk / 'filler')
   steps = sorted(int(n) for n in os.listdir(workdir / 'checkpoints') if n.isdigit())

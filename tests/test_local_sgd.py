@@ -2,9 +2,7 @@
 right after, evaluation of the averaged model, exact resume, multi-process = one process, bad
 input."""
 
-import json
 import os
-import sys
 
 import jax
 import numpy as np
@@ -12,8 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from anp_jax import checkpointing, train
-from conftest import assert_resume_is_exact, leaves, tiny_config
-from test_multiprocess import HERE, _launch, _wait
+from conftest import (assert_leaves_close, assert_resume_is_exact, leaves, run_workers,
+                      tiny_config)
 
 
 def _local(data_dir, **kw):
@@ -23,20 +21,18 @@ def _local(data_dir, **kw):
 
 
 @pytest.mark.parametrize('nodes', [4])  # 2 nodes: the resume and 2-process tests.
-def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes):
+def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes, sync_baseline):
   """H=1 with momentum SGD (nesterov, weight decay, ghost BN): the same model as sync.
 
   The node averages of p - lr * m_n equal sync's update because the optimizer is linear in the
   gradient (momentum buffers average too); the gradient mean is taken in two levels (devices,
   then nodes) instead of one, so results agree to float rounding: rtol 1e-5 on 5 steps.
   """
-  sync = train.train_and_evaluate(tiny_config(data_dir, noise_scale=False, log_every_steps=1,
-                                              num_train_steps=5), str(tmp_path / 'sync'))
+  sync = sync_baseline
   local = train.train_and_evaluate(_local(data_dir, num_train_steps=5,
                                           **{'local_sgd.nodes': nodes}), str(tmp_path / 'local'))
-  for x, y in zip(leaves((sync.state.params, sync.state.batch_stats)),
-                  leaves((local.state.params, local.state.batch_stats))):
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  assert_leaves_close(leaves((local.state.params, local.state.batch_stats)),
+                      leaves((sync.state.params, sync.state.batch_stats)), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose([h['train/loss'] for h in local.history if 'train/loss' in h],
                              [h['train/loss'] for h in sync.history if 'train/loss' in h],
                              rtol=1e-5)
@@ -68,7 +64,7 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
     sync_state, _ = sync.train_step(sync_state, next(sync_batches), step)
   averaged = run.executor.unreplicate(state)
   diff = max(float(np.max(np.abs(x - y))) for x, y in
-             zip(leaves(averaged.params), leaves(sync_state.params)))
+             zip(leaves(averaged.params), leaves(sync_state.params), strict=True))
   assert diff > 1e-4
   # Evaluation scores the node-averaged model: the same numbers as the sync executor gives it.
   sync_copy = jax.device_put(jax.device_get(averaged), NamedSharding(sync.mesh, P()))
@@ -98,26 +94,25 @@ def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_
         'local_sgd.nodes': 4})), str(tmp_path / 'split'))
   # load_checkpoint (IPython) returns the node average.
   _, variables, _ = checkpointing.load_checkpoint(str(tmp_path / 'split'))
-  for x, y in zip(leaves(variables['params']), leaves(resumed.state.params)):
-    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+  assert_leaves_close(leaves(variables['params']), leaves(resumed.state.params), rtol=1e-6,
+                      atol=1e-7)
 
 
-def test_two_processes_equal_one_process(data_dir, tmp_path):
-  """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2."""
+def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path):
+  """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2: the
+  node-averaged parameters and BN statistics agree leaf by leaf (a sum would not see swapped
+  replicas or leaves)."""
   overrides = {'method': 'local_sgd', 'local_sgd.sync_every': 2, 'num_train_steps': 5,
                'log_every_steps': 1, 'bn_mode': 'global', 'eval_every_epochs': 0}
   single = train.train_and_evaluate(tiny_config(data_dir, **dict(overrides, **{
       'local_sgd.nodes': 2})), str(tmp_path / 'single'))
-  mp_config = dict(overrides, data_dir=str(data_dir), workdir=str(tmp_path / 'work'))
-  procs = _launch([sys.executable, os.path.join(HERE, 'mp_worker.py')], 2, 4, tmp_path,
-                  MP_CONFIG=json.dumps(mp_config))
-  outs = _wait(procs, tmp_path)
+  outs = run_workers(tiny_config(data_dir, **overrides), 2, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
   losses = [h['train/loss'] for h in single.history if 'train/loss' in h]
-  ref_sum = float(sum(x.sum() for x in leaves(single.state.params)))
   for o in outs:
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
-    assert o['params_sum'] == pytest.approx(ref_sum, rel=1e-5)
+    assert_leaves_close(o['leaves'], leaves((single.state.params, single.state.batch_stats)),
+                        rtol=1e-5, atol=1e-6)
     assert o['final_eval']['eval/loss'] == pytest.approx(single.final_eval['eval/loss'],
                                                           rel=1e-5)
   assert 'local SGD: 2 node(s) x 4 device(s)' in open(tmp_path / 'proc0.log').read()

@@ -64,14 +64,68 @@ def test_weight_decay_skips_batchnorm_and_biases():
   assert float(updates['dense']['bias'][0]) == 0.0
 
 
-@pytest.mark.parametrize('name', optim.OPTIMIZERS)
-def test_every_optimizer_builds_and_steps(name):
-  c = _cfg(optimizer=name, schedule='constant', warmup_epochs=0)
+def _two_steps(name, grads=(1.0, 1.0), **kw):
+  """Updates of the first two steps of optimizer `name` on params w (2x2, decayed) and b (2,)
+  from ones, lr 0.1, weight decay 0.01, momentum 0.9, with the given per-step gradients."""
+  c = _cfg(**dict(dict(optimizer=name, schedule='constant', warmup_epochs=0, base_lr=0.1,
+                       batch_size=256, base_batch_size=256, weight_decay=0.01, momentum=0.9),
+                  **kw))
   tx = optim.create_optimizer(c, optim.create_lr_schedule(c, 1, 1))
   params = {'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}
-  updates, _ = tx.update({'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}, tx.init(params), params)
-  assert np.all(np.isfinite(np.asarray(updates['w'])))
-  assert float(jnp.abs(updates['w']).sum()) > 0
+  state = tx.init(params)
+  out = []
+  for g in grads:
+    updates, state = tx.update({'w': jnp.full((2, 2), g), 'b': jnp.full(2, g)}, state, params)
+    out.append({k: np.asarray(v) for k, v in updates.items()})
+    params = {k: params[k] + updates[k] for k in params}
+  return out
+
+
+def test_sgd_and_nesterov_momentum_match_their_formulas_and_differ():
+  """Plain: v = g + mu v, u = -lr v. Nesterov: u = -lr (g + mu v_new). Decay on w only."""
+  lr, mu, wd = 0.1, 0.9, 0.01
+  sgd, nest = _two_steps('sgd', grads=(1.0, 0.5)), _two_steps('nesterov', grads=(1.0, 0.5))
+  g1w, g1b = 1.0 + wd * 1.0, 1.0
+  np.testing.assert_allclose(sgd[0]['w'], -lr * g1w, rtol=1e-6)
+  np.testing.assert_allclose(sgd[0]['b'], -lr * g1b, rtol=1e-6)
+  np.testing.assert_allclose(nest[0]['w'], -lr * (1 + mu) * g1w, rtol=1e-6)
+  w1 = 1.0 + sgd[0]['w'][0, 0]  # The parameter after step 1 (plain SGD).
+  v2 = 0.5 + wd * w1 + mu * g1w
+  np.testing.assert_allclose(sgd[1]['w'], -lr * v2, rtol=1e-6)
+  w1n = 1.0 + nest[0]['w'][0, 0]
+  v2n = 0.5 + wd * w1n + mu * g1w
+  np.testing.assert_allclose(nest[1]['w'], -lr * (0.5 + wd * w1n + mu * v2n), rtol=1e-6)
+  np.testing.assert_allclose(nest[1]['b'], -lr * (0.5 + mu * (0.5 + mu * 1.0)), rtol=1e-6)
+
+
+def test_adamw_decays_kernels_only():
+  """First AdamW step: the Adam direction is g / |g| = 1 everywhere; decoupled weight decay
+  (lr * wd * p) is added for the 2-D kernel w, not for the bias b (the decay mask)."""
+  (first, _) = _two_steps('adamw')
+  np.testing.assert_allclose(first['w'], -0.1 * (1.0 + 0.01 * 1.0), rtol=1e-5)
+  np.testing.assert_allclose(first['b'], -0.1 * 1.0, rtol=1e-5)
+
+
+def test_lars_and_lamb_scale_by_the_trust_ratio():
+  """LARS: the decayed kernel's step is lr * trust_coefficient * |w| / |g + wd w| times its
+  direction; LAMB: the kernel's step has norm lr * |w| (trust ratio |w| / |adam direction|)."""
+  lars, _ = _two_steps('lars', lars_trust_coefficient=0.001)
+  np.testing.assert_allclose(lars['w'], -0.1 * 0.001 * 1.0, rtol=1e-5)
+  lamb, _ = _two_steps('lamb')
+  assert float(np.linalg.norm(lamb['w'])) == pytest.approx(0.1 * 2.0, rel=1e-5)
+  np.testing.assert_allclose(lamb['w'], lamb['w'][0, 0])
+
+
+def test_grad_clip_norm_clips_the_global_norm_before_the_optimizer():
+  lr = 0.1
+  # Global norm of the gradient: sqrt(6 * 3^2) = 7.35 > 1: scaled to norm 1 first.
+  clipped, = _two_steps('sgd', grads=(3.0,), grad_clip_norm=1.0, weight_decay=0.0)
+  np.testing.assert_allclose(clipped['w'], -lr * 3.0 / np.sqrt(54.0), rtol=1e-6)
+  np.testing.assert_allclose(clipped['b'], -lr * 3.0 / np.sqrt(54.0), rtol=1e-6)
+  # Below the threshold (or 0 = off): unchanged.
+  for clip in (100.0, 0.0):
+    plain, = _two_steps('sgd', grads=(3.0,), grad_clip_norm=clip, weight_decay=0.0)
+    np.testing.assert_allclose(plain['w'], -lr * 3.0, rtol=1e-6)
 
 
 def test_unknown_names_rejected():

@@ -57,9 +57,10 @@ def test_training_order_is_deterministic_and_resumes_exactly(data_dir):
   full = _batches(pipeline.train_dataset(builder, config, **kw), 12)
   again = _batches(pipeline.train_dataset(builder, config, **kw), 12)
   resumed = _batches(pipeline.train_dataset(builder, config, start_step=5, **kw), 7)
-  for a, b in zip(full, again):
+  assert len(full) == len(again) == 12 and len(resumed) == 7
+  for a, b in zip(full, again, strict=True):
     np.testing.assert_array_equal(a['image'], b['image'])
-  for a, b in zip(full[5:], resumed):  # Crosses the epoch boundary at step 8.
+  for a, b in zip(full[5:], resumed, strict=True):  # Crosses the epoch boundary at step 8.
     np.testing.assert_array_equal(a['image'], b['image'])
     np.testing.assert_array_equal(a['label_anp'], b['label_anp'])
   # Each epoch is a permutation: labels of epoch 0 and 1 have the same multiset, other order.

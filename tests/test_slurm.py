@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import tiny_config
+from conftest import config_flags, free_port, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,11 @@ def slurm(tmp_path_factory):
   for sub in ('state', 'spool'):
     (d / sub).mkdir()
   conf = d / 'slurm.conf'
-  conf.write_text(SLURM_CONF.format(d=d, ctld_port=16817, d_port=16818))
+  ctld_port = free_port()
+  d_port = free_port()
+  while d_port == ctld_port:
+    d_port = free_port()
+  conf.write_text(SLURM_CONF.format(d=d, ctld_port=ctld_port, d_port=d_port))
   env = dict(os.environ, SLURM_CONF=str(conf))
   subprocess.run(['mungekey', '-c', '-f', '-k', str(d / 'munge.key')], check=True)
   os.chmod(d / 'munge.key', 0o600)
@@ -108,13 +112,8 @@ def test_sbatch_example_runs_two_tasks_as_one_jax_job(slurm, data_dir, tmp_path)
   env, _ = slurm
   workdir = tmp_path / 'work'
   out_file = tmp_path / 'job.out'
-  config = tiny_config(data_dir)
-  flags = [f'--workdir={workdir}', f'--config.data_dir={data_dir}',
-           '--config.num_train_steps=4', '--config.log_every_steps=2',
-           '--config.model.name=resnet8', '--config.model.width=0.25', '--config.image_size=16',
-           '--config.batch_size=16', '--config.bn_group_size=4', '--config.eval_batch_size=16',
-           '--config.progress_bar=False', '--config.eval_every_epochs=0']
-  flags += [f'--config.synthetic.{k}={v}' for k, v in config.synthetic.items()]
+  flags = [f'--workdir={workdir}'] + config_flags(tiny_config(
+      data_dir, num_train_steps=4, log_every_steps=2, batch_size=16, eval_batch_size=16))
   # The example script as shipped, with this one-node CPU cluster's sizes on the command line
   # (command-line options override its #SBATCH lines) and without its GPU request.
   script = tmp_path / 'train.sbatch'

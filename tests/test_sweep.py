@@ -374,6 +374,18 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
   assert 'B_crit' in text and 'Steps to target' in text and '| 32 |' in text
   # A stricter target is recomputed from the logs, no retraining needed.
   assert all(r['steps_to_target'] is None for r in sweep.collect_results(str(out), 1.0))
+  # A target between chance and 1: the first logged evaluation at or above it, per run.
+  for r in rows:
+    logged = [json.loads(l) for l in open(out / 'runs' / r['name'] / 'metrics.jsonl')]
+    evals = [(l['step'], l['eval/anp_top1']) for l in logged if 'eval/anp_top1' in l]
+    target = max(top1 for _, top1 in evals)
+    assert 0.05 < target < 1.0
+    again = {x['batch']: x for x in sweep.collect_results(str(out), target)}[r['batch']]
+    assert again['steps_to_target'] == next(step for step, top1 in evals if top1 >= target)
+    above = [top1 for _, top1 in evals if top1 > evals[0][1]]
+    if above:  # Just above the first evaluation: reached later, not at the first one.
+      later = {x['batch']: x for x in sweep.collect_results(str(out), min(above))}[r['batch']]
+      assert later['steps_to_target'] > evals[0][0]
 
   # Emulate a kill after the step-4 checkpoint of the B=32 run: no final metrics, no step 6.
   run32 = out / 'runs' / by_batch[32]['name']

@@ -4,21 +4,29 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import train
-from conftest import tiny_config
+from anp_jax import models, train
+from conftest import assert_leaves_close, direct_eval, leaves, tiny_config
 
 
 def _losses(result):
   return [h['train/loss'] for h in result.history if 'train/loss' in h]
 
 
-def test_short_run_learns_and_writes_logs(data_dir, tmp_path):
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  """24 steps with evaluations: a model that learned something (shared by several tests)."""
   config = tiny_config(data_dir, num_train_steps=24, log_every_steps=4, base_lr=0.4,
                        eval_every_epochs=1.0)
-  result = train.train_and_evaluate(config, str(tmp_path))
+  workdir = tmp_path_factory.mktemp('trained')
+  return config, workdir, train.train_and_evaluate(config, str(workdir))
+
+
+def test_short_run_learns_and_writes_logs(trained):
+  _, workdir, result = trained
   losses = _losses(result)
   assert result.setup.devices == 8 and result.setup.per_device_batch == 4
   assert losses[-1] < 0.93 * losses[0], losses
@@ -26,11 +34,11 @@ def test_short_run_learns_and_writes_logs(data_dir, tmp_path):
   assert result.final_eval['eval/anp_top5'] >= result.final_eval['eval/anp_top1']
   for head in ('anp', 'adjective', 'noun'):
     assert f'eval/{head}_top1' in result.final_eval
-  lines = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  lines = [json.loads(l) for l in open(workdir / 'metrics.jsonl')]
   assert any('eval/anp_top1' in l for l in lines) and any('train/loss' in l for l in lines)
-  assert json.load(open(tmp_path / 'config.json'))['model']['name'] == 'resnet8'
-  assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path))
-  assert (tmp_path / 'curves.png').stat().st_size > 1000
+  assert json.load(open(workdir / 'config.json'))['model']['name'] == 'resnet8'
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(workdir))
+  assert (workdir / 'curves.png').stat().st_size > 1000
   assert 'train/noise_scale_b_simple' in lines[0]
   assert {'train/noise_scale_g2', 'train/noise_scale_trace'} <= set(lines[0])
 
@@ -45,6 +53,23 @@ def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(data_dir, t
   assert not any(k.startswith('train/noise_scale') for l in lines for k in l)
 
 
+@pytest.mark.parametrize('eval_batch_size', [8, 32])  # 104 = 13 x 8; 32 does not divide it.
+def test_evaluation_equals_a_direct_count_over_the_split(trained, eval_batch_size):
+  """Exact evaluation: the trainer's batched, padded, masked and sharded evaluation gives the
+  same hits (and loss) as applying the model to every example of the split at once."""
+  config, _, result = trained
+  config = tiny_config(config.data_dir, eval_batch_size=eval_batch_size)
+  run = train.build(config)
+  got = run.evaluate(result.state)
+  direct = direct_eval(config, result.state.params, result.state.batch_stats)
+  assert 0 < direct['anp_hits'] < direct['count'] == 104  # Neither all nor nothing right.
+  for head in train.HEADS:
+    assert got[f'eval/{head}_top1'] == direct[f'eval/{head}_top1'], head
+  assert got['eval/loss'] == pytest.approx(direct['eval/loss'], rel=1e-5)
+  if eval_batch_size == 32:  # The trainer's own final evaluation used this batch.
+    assert result.final_eval['eval/anp_top1'] == direct['eval/anp_top1']
+
+
 def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
   runs = {}
   for executor in ('jit', 'pmap'):
@@ -52,23 +77,24 @@ def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
                          log_every_steps=1)
     runs[executor] = train.train_and_evaluate(config, str(tmp_path / executor))
   np.testing.assert_allclose(_losses(runs['jit']), _losses(runs['pmap']), rtol=2e-5)
-  pj = jax.tree.leaves(runs['jit'].state.params)
-  pp = jax.tree.leaves(runs['pmap'].state.params)
-  for a, b in zip(pj, pp):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+  assert_leaves_close(leaves(runs['pmap'].state.params), leaves(runs['jit'].state.params),
+                      rtol=1e-4, atol=1e-5)
 
 
-def test_gradient_accumulation_equals_one_large_batch(data_dir, tmp_path):
-  """k micro-batches of b == one batch of k*b, with ghost BN holding the statistics batch."""
+def test_gradient_accumulation_with_ghost_groups_equals_one_large_batch(data_dir, tmp_path):
+  """8 examples per device in 2 micro-batches of 4 (each one ghost-BN group of 4) == one step
+  on the 8 (two groups of 4): same losses, parameters, BN statistics and optimizer state."""
   results = []
-  for accum in (1, 4):
-    config = tiny_config(data_dir, grad_accum_steps=accum, bn_mode='ghost',
-                         num_train_steps=3, log_every_steps=1, noise_scale=False)
-    config.bn_group_size = 1
+  for accum in (1, 2):
+    config = tiny_config(data_dir, batch_size=64, grad_accum_steps=accum, bn_mode='ghost',
+                         bn_group_size=4, num_train_steps=3, log_every_steps=1,
+                         noise_scale=False)
     results.append(train.train_and_evaluate(config, str(tmp_path / f'k{accum}')))
-  np.testing.assert_allclose(_losses(results[0]), _losses(results[1]), rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(results[0].state), jax.tree.leaves(results[1].state)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  assert results[1].setup.per_device_micro_batch == 4 and results[0].setup.per_device_batch == 8
+  np.testing.assert_allclose(_losses(results[1]), _losses(results[0]), rtol=1e-5)
+  state = lambda r: (r.state.params, r.state.batch_stats, r.state.opt_state)
+  assert_leaves_close(leaves(state(results[1])), leaves(state(results[0])), rtol=1e-4,
+                      atol=1e-6)
 
 
 def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path):
@@ -130,3 +156,67 @@ def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopp
   full = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25),
                                   str(tmp_path / 'full'))
   assert int(jax.device_get(full.state.step)) == 16
+
+
+def _trainer_noise_estimates(state):
+  """The trainer's bias-corrected estimates (|G|^2, tr Sigma) from its noise-scale EMAs.
+
+  Relies on the state's ``noise_ema`` fields ``g2``, ``trace`` and ``weight`` (the EMAs of the
+  two estimators and of 1: dividing by it removes the EMA's start-up bias)."""
+  ema = {k: float(np.asarray(v)) for k, v in state.noise_ema.items()}
+  return ema['g2'] / ema['weight'], ema['trace'] / ema['weight']
+
+
+@pytest.mark.parametrize('accum', [1, 2])
+def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp_path, accum):
+  """McCandlish et al. (2018, App. A) from per-example gradients of the first batch, computed
+  here on the host: B_small = the per-device micro-batch (4 / accum), B_big = the global batch
+  (32); |G_small|^2 averaged over the 8 devices' (micro-)batches. Per-example BatchNorm
+  (groups of 1) makes each example's gradient its own. One step: the EMA holds one value."""
+  config = tiny_config(data_dir, num_train_steps=1, log_every_steps=1, grad_accum_steps=accum,
+                       bn_group_size=1)
+  run = train.build(config)
+  batch = jax.tree.map(np.asarray, next(run.train_batches()))  # The trainer's first batch.
+  state0 = jax.device_get(run.init_state())
+  model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
+                              run.meta.num_nouns)
+
+  def example_loss(params, example):
+    one = jax.tree.map(lambda x: x[None], example)
+    logits, _ = model.apply({'params': params, 'batch_stats': state0.batch_stats}, one['image'],
+                            train=True, mutable=['batch_stats'])
+    return train.head_metrics(logits, one, config)[0]
+
+  per_example = jax.jit(jax.vmap(jax.grad(example_loss), in_axes=(None, 0)))(
+      state0.params, {k: batch[k] for k in ('image', *train.LABEL_OF.values())})
+  flat = np.concatenate([np.asarray(g).reshape(32, -1) for g in jax.tree.leaves(per_example)],
+                        axis=1).astype(np.float64)
+  b_small, b_big = 4 // accum, 32
+  small = flat.reshape(32 // b_small, b_small, -1).mean(axis=1)  # Device-major, in order.
+  small_sq = np.mean(np.sum(small ** 2, axis=1))
+  big_sq = np.sum(flat.mean(axis=0) ** 2)
+  g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+  trace = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+  assert trace > 0 and abs(g2) > 0  # One step's |G|^2 estimate may be negative (it is noisy).
+
+  result = train.train_and_evaluate(config, str(tmp_path))
+  got_g2, got_trace = _trainer_noise_estimates(result.state)
+  assert got_g2 == pytest.approx(g2, rel=2e-3)
+  assert got_trace == pytest.approx(trace, rel=2e-3)
+  if g2 > 0:
+    assert result.history[0]['train/noise_scale_b_simple'] == pytest.approx(trace / g2, rel=4e-3)
+  else:  # B_simple is only logged once the |G|^2 EMA is positive.
+    assert 'train/noise_scale_b_simple' not in result.history[0]
+  assert result.history[0]['train/grad_norm'] == pytest.approx(np.sqrt(big_sq), rel=1e-4)
+
+
+def test_label_smoothing_enters_the_loss(data_dir):
+  """config.label_smoothing: the target is (1 - e) one-hot + e / classes."""
+  logits = {'anp': jnp.asarray([[2.0, 0.0, -1.0, 0.5]])}
+  batch = {'label_anp': jnp.asarray([1])}
+  for eps in (0.0, 0.2):
+    config = tiny_config(data_dir, label_smoothing=eps)
+    loss, _ = train.head_metrics(logits, batch, config)
+    logp = np.asarray(jax.nn.log_softmax(logits['anp'][0]))
+    target = (1 - eps) * np.eye(4)[1] + eps / 4
+    assert float(loss) == pytest.approx(-np.sum(target * logp), rel=1e-6)

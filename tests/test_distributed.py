@@ -1,0 +1,152 @@
+"""Process-topology detection (anp_jax/distributed.py) as unit tests of its pure functions:
+explicit variables, SLURM (one task per node gets all of the node's GPUs), missing or malformed
+input, and the time-outs handed to `jax.distributed.initialize`."""
+
+import os
+
+import pytest
+
+from anp_jax import distributed
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+  """No SLURM_*, ANP_* or CUDA_VISIBLE_DEVICES from the machine running the tests."""
+  for name in list(os.environ):
+    if name.startswith(('SLURM_', 'ANP_')) or name == 'CUDA_VISIBLE_DEVICES':
+      monkeypatch.delenv(name)
+  return monkeypatch
+
+
+def _slurm(monkeypatch, procid=1, ntasks=2, **extra):
+  _set(monkeypatch, dict(SLURM_JOB_ID='77', SLURM_STEP_ID='0', SLURM_PROCID=procid,
+                         SLURM_NTASKS=ntasks, **extra))
+
+
+def test_nothing_set_is_a_single_process():
+  assert distributed.detect_topology() == distributed.Topology('single')
+
+
+def _set(monkeypatch, env):
+  for k, v in env.items():
+    monkeypatch.setenv(k, str(v))
+
+
+def test_explicit_variables_and_arguments(monkeypatch):
+  _set(monkeypatch, dict(ANP_COORDINATOR_ADDRESS='10.0.0.1:12345', ANP_NUM_PROCESSES='4',
+                         ANP_PROCESS_ID='3', ANP_LOCAL_DEVICE_IDS='0,1'))
+  assert distributed.detect_topology() == distributed.Topology('explicit', '10.0.0.1:12345', 4, 3,
+                                                               [0, 1])
+  # Arguments (main.py's flags) win over the variables; one process needs no coordinator.
+  topo = distributed.detect_topology('host:1', 2, 0)
+  assert (topo.mode, topo.coordinator_address, topo.num_processes) == ('explicit', 'host:1', 2)
+  assert distributed.detect_topology('host:1', 1, 0).mode == 'single'
+
+
+@pytest.mark.parametrize('env,message', [
+    (dict(ANP_COORDINATOR_ADDRESS='h:1', ANP_NUM_PROCESSES='2'), 'needs all three'),
+    (dict(ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='0'), 'ANP_COORDINATOR_ADDRESS'),
+    (dict(ANP_COORDINATOR_ADDRESS='h:1', ANP_NUM_PROCESSES='two', ANP_PROCESS_ID='0'),
+     r"ANP_NUM_PROCESSES='two' must be an integer"),
+    (dict(ANP_COORDINATOR_ADDRESS='h:1', ANP_NUM_PROCESSES='0', ANP_PROCESS_ID='0'), '>= 1'),
+    (dict(ANP_COORDINATOR_ADDRESS='h:1', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='2'),
+     'inconsistent process counts'),
+    (dict(ANP_COORDINATOR_ADDRESS='h:1', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='-1'),
+     'inconsistent process counts'),
+    (dict(ANP_COORDINATOR_ADDRESS='10.0.0.1', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='0'),
+     'host:port'),
+    (dict(ANP_COORDINATOR_ADDRESS='10.0.0.1:port', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='0'),
+     'host:port'),
+    (dict(ANP_COORDINATOR_ADDRESS=':12345', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='0'),
+     'host:port'),
+    (dict(ANP_COORDINATOR_ADDRESS='10.0.0.1:99999', ANP_NUM_PROCESSES='2', ANP_PROCESS_ID='0'),
+     'host:port'),
+])
+def test_missing_or_malformed_explicit_variables_are_named(monkeypatch, env, message):
+  _set(monkeypatch, env)
+  with pytest.raises(ValueError, match=message):
+    distributed.detect_topology()
+
+
+def test_an_ipv6_coordinator_address_is_accepted():
+  topo = distributed.detect_topology('[::1]:8476', 2, 1)
+  assert topo.coordinator_address == '[::1]:8476'
+
+
+def test_slurm_one_task_per_node_gets_all_local_gpus(monkeypatch):
+  _slurm(monkeypatch, procid=1, ntasks=2, SLURM_NTASKS_PER_NODE=1,
+         CUDA_VISIBLE_DEVICES='4,5,6,7')
+  assert distributed.detect_topology() == distributed.Topology('slurm', None, 2, 1, [0, 1, 2, 3])
+  # Without CUDA_VISIBLE_DEVICES: SLURM's GPU count; the per-node count as SLURM writes it.
+  monkeypatch.delenv('CUDA_VISIBLE_DEVICES')
+  monkeypatch.delenv('SLURM_NTASKS_PER_NODE')
+  monkeypatch.setenv('SLURM_TASKS_PER_NODE', '1(x2)')
+  monkeypatch.setenv('SLURM_GPUS_ON_NODE', '8')
+  assert distributed.detect_topology().local_device_ids == list(range(8))
+
+
+def test_slurm_one_task_per_gpu_leaves_the_devices_to_jax(monkeypatch):
+  _slurm(monkeypatch, procid=5, ntasks=8, SLURM_NTASKS_PER_NODE=4, CUDA_VISIBLE_DEVICES='0,1,2,3')
+  topo = distributed.detect_topology()
+  assert (topo.mode, topo.num_processes, topo.process_id) == ('slurm', 8, 5)
+  assert topo.local_device_ids is None
+  # ANP_LOCAL_DEVICE_IDS pins them explicitly.
+  monkeypatch.setenv('ANP_LOCAL_DEVICE_IDS', '1')
+  assert distributed.detect_topology().local_device_ids == [1]
+
+
+def test_slurm_outside_a_multi_task_step_is_a_single_process(monkeypatch):
+  _slurm(monkeypatch, procid=0, ntasks=1)  # srun -n 1
+  assert distributed.detect_topology().mode == 'single'
+  _slurm(monkeypatch, procid=0, ntasks=2)
+  monkeypatch.delenv('SLURM_STEP_ID')  # The batch script itself, not an srun step.
+  assert distributed.detect_topology().mode == 'single'
+
+
+@pytest.mark.parametrize('env,message', [
+    (dict(SLURM_PROCID='2'), r'SLURM_PROCID=2 is not in \[0, SLURM_NTASKS=2\)'),
+    (dict(SLURM_NTASKS='many'), "SLURM_NTASKS='many' must be an integer"),
+    (dict(SLURM_PROCID='x'), "SLURM_PROCID='x' must be an integer"),
+])
+def test_bad_slurm_variables_are_named(monkeypatch, env, message):
+  _slurm(monkeypatch)
+  _set(monkeypatch, env)
+  with pytest.raises(ValueError, match=message):
+    distributed.detect_topology()
+
+
+def test_explicit_mode_wins_over_slurm(monkeypatch):
+  _slurm(monkeypatch, procid=1, ntasks=4)
+  topo = distributed.detect_topology('h:1', 2, 0)
+  assert (topo.mode, topo.num_processes, topo.process_id) == ('explicit', 2, 0)
+
+
+def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
+  """ANP_HEARTBEAT_TIMEOUT / ANP_INIT_TIMEOUT reach jax.distributed.initialize (defaults 30 and
+  120 s); nothing of JAX's real set-up runs."""
+  import jax
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, 'update', lambda *a, **k: None)
+  monkeypatch.setattr(distributed, '_initialized', False)
+  topo = distributed.initialize('127.0.0.1:1234', 2, 0)
+  assert topo.mode == 'explicit'
+  assert calls[-1]['heartbeat_timeout_seconds'] == 30
+  assert calls[-1]['initialization_timeout'] == 120
+  assert (calls[-1]['coordinator_address'], calls[-1]['num_processes'],
+          calls[-1]['process_id']) == ('127.0.0.1:1234', 2, 0)
+  monkeypatch.setattr(distributed, '_initialized', False)
+  monkeypatch.setenv('ANP_HEARTBEAT_TIMEOUT', '7')
+  monkeypatch.setenv('ANP_INIT_TIMEOUT', '9')
+  _slurm(monkeypatch, procid=0, ntasks=2, SLURM_NTASKS_PER_NODE=1, CUDA_VISIBLE_DEVICES='0,1')
+  distributed.initialize()
+  assert calls[-1]['heartbeat_timeout_seconds'] == 7
+  assert calls[-1]['initialization_timeout'] == 9
+  assert calls[-1]['cluster_detection_method'] == 'slurm'
+  assert calls[-1]['local_device_ids'] == [0, 1]
+  # A single process never initialises jax.distributed.
+  monkeypatch.setattr(distributed, '_initialized', False)
+  for name in [n for n in os.environ if n.startswith('SLURM_')]:
+    monkeypatch.delenv(name)
+  distributed.initialize()
+  assert len(calls) == 2
