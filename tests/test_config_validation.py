@@ -81,14 +81,14 @@ def test_inception_augment_reads_a_batch_of_the_generated_png_dataset(data_dir):
   raw = next(iter(builder.as_dataset(split='train[:1]',
                                      decoders={'image': pipeline.tfds.decode.SkipDecoding()})))
   assert raw['image'].numpy()[:4] == b'\x89PNG'  # TFDS stores the generated images as PNG.
-  ds = pipeline.train_dataset(builder, config, per_device_batch=8, steps_per_epoch=4,
+  ds = pipeline.train_dataset(builder, config, per_device_batch=8,
                               num_shards=8, shards=[0, 1])
   batch = next(iter(ds.as_numpy_iterator()))
   assert batch['image'].shape == (16, 16, 16, 3)
   assert np.all(np.isfinite(batch['image']))
   # A random crop, not the plain image: the batch differs from augment='none'.
   plain = next(iter(pipeline.train_dataset(
-      builder, tiny_config(data_dir, augment='none'), per_device_batch=8, steps_per_epoch=4,
+      builder, tiny_config(data_dir, augment='none'), per_device_batch=8,
       num_shards=8, shards=[0, 1]).as_numpy_iterator()))
   assert not np.allclose(batch['image'], plain['image'])
 

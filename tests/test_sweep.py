@@ -235,12 +235,13 @@ def test_lamb_matches_hand_computation():
       u = (mu[k] / (1 - b1 ** t)) / (np.sqrt(nu[k] / (1 - b2 ** t)) + eps)
       if k.endswith('kernel'):
         u = u + wd * p[k]
-      pn, un = _norm(p[k]), _norm(u)  # Trust ratio on every leaf; 1 for the zero bias at t=1.
-      ratio = pn / un if pn > 0 and un > 0 else 1.0
+      # Trust ratio on kernels only (as LARS): BatchNorm scales/offsets and biases take lr * u.
+      pn, un = _norm(p[k]), _norm(u)
+      ratio = pn / un if p[k].ndim >= 2 and pn > 0 and un > 0 else 1.0
       p[k] = p[k] - lrs[step] * ratio * u
     for k, v in _flat(got[step]).items():
       np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
-  # The zero-initialised bias moved by exactly lr·|adam step| on the first step (ratio 1).
+  # The zero-initialised bias moved by exactly lr·|adam step| on the first step (no ratio).
   assert np.all(np.abs(_flat(got[0])['bn/bias']) > 0)
 
 
