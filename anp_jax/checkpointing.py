@@ -31,9 +31,11 @@ EXIT_CONFIG = 2
 
 # Config fields that must match for a checkpoint to be restorable into this run.
 IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
-                   'dataset', 'image_size', 'optimizer', 'method')
+                   'dataset', 'image_size', 'optimizer', 'method', 'init_from', 'freeze',
+                   'backbone_lr_multiplier')
 # Identity fields added later: a checkpoint without them was written with these values.
-IDENTITY_DEFAULTS = {'method': 'sync'}
+IDENTITY_DEFAULTS = {'method': 'sync', 'init_from': '', 'freeze': '',
+                     'backbone_lr_multiplier': 1.0}
 
 
 class Preempted(SystemExit):

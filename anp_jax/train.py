@@ -45,7 +45,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, methods, models, optim, reporting
+from anp_jax import checkpointing, methods, models, optim, pretrained, reporting
 from anp_jax.data import pipeline
 
 AXIS = 'data'
@@ -148,6 +148,7 @@ def validate_config(config) -> None:
       raise ValueError('config.stop_at_metric needs periodic evaluation: set '
                        'config.eval_every_epochs > 0.')
   methods.validate(config)
+  pretrained.validate(config)
   pipeline.check_data_dir(config)
 
 
@@ -323,6 +324,7 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
     sums = jax.lax.psum(sums, axis_name)
     new_stats = jax.lax.pmean(new_stats, axis_name)
     small_sq = jax.lax.pmean(small_sq, axis_name)
+  new_stats = pretrained.keep_frozen_stats(config, state.batch_stats, new_stats)
   big_sq = optim.global_norm_sq(grads)
   b_big = b_small * accum_steps * num_devices
 
@@ -602,9 +604,11 @@ class Run:
   schedule: optax.Schedule
   tx: optax.GradientTransformation
   executor: Executor
+  init: Optional[pretrained.LoadedWeights] = None  # config.init_from, read and checked.
 
   def init_state(self):
-    return self.executor.init()
+    state = self.executor.init()
+    return state if self.init is None else pretrained.place(state, self.init)
 
   def train_batches(self, start_step: int = 0):
     """Global training batches (device arrays), from `start_step` on."""
@@ -651,9 +655,11 @@ def build(config: ml_collections.ConfigDict) -> Run:
     tx_config = ml_collections.ConfigDict(config.to_dict())
     tx_config.momentum = methods.compensated_momentum(
         config.momentum, methods.expected_staleness(config) + 1)
-  tx = optim.create_optimizer(tx_config, schedule)
+  # Read and checked here, on the host, before anything compiles.
+  init = pretrained.load(config, model) if config.get('init_from', '') else None
+  tx = pretrained.create_optimizer(tx_config, schedule, init)
   executor = make_executor(tx_config, model, tx, setup, mesh)
-  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor)
+  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init)
 
 
 @dataclasses.dataclass
@@ -750,6 +756,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                                     identity_extra=executor.identity)
   state = executor.init()
   state, start_step = ckpt.restore_or_init(state, executor)
+  if run.init is not None and start_step == 0:  # A checkpoint in the workdir wins (resume).
+    state = pretrained.place(state, run.init)
+    logging.info(run.init.report)
+    if is_main:
+      print(f'anp_jax | {run.init.report}', flush=True)
   writer = reporting.MetricWriter(workdir)
   history = []
 
