@@ -32,7 +32,7 @@ PRESETS = {
                             eval_per_class=20, seed=0),
                 task_b=dict(num_adjectives=8, num_nouns=8, num_pairs=32, train_per_class=25,
                             eval_per_class=20, seed=1),
-                pretrain_steps=600, finetune_steps=250, eval_every_steps=25),
+                pretrain_steps=400, finetune_steps=200, eval_every_steps=20),
     'tiny': dict(model='resnet8', width=0.5, image_size=16, batch=32, lr=0.1,
                  task_a=dict(num_adjectives=4, num_nouns=4, num_pairs=8, train_per_class=16,
                              eval_per_class=8, seed=0),
@@ -77,12 +77,15 @@ def _train(config, workdir: str, every_steps: int):
           'wall_s': time.time() - t, 'init_report': run.init.report if run.init else ''}
 
 
-def run(out_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
+def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
         freeze: str = '', backbone_lr_multiplier: float = 1.0) -> Dict:
-  """Trains pretrain, finetune and scratch into ``out_dir/runs``; returns `summarize`'s dict."""
+  """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
+
+  A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates).
+  """
   p = PRESETS[preset]
-  data_dir = data_dir or os.path.join(out_dir, 'tfds')
-  runs = os.path.join(out_dir, 'runs')
+  data_dir = data_dir or os.path.join(work_dir, 'tfds')
+  runs = os.path.join(work_dir, 'runs')
   every = p['eval_every_steps']
   results = {}
   pre_dir = os.path.join(runs, 'pretrain')

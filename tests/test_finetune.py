@@ -72,8 +72,8 @@ def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size, ext):
   n_bn = sum(k.endswith('num_batches_tracked') for k in net.state_dict())
   # Every parameter and BN statistic, no fc skipped (1000 classes = the ANP head here).
   assert len(loaded.values) == len(net.state_dict()) - n_bn
-  assert loaded.reinitialised == [] and loaded.ignored == [
-      k for k in net.state_dict() if k.endswith('num_batches_tracked')]
+  assert loaded.reinitialised == [] and sorted(loaded.ignored) == sorted(
+      k for k in net.state_dict() if k.endswith('num_batches_tracked'))
   assert f'loaded {len(loaded.values)} arrays' in loaded.report
 
 
@@ -321,3 +321,30 @@ def test_two_processes_loading_the_same_file_equal_one(data_dir, tmp_path, tiny_
   for o in outs:
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
     np.testing.assert_allclose(o['params_sum'], params_sum, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# The experiment's library (anp_jax.transfer): steps-to-target and the report.
+
+
+def test_transfer_steps_to_target_and_report(tmp_path):
+  from anp_jax import transfer
+  curve = [(0, 0.1), (10, 0.3), (20, 0.5), (30, 0.45)]
+  assert transfer.steps_to_target(curve, 0.3) == 10
+  assert transfer.steps_to_target(curve, 0.5) == 20
+  assert transfer.steps_to_target(curve, 0.51) is None
+  runs = {'pretrain': {'curve': [(0, 0.1), (5, 0.6)], 'final': {'eval/anp_top1': 0.6},
+                       'wall_s': 1.0, 'init_report': ''},
+          'finetune': {'curve': [(0, 0.2), (10, 0.4), (20, 0.55)], 'final': {},
+                       'wall_s': 1.0, 'init_report': 'init_from x: loaded 3 arrays'},
+          'scratch': {'curve': curve, 'final': {}, 'wall_s': 1.0, 'init_report': ''}}
+  summary = transfer.summarize(runs)
+  assert summary['best_scratch'] == 0.5 and summary['best_finetune'] == 0.55
+  by_fraction = {r['fraction']: r for r in summary['steps_to_target']}
+  assert by_fraction[1.0]['finetune'] == 20 and by_fraction[1.0]['scratch'] == 20
+  assert by_fraction[0.8]['finetune'] == 10 and by_fraction[0.8]['scratch'] == 10
+  assert by_fraction[0.5]['finetune'] == 10 and by_fraction[0.5]['scratch'] == 10
+  paths = transfer.write_report(summary, str(tmp_path), command='python experiments/finetune.py')
+  assert all(os.path.getsize(p) > 0 for p in paths)
+  md = open(paths[1]).read()
+  assert '| 1.0 | 50.0 % | 20 | 20 |' in md and 'loaded 3 arrays' in md
