@@ -342,7 +342,7 @@ def test_transfer_steps_to_target_and_report(tmp_path):
   assert summary['best_scratch'] == 0.5 and summary['best_finetune'] == 0.55
   by_fraction = {r['fraction']: r for r in summary['steps_to_target']}
   assert by_fraction[1.0]['finetune'] == 20 and by_fraction[1.0]['scratch'] == 20
-  assert by_fraction[0.8]['finetune'] == 10 and by_fraction[0.8]['scratch'] == 10
+  assert by_fraction[0.8]['finetune'] == 10 and by_fraction[0.8]['scratch'] == 20
   assert by_fraction[0.5]['finetune'] == 10 and by_fraction[0.5]['scratch'] == 10
   paths = transfer.write_report(summary, str(tmp_path), command='python experiments/finetune.py')
   assert all(os.path.getsize(p) > 0 for p in paths)
