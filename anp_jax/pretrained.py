@@ -102,6 +102,9 @@ def matches(patterns, name: str) -> bool:
 def validate(config) -> None:
   """Cheap checks of the fine-tuning fields (no file is read; exit code 2 on failure)."""
   _compile('init_exclude', _patterns(config.get('init_exclude', ())))
+  if not isinstance(config.get('freeze', ''), str):
+    raise InitFromError(f"config.freeze={config.freeze!r}: use one regex string (alternatives "
+                        "with '|', e.g. 'conv_init/.*|bn_init/.*'); '' freezes nothing.")
   _compile('freeze', _patterns(config.get('freeze', '')))
   mult = config.get('backbone_lr_multiplier', 1.0)
   if not (isinstance(mult, (int, float)) and mult >= 0):
