@@ -37,15 +37,18 @@ EXIT_CONFIG = 2
 # refused rather than silently continued at another point of the data.
 IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
                    'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
-                   'grad_accum_steps', 'bn_mode', 'model.dtype')
+                   'grad_accum_steps', 'bn_mode', 'model.dtype', 'init_from', 'freeze',
+                   'backbone_lr_multiplier')
 # Identity fields added later: a checkpoint without them was written with these values.
-IDENTITY_DEFAULTS = {'method': 'sync'}
+IDENTITY_DEFAULTS = {'method': 'sync', 'init_from': '', 'freeze': '',
+                     'backbone_lr_multiplier': 1.0}
 # Identity entries added later without a safe default: not compared for checkpoints that lack them.
 IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype',
                                 'num_anps', 'num_adjectives', 'num_nouns')
-# Fields that only fix the position in the training data: an evaluation (config.eval_only) of the
-# checkpoint does not depend on them.
-IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps')
+# Fields that only shape the training (the data position, the initialisation, the updates): an
+# evaluation (config.eval_only) of the checkpoint does not depend on them.
+IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
+                          'backbone_lr_multiplier')
 
 
 def _get(config, dotted: str):

@@ -46,7 +46,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from anp_jax import (checkpointing, durations, methods, models, noise_scale, optim, preemption,
-                     reporting)
+                     pretrained, reporting)
 from anp_jax.data import pipeline
 from anp_jax.models import conv as conv_lowerings
 
@@ -183,6 +183,7 @@ def validate_config(config) -> None:
       raise ValueError('config.stop_at_metric needs periodic evaluation: set '
                        'config.eval_every_epochs > 0.')
   methods.validate(config)
+  pretrained.validate(config)
   pipeline.check_data_dir(config)
 
 
@@ -355,6 +356,7 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
     sums = jax.lax.psum(sums, axis_name)
     new_stats = jax.lax.pmean(new_stats, axis_name)
     small_sq = jax.lax.pmean(small_sq, axis_name)
+  new_stats = pretrained.keep_frozen_stats(config, state.batch_stats, new_stats)
   big_sq = optim.global_norm_sq(grads)
   b_big = b_small * accum_steps * num_devices
 
@@ -637,9 +639,11 @@ class Run:
   schedule: optax.Schedule
   tx: optax.GradientTransformation
   executor: Executor
+  init: Optional[pretrained.LoadedWeights] = None  # config.init_from, read and checked.
 
   def init_state(self):
-    return self.executor.init()
+    state = self.executor.init()
+    return state if self.init is None else pretrained.place(state, self.init)
 
   def train_batches(self, start_step: int = 0):
     """Global training batches (device arrays), from `start_step` on."""
@@ -685,9 +689,11 @@ def build(config: ml_collections.ConfigDict) -> Run:
     tx_config = ml_collections.ConfigDict(config.to_dict())
     tx_config.momentum = methods.compensated_momentum(
         config.momentum, methods.expected_staleness(config) + 1)
-  tx = optim.create_optimizer(tx_config, schedule)
+  # Read and checked here, on the host, before anything compiles.
+  init = pretrained.load(config, model) if config.get('init_from', '') else None
+  tx = pretrained.create_optimizer(tx_config, schedule, init)
   executor = make_executor(tx_config, model, tx, setup, mesh)
-  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor)
+  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init)
 
 
 @dataclasses.dataclass
@@ -796,6 +802,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       with open(os.path.join(workdir, 'eval_only_metrics.json'), 'w') as f:
         json.dump({'step': start_step, 'time': time.time(), **final}, f, indent=2)
     return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
+  if run.init is not None and start_step == 0:  # A checkpoint in the workdir wins (resume).
+    state = pretrained.place(state, run.init)
+    logging.info(run.init.report)
+    if is_main:
+      print(f'anp_jax | {run.init.report}', flush=True)
   if is_main:  # The run is accepted: record its config.
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True))

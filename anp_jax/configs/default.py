@@ -111,6 +111,16 @@ def get_config() -> ml_collections.ConfigDict:
       sync_every=1,  # H: average parameters (and BN statistics) across nodes every H steps.
       average_opt_state=False))  # Also average the optimizer state (momentum) at sync points.
 
+  # Fine-tuning (see anp_jax/pretrained.py and the README section "Fine-tuning from ImageNet
+  # weights"). init_from: '' (from scratch), an anp_jax workdir/checkpoint, or a torchvision-style
+  # ResNet state dict (.safetensors / .pth); used for a fresh run only (a checkpoint in the
+  # workdir wins). init_exclude: regexes of parameter names kept at their fresh initialisation
+  # (full match, e.g. 'head_.*'); heads of another shape are re-initialised anyway.
+  c.init_from = ''
+  c.init_exclude = ()
+  c.freeze = ''  # Regex of parameters not updated (and their BN statistics kept); '' = none.
+  c.backbone_lr_multiplier = 1.0  # Loaded parameters train at this x the rate; new heads at 1x.
+
   # Checkpoints.
   c.checkpoint_every_steps = 500
   c.checkpoint_every_minutes = 10.0

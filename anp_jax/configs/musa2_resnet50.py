@@ -1,10 +1,16 @@
 """The paper recipe: ResNet-50 on the MVSO-style `anp` dataset at 224 px (MUSA2 2017).
 
 553 ANPs (117 adjectives, 167 nouns), SGD momentum 0.9, batch 128, lr 0.01, weight decay 1e-4,
-224 px crops and flips. Published: 23.4 % top-1 / 48.2 % top-5 on ANPs (from ImageNet weights,
-which this codebase does not download). A GPU-node run:
+224 px crops and flips. Published: 23.4 % top-1 / 48.2 % top-5 on ANPs, fine-tuned from ImageNet
+weights: download torchvision's ResNet-50 file yourself (nothing is downloaded at run time) and
+pass it as ``init_from`` (.pth needs PyTorch; .safetensors does not; see the README section
+"Fine-tuning from ImageNet weights"). The ANP head (553 vs 1000 classes) and the adjective/noun
+heads are re-initialised automatically. A GPU-node run:
 
-  ./run.sh --config=anp_jax/configs/musa2_resnet50.py --config.data_dir=/path/to/prepared
+  ./run.sh --config=anp_jax/configs/musa2_resnet50.py --config.data_dir=/path/to/prepared \
+      --config.init_from=~/weights/resnet50-11ad3fa6.pth
+
+Without init_from the same recipe trains from scratch (expect far lower accuracy than published).
 """
 
 from anp_jax.configs import default

@@ -22,6 +22,10 @@ import jax.numpy as jnp
 from anp_jax.models.norm import BatchNorm
 
 ModuleDef = Any
+# Explicit padding of every 3x3 convolution and of the stem's max-pool, as torchvision's
+# ``padding=1``: 'SAME' pads a strided 3x3 window over an even size by (0, 1) instead, which
+# shifts every strided layer by half a pixel and breaks weights converted from PyTorch.
+PAD1 = ((1, 1), (1, 1))
 
 # name -> (stage sizes, block kind, stem kind)
 ARCHS: Dict[str, Tuple[Sequence[int], str, str]] = {
@@ -53,9 +57,9 @@ class BasicBlock(nn.Module):
   @nn.compact
   def __call__(self, x):
     residual = x
-    y = self.conv(self.filters, (3, 3), self.strides)(x)
+    y = self.conv(self.filters, (3, 3), self.strides, padding=PAD1)(x)
     y = self.act(self.norm()(y))
-    y = self.conv(self.filters, (3, 3))(y)
+    y = self.conv(self.filters, (3, 3), padding=PAD1)(y)
     y = self.norm(scale_init=nn.initializers.zeros if self.zero_init_last_bn
                   else nn.initializers.ones)(y)
     if residual.shape != y.shape:
@@ -77,7 +81,7 @@ class BottleneckBlock(nn.Module):
   def __call__(self, x):
     residual = x
     y = self.act(self.norm()(self.conv(self.filters, (1, 1))(x)))
-    y = self.act(self.norm()(self.conv(self.filters, (3, 3), self.strides)(y)))
+    y = self.act(self.norm()(self.conv(self.filters, (3, 3), self.strides, padding=PAD1)(y)))
     y = self.conv(self.filters * 4, (1, 1))(y)
     y = self.norm(scale_init=nn.initializers.zeros if self.zero_init_last_bn
                   else nn.initializers.ones)(y)
@@ -133,10 +137,10 @@ class ResNet(nn.Module):
       base = 64
       x = conv(_ch(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=PAD1)
     else:
       base = 16
-      x = conv(_ch(base, self.width), (3, 3), name='conv_init')(x)
+      x = conv(_ch(base, self.width), (3, 3), padding=PAD1, name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
 
     for i, block_count in enumerate(self.stage_sizes):

@@ -1,0 +1,589 @@
+"""Fine-tuning from pretrained weights: ``config.init_from``, ``init_exclude``, ``freeze``,
+``backbone_lr_multiplier``.
+
+``config.init_from`` (empty: train from scratch) names a local file or directory; nothing is
+downloaded. Three sources are understood:
+
+* an anp_jax run: its workdir, its ``checkpoints`` folder or one ``checkpoints/<step>`` folder.
+  Parameters and BatchNorm statistics are taken (a local-SGD run's node replicas are averaged),
+  not the optimizer state or the step;
+* a torchvision / timm ResNet state dict (v1.5 naming: ``conv1``, ``bn1``, ``layerN.M.convK``,
+  ``layerN.M.bnK``, ``layerN.M.downsample.0/1``, ``fc``) as ``.safetensors`` (read through the
+  ``safetensors`` package's NumPy API: PyTorch is not needed) or ``.pth``/``.pt`` (PyTorch is
+  imported only then). Conv kernels OIHW -> HWIO, the ``fc`` matrix is transposed, BN
+  ``weight``/``bias`` -> ``scale``/``bias`` and ``running_mean``/``running_var`` -> the
+  ``batch_stats`` collection; ``num_batches_tracked`` has no counterpart and is ignored.
+
+Everything is read and checked on the host (`load`) before anything compiles: a missing or
+unreadable file, an unknown format, another architecture (the first mismatching names and shapes
+are listed) and non-finite values are `InitFromError` (a ValueError: exit code 2). Heads
+(``head_*``) whose shape differs from the file's (1000 ImageNet classes vs N ANPs) or that the
+file lacks keep their fresh initialisation; ``config.init_exclude`` (regexes that must match a
+whole name such as ``head_anp/kernel`` or ``BasicBlock_0/BatchNorm_0/mean``, as big_vision's
+``dont_load``) keeps any other name fresh. `LoadedWeights.report` is the start-up line.
+
+`place` writes the loaded values into a fresh state with the state's own shardings (jit, pmap,
+local SGD's node axis, async's parameter history), so every process of a job reads the same file
+and ends with the same state. The trainer calls it only for a fresh run: a checkpoint in the
+workdir wins (resume), and ``init_from`` is part of the checkpoint identity.
+
+Fine-tuning knobs (they also work without ``init_from``):
+
+* ``config.freeze``: a regex (full match on parameter names); matching parameters get a zero
+  update (`optax.multi_transform` with `optax.set_to_zero`), and the BatchNorm layers whose
+  ``scale`` is frozen keep their running statistics (`keep_frozen_stats`).
+* ``config.backbone_lr_multiplier``: the parameters loaded from ``init_from`` train at
+  ``multiplier x`` the schedule's rate; re-initialised heads at the full rate.
+"""
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+import optax
+
+from anp_jax import optim
+from anp_jax.models import resnet
+
+TORCH_EXTENSIONS = ('.pth', '.pt')
+SAFETENSORS_EXTENSIONS = ('.safetensors',)
+PIP_TORCH = ('pip install torch --index-url https://download.pytorch.org/whl/cpu  '
+             '(or convert the file once, elsewhere, to .safetensors: see the README)')
+# How many mismatching names an architecture error lists.
+MAX_LISTED = 8
+
+
+class InitFromError(ValueError):
+  """config.init_from cannot be used: the message says what to change."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Names.
+
+
+def path_name(path) -> str:
+  """A pytree key path -> ``'BasicBlock_0/Conv_0/kernel'``."""
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
+
+
+def flatten(tree) -> Dict[str, Any]:
+  """{'a': {'b': x}} -> {'a/b': x} (dict leaves only; the order of the tree)."""
+  return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def is_head(name: str) -> bool:
+  return name.split('/', 1)[0].startswith('head_')
+
+
+def _patterns(value) -> Tuple[str, ...]:
+  if not value:
+    return ()
+  if isinstance(value, str):
+    return (value,)
+  return tuple(value)
+
+
+def _compile(config_field: str, patterns: Sequence[str]):
+  try:
+    return [re.compile(p) for p in patterns]
+  except re.error as e:
+    raise InitFromError(f'config.{config_field}: {e} in {patterns!r}; use Python regexes that '
+                        "match whole names, e.g. 'head_.*'.") from e
+
+
+def matches(patterns, name: str) -> bool:
+  return any(p.fullmatch(name) for p in patterns)
+
+
+def validate(config) -> None:
+  """Cheap checks of the fine-tuning fields (no file is read; exit code 2 on failure)."""
+  _compile('init_exclude', _patterns(config.get('init_exclude', ())))
+  if not isinstance(config.get('freeze', ''), str):
+    raise InitFromError(f"config.freeze={config.freeze!r}: use one regex string (alternatives "
+                        "with '|', e.g. 'conv_init/.*|bn_init/.*'); '' freezes nothing.")
+  _compile('freeze', _patterns(config.get('freeze', '')))
+  mult = config.get('backbone_lr_multiplier', 1.0)
+  if not (isinstance(mult, (int, float)) and mult >= 0):
+    raise InitFromError(f'config.backbone_lr_multiplier={mult!r}: use a number >= 0 (the '
+                        'fraction of the learning rate for loaded parameters).')
+  source = config.get('init_from', '')
+  if mult != 1.0 and not source:
+    raise InitFromError('config.backbone_lr_multiplier applies to parameters loaded from '
+                        'config.init_from, which is empty; set init_from or leave the '
+                        'multiplier at 1.0.')
+  if source:
+    path = os.path.expanduser(source)
+    if not os.path.exists(path):
+      raise InitFromError(f'config.init_from={source!r} does not exist. Give the path of a '
+                          'downloaded .safetensors/.pth state dict or of an anp_jax workdir '
+                          '(nothing is downloaded at run time).')
+    _source_kind(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading sources (host numpy).
+
+
+def _source_kind(path: str) -> str:
+  if os.path.isdir(path):
+    return 'anp_jax'
+  lower = path.lower()
+  if lower.endswith(SAFETENSORS_EXTENSIONS):
+    return 'safetensors'
+  if lower.endswith(TORCH_EXTENSIONS):
+    return 'torch'
+  raise InitFromError(f'config.init_from={path!r}: unknown format. Use a .safetensors or '
+                      '.pth/.pt torchvision-style ResNet state dict, or an anp_jax workdir / '
+                      'checkpoint folder.')
+
+
+def read_safetensors(path: str) -> Dict[str, np.ndarray]:
+  """A .safetensors file as {name: numpy array}, without PyTorch."""
+  try:
+    from safetensors.numpy import load_file
+  except ImportError as e:
+    raise InitFromError('Reading .safetensors needs the safetensors package: pip install '
+                        'safetensors (see requirements.txt).') from e
+  try:
+    return dict(load_file(path))
+  except Exception as e:  # Truncated or not a safetensors file at all.
+    raise InitFromError(f'config.init_from={path!r} is not a readable .safetensors file '
+                        f'({type(e).__name__}: {e}).') from e
+
+
+def read_torch(path: str) -> Dict[str, np.ndarray]:
+  """A .pth/.pt state dict (optionally under 'state_dict'/'model', 'module.' prefixes) as numpy."""
+  try:
+    import torch
+  except ImportError as e:
+    raise InitFromError(f'config.init_from={path!r} is a PyTorch file, and PyTorch is not '
+                        f'installed. Install it: {PIP_TORCH}.') from e
+  try:
+    obj = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:
+    raise InitFromError(f'config.init_from={path!r} is not a readable PyTorch state dict '
+                        f'({type(e).__name__}: {e}).') from e
+  for key in ('state_dict', 'model', 'model_state_dict'):
+    if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+      obj = obj[key]
+  if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
+    raise InitFromError(f'config.init_from={path!r} does not hold a state dict of tensors '
+                        f'(found {type(obj).__name__}); save model.state_dict().')
+  out = {}
+  for name, t in obj.items():
+    name = name[len('module.'):] if name.startswith('module.') else name
+    t = t.detach().cpu()
+    if t.is_floating_point() and t.dtype != torch.float64:
+      t = t.float()  # bfloat16/float16 files: numpy has no bfloat16.
+    out[name] = t.numpy()
+  return out
+
+
+def find_checkpoint(path: str) -> str:
+  """An anp_jax workdir / checkpoints folder / step folder -> the step folder to read."""
+  candidates = [path, os.path.join(path, 'checkpoints')]
+  if os.path.isdir(os.path.join(path, 'state')):
+    return path
+  for folder in candidates:
+    if os.path.isdir(folder):
+      steps = [int(n) for n in os.listdir(folder)
+               if n.isdigit() and os.path.isdir(os.path.join(folder, n, 'state'))]
+      if steps:
+        return os.path.join(folder, str(max(steps)))
+  raise InitFromError(f'config.init_from={path!r} is a folder without anp_jax checkpoints '
+                      '(expected WORKDIR/checkpoints/<step>/state). Give a workdir of a run that '
+                      'saved a checkpoint, or a .safetensors/.pth file.')
+
+
+def read_anp_jax(path: str) -> Dict[str, np.ndarray]:
+  """Params and BN statistics of an anp_jax checkpoint as {'params/..': array, ...}."""
+  import orbax.checkpoint as ocp
+  step_dir = find_checkpoint(path)
+  method = 'sync'
+  try:
+    with open(os.path.join(step_dir, 'meta', 'metadata')) as f:
+      method = json.load(f).get('identity', {}).get('method', 'sync')
+  except (OSError, ValueError):
+    pass
+  try:
+    checkpointer = ocp.PyTreeCheckpointer()
+    state_dir = os.path.join(step_dir, 'state')
+    tree = checkpointer.metadata(state_dir).item_metadata.tree
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    state = checkpointer.restore(state_dir, restore_args=args)
+  except Exception as e:
+    raise InitFromError(f'config.init_from={path!r}: the checkpoint {step_dir} could not be '
+                        f'read ({type(e).__name__}: {e}).') from e
+  out = {}
+  for collection in ('params', 'batch_stats'):
+    for name, value in flatten(state.get(collection) or {}).items():
+      value = np.asarray(value)
+      if method == 'local_sgd':  # One replica per node: their average.
+        value = value.mean(axis=0).astype(value.dtype)
+      out[f'{collection}/{name}'] = value
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# torchvision naming.
+
+_BN_LEAF = {'scale': 'weight', 'bias': 'bias', 'mean': 'running_mean', 'var': 'running_var'}
+
+
+def torchvision_name(arch: str, collection_name: str) -> Optional[str]:
+  """anp_jax name (``'params/BasicBlock_3/Conv_0/kernel'``) -> torchvision's, or None (no
+  counterpart: the adjective and noun heads)."""
+  stage_sizes = resnet.ARCHS[arch][0]
+  _, name = collection_name.split('/', 1)
+  parts = name.split('/')
+  leaf = parts[-1]
+  if parts[0] == 'conv_init':
+    return 'conv1.weight'
+  if parts[0] == 'bn_init':
+    return 'bn1.' + _BN_LEAF[leaf]
+  if parts[0] == 'head_anp':
+    return 'fc.' + {'kernel': 'weight', 'bias': 'bias'}[leaf]
+  if parts[0].startswith('head_'):
+    return None
+  block = re.fullmatch(r'(?:BasicBlock|BottleneckBlock)_(\d+)', parts[0])
+  if not block or len(parts) != 3:
+    raise InitFromError(f'No torchvision name for the parameter {collection_name!r}.')
+  k = int(block.group(1))
+  stage = 0
+  while k >= stage_sizes[stage]:
+    k -= stage_sizes[stage]
+    stage += 1
+  prefix = f'layer{stage + 1}.{k}.'
+  module = parts[1]
+  if module == 'conv_proj':
+    return prefix + 'downsample.0.weight'
+  if module == 'norm_proj':
+    return prefix + 'downsample.1.' + _BN_LEAF[leaf]
+  index = int(module.rsplit('_', 1)[1]) + 1
+  if module.startswith('Conv_'):
+    return f'{prefix}conv{index}.weight'
+  return f'{prefix}bn{index}.' + _BN_LEAF[leaf]
+
+
+def from_torch_layout(value: np.ndarray) -> np.ndarray:
+  """OIHW conv kernels -> HWIO; (out, in) Linear weights -> (in, out) Dense kernels."""
+  if value.ndim == 4:
+    return np.transpose(value, (2, 3, 1, 0))
+  if value.ndim == 2:
+    return value.T
+  return value
+
+
+def to_torch_layout(value: np.ndarray) -> np.ndarray:
+  if value.ndim == 4:
+    return np.transpose(value, (3, 2, 0, 1))
+  if value.ndim == 2:
+    return value.T
+  return value
+
+
+def to_torchvision(arch: str, variables) -> Dict[str, np.ndarray]:
+  """anp_jax variables -> a torchvision-named state dict (numpy), e.g. to export a fine-tuned
+  backbone; `load` inverts it. The adjective/noun heads have no torchvision name and are
+  dropped."""
+  out = {}
+  for collection in ('params', 'batch_stats'):
+    for name, value in flatten(variables.get(collection, {})).items():
+      tv = torchvision_name(arch, f'{collection}/{name}')
+      if tv is not None:
+        out[tv] = np.ascontiguousarray(to_torch_layout(np.asarray(value, np.float32)))
+  return out
+
+
+def guess_torchvision_arch(names: Sequence[str]) -> str:
+  """'resnet50' etc. from the block counts of a torchvision state dict (for error messages)."""
+  blocks: Dict[int, set] = {}
+  for n in names:
+    m = re.match(r'layer(\d+)\.(\d+)\.', n)
+    if m:
+      blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+  sizes = tuple(len(blocks[s]) for s in sorted(blocks))
+  kind = 'bottleneck' if any('.conv3.' in n for n in names) else 'basic'
+  for arch, (stage_sizes, block, _) in resnet.ARCHS.items():
+    if tuple(stage_sizes) == sizes and block == kind:
+      return arch
+  return f'an unknown ResNet ({kind} blocks per stage {sizes})'
+
+
+# ----------------------------------------------------------------------------------------------
+# Matching a source to the model.
+
+
+@dataclasses.dataclass
+class LoadedWeights:
+  """Host arrays to write into a fresh state, and what was (not) taken from the source."""
+  source: str
+  kind: str  # 'anp_jax', 'safetensors' or 'torch'.
+  values: Dict[str, np.ndarray]  # 'params/..' / 'batch_stats/..' -> array in the model's layout.
+  reinitialised: List[str]  # Model names kept fresh: heads of another shape or not in the file.
+  excluded: List[str]  # Model names kept fresh by config.init_exclude.
+  ignored: List[str]  # Source names not used.
+  report: str
+
+  @property
+  def loaded_params(self) -> set:
+    return {n.split('/', 1)[1] for n in self.values if n.startswith('params/')}
+
+
+def _model_variables(model, image_size: int):
+  import jax.numpy as jnp
+  x = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
+
+
+def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
+  """Reads config.init_from and matches it to `model` (abstract init: nothing compiles)."""
+  source = config.init_from
+  path = os.path.expanduser(source)
+  validate(config)
+  kind = _source_kind(path)
+  if kind == 'anp_jax':
+    raw = read_anp_jax(path)
+    source_name = lambda name: name
+    transform = lambda v: v
+  else:
+    raw = read_safetensors(path) if kind == 'safetensors' else read_torch(path)
+    source_name = lambda name: torchvision_name(config.model.name, name)
+    transform = from_torch_layout
+  target = _model_variables(model, image_size or config.image_size)
+  flat_target = {}
+  for collection in ('params', 'batch_stats'):
+    for name, leaf in flatten(target.get(collection, {})).items():
+      flat_target[f'{collection}/{name}'] = leaf
+  exclude = _compile('init_exclude', _patterns(config.get('init_exclude', ())))
+
+  values, reinit, excluded, used = {}, [], [], set()
+  mismatched, missing = [], []
+  # In the source's natural order (conv1, bn1, layer1.0..., fc), so errors list the first ones.
+  order = sorted(flat_target, key=lambda n: _natural(source_name(n) or n))
+  for name in order:
+    leaf = flat_target[name]
+    src = source_name(name)
+    short = name.split('/', 1)[1]
+    if src is not None:
+      used.add(src)
+    if matches(exclude, short):
+      excluded.append(short)
+      continue
+    if src is None or src not in raw:
+      if is_head(short):
+        reinit.append((short, None))
+      else:
+        missing.append(f'{src or short} (model {short} {tuple(leaf.shape)})')
+      continue
+    value = transform(raw[src])
+    if tuple(value.shape) != tuple(leaf.shape):
+      if is_head(short):
+        reinit.append((short, (value.shape, leaf.shape)))
+      else:
+        mismatched.append(f'{src}: file {tuple(raw[src].shape)} -> {tuple(value.shape)} vs model '
+                          f'{short} {tuple(leaf.shape)}')
+      continue
+    values[name] = np.asarray(value)
+  unknown = [n for n in sorted(raw, key=_natural) if n not in used and not n.endswith('num_batches_tracked')
+             and not is_head(n.split('/', 1)[-1]) and not n.startswith('fc.')]
+  if mismatched or missing or unknown:
+    _raise_architecture(config, source, kind, raw, mismatched, missing, unknown)
+
+  bad = [n for n, v in values.items()
+         if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v))]
+  if bad:
+    raise InitFromError(f'config.init_from={source!r} holds non-finite values (NaN/Inf) in '
+                        f'{len(bad)} array(s): {", ".join(bad[:MAX_LISTED])}'
+                        f'{" ..." if len(bad) > MAX_LISTED else ""}. Use a healthy checkpoint.')
+  for name, leaf in flat_target.items():
+    if name in values:
+      values[name] = values[name].astype(leaf.dtype)
+  values = {n: values[n] for n in flat_target if n in values}  # The model's (tree) order.
+
+  loaded_sources = {source_name(n) for n in values}
+  ignored = [n for n in sorted(raw, key=_natural) if n not in loaded_sources]
+  report = _report(source, kind, values, reinit, excluded, ignored)
+  return LoadedWeights(source=source, kind=kind, values=values,
+                       reinitialised=[n for n, _ in reinit], excluded=excluded, ignored=ignored,
+                       report=report)
+
+
+def _natural(name: str):
+  """'layer1.10' after 'layer1.9'."""
+  return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', name)]
+
+
+def _raise_architecture(config, source, kind, raw, mismatched, missing, unknown):
+  if kind == 'anp_jax':
+    hint = ('Use the model (config.model.name, width) of the run that wrote it, or exclude the '
+            'differing names with config.init_exclude.')
+  else:
+    hint = (f'The file looks like {guess_torchvision_arch(list(raw))} (width as saved); set '
+            'config.model.name (and width 1.0 for torchvision files) to match it.')
+  lines = []
+  for title, items in (('shape mismatches', mismatched), ('missing from the file', missing),
+                       ('not in the model', unknown)):
+    if items:
+      more = f' ... ({len(items)} in all)' if len(items) > MAX_LISTED else ''
+      lines.append(f'{title}: ' + '; '.join(items[:MAX_LISTED]) + more)
+  raise InitFromError(f'config.init_from={source!r} does not fit config.model.name='
+                      f'{config.model.name!r} (width {config.model.width}): '
+                      + ' | '.join(lines) + f'. {hint}')
+
+
+def _report(source, kind, values, reinit, excluded, ignored) -> str:
+  count = sum(int(np.prod(v.shape)) for n, v in values.items() if n.startswith('params/'))
+  parts = [f'init_from {source} ({kind}): loaded {len(values)} arrays '
+           f'({count / 1e6:.3g} M parameters)']
+  heads = {}
+  for name, shapes in reinit:
+    module = name.rsplit('/', 1)[0]
+    if shapes is not None and name.endswith('kernel'):
+      heads[module] = f'{module} ({shapes[1][-1]} vs {shapes[0][-1]} classes)'
+    heads.setdefault(module, module)
+  if heads:
+    parts.append('re-initialised ' + ', '.join(
+        heads[m] for m in sorted(heads, key=lambda m: (m != 'head_anp', m))))
+  if excluded:
+    modules = sorted({n.rsplit('/', 1)[0] for n in excluded})
+    parts.append(f'kept fresh by init_exclude {len(excluded)} arrays ('
+                 + ', '.join(modules[:MAX_LISTED]) + (' ...' if len(modules) > MAX_LISTED else '')
+                 + ')')
+  if ignored:
+    tracked = [n for n in ignored if n.endswith('num_batches_tracked')]
+    other = [n for n in ignored if n not in tracked]
+    items = other[:MAX_LISTED] + (['...'] if len(other) > MAX_LISTED else [])
+    if tracked:
+      items.append(f'{len(tracked)} x num_batches_tracked')
+    parts.append(f'ignored {len(ignored)} source arrays (' + ', '.join(items) + ')')
+  return '; '.join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing into a state.
+
+
+def _place_like(value: np.ndarray, like) -> jax.Array:
+  """`value` broadcast to `like`'s shape (leading replica/node/history axes), placed with its
+  sharding; every process passes the same value."""
+  full = np.broadcast_to(np.asarray(value, like.dtype), like.shape)
+  return jax.make_array_from_callback(like.shape, like.sharding, lambda index: full[index])
+
+
+def place(state, loaded: LoadedWeights):
+  """`state` (any executor's layout) with the loaded parameters and BN statistics written in.
+
+  The async parameter history (all slots hold the initial parameters) is rewritten too; the
+  optimizer state of a fresh run does not depend on the parameter values (zeros).
+  """
+  def replace(tree, collection):
+    if tree is None:
+      return None
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    new = []
+    for path, leaf in flat:
+      value = loaded.values.get(f'{collection}/{path_name(path)}')
+      new.append(leaf if value is None else _place_like(value, leaf))
+    return jax.tree_util.tree_unflatten(treedef, new)
+
+  return state.replace(params=replace(state.params, 'params'),
+                       batch_stats=replace(state.batch_stats, 'batch_stats'),
+                       history=replace(getattr(state, 'history', None), 'params'))
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimizer partition and frozen BN statistics.
+
+FROZEN, BACKBONE, FULL = 'frozen', 'backbone', 'full'
+
+
+def param_labels(config, loaded: Optional[LoadedWeights] = None) -> Callable:
+  """params -> a tree of FROZEN / BACKBONE (loaded, scaled rate) / FULL labels."""
+  freeze = _compile('freeze', _patterns(config.get('freeze', '')))
+  mult = float(config.get('backbone_lr_multiplier', 1.0))
+  backbone = loaded.loaded_params if (loaded is not None and mult != 1.0) else set()
+
+  def labels(params):
+    flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+    out = []
+    for path, _ in flat:
+      name = path_name(path)
+      out.append(FROZEN if matches(freeze, name) else BACKBONE if name in backbone else FULL)
+    return jax.tree_util.tree_unflatten(treedef, out)
+  return labels
+
+
+def create_optimizer(config, schedule: optax.Schedule,
+                     loaded: Optional[LoadedWeights] = None) -> optax.GradientTransformation:
+  """`optim.create_optimizer`, partitioned by `param_labels` when freeze / a multiplier is set
+  (otherwise exactly it, with the same optimizer-state layout)."""
+  mult = float(config.get('backbone_lr_multiplier', 1.0))
+  if not config.get('freeze', '') and (mult == 1.0 or loaded is None):
+    return optim.create_optimizer(config, schedule)
+  transforms = {FULL: optim.create_optimizer(config, schedule),
+                FROZEN: optax.set_to_zero(),
+                BACKBONE: optim.create_optimizer(config, lambda step: mult * schedule(step))}
+  return optax.multi_transform(transforms, param_labels(config, loaded))
+
+
+def keep_frozen_stats(config, old_stats, new_stats):
+  """BN running statistics of layers whose ``scale`` matches config.freeze stay as they were
+  (a frozen layer is frozen in eval mode too). Static: decided from names at trace time."""
+  freeze = _compile('freeze', _patterns(config.get('freeze', '')))
+  if not freeze:
+    return new_stats
+
+  def pick(path, old, new):
+    module = path_name(path).rsplit('/', 1)[0]
+    return old if matches(freeze, f'{module}/scale') else new
+  return jax.tree_util.tree_map_with_path(pick, old_stats, new_stats)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: check or convert a file.
+
+
+def main(argv=None) -> int:
+  """``python -m anp_jax.pretrained FILE --model resnet50 [--to-safetensors OUT]``."""
+  import argparse
+  import ml_collections
+  from anp_jax import models
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument('source', help='.safetensors/.pth file or anp_jax workdir')
+  parser.add_argument('--model', default='resnet50', choices=sorted(resnet.ARCHS))
+  parser.add_argument('--width', type=float, default=1.0)
+  parser.add_argument('--num_anps', type=int, default=553)
+  parser.add_argument('--image_size', type=int, default=224)
+  parser.add_argument('--to-safetensors', dest='out', default='',
+                      help='also write the (torchvision-named, float32) state dict here')
+  args = parser.parse_args(argv)
+  config = ml_collections.ConfigDict(dict(
+      init_from=args.source, init_exclude=(), freeze='', backbone_lr_multiplier=1.0,
+      image_size=args.image_size,
+      model=dict(name=args.model, width=args.width)))
+  model = models.build_resnet(args.model, num_anps=args.num_anps, width=args.width)
+  try:
+    loaded = load(config, model)
+  except InitFromError as e:
+    print(f'ERROR: {e}')
+    return 2
+  print(loaded.report)
+  if args.out:
+    from safetensors.numpy import save_file
+    kind = _source_kind(os.path.expanduser(args.source))
+    raw = (read_safetensors(args.source) if kind == 'safetensors' else read_torch(args.source)
+           if kind == 'torch' else None)
+    if raw is None:
+      raise SystemExit('--to-safetensors converts torchvision-style files only.')
+    save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, args.out)
+    print(f'wrote {args.out}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""Pre-train on one ANP task, fine-tune on another: does ``config.init_from`` pay off?
+
+`run` trains three runs with `train.train_and_evaluate` (the library behind
+``experiments/finetune.py``):
+
+1. ``pretrain``: a model on task A (generated ``synthetic_anp`` pairs of one seed);
+2. ``finetune``: task B (other pairs: another seed, fewer images per class) starting from (1)'s
+   checkpoint via ``init_from``, heads excluded (``init_exclude='head_.*'``: task B's classes are
+   other pairs, so A's classifier rows mean nothing there);
+3. ``scratch``: task B from a random initialisation, same config and step budget as (2).
+
+`summarize` turns the evaluation curves into steps-to-target (the first evaluated step whose ANP
+top-1 reaches a target; targets are fractions of the scratch run's best accuracy), and
+`write_report` writes ``curves.png``, ``summary.md`` and ``results.json``.
+"""
+
+import json
+import os
+import time
+from typing import Dict, List, Optional, Sequence
+
+from anp_jax import plotting
+from anp_jax.configs import default
+
+METRIC = 'eval/anp_top1'
+TARGET_FRACTIONS = (0.5, 0.8, 0.9, 1.0)
+
+# name -> (model, width, image size, task A / B synthetic overrides, steps, batch, eval every)
+PRESETS = {
+    'cpu': dict(model='resnet20', width=0.5, image_size=16, batch=64, lr=0.1,
+                task_a=dict(num_adjectives=8, num_nouns=8, num_pairs=32, train_per_class=100,
+                            eval_per_class=20, seed=0),
+                task_b=dict(num_adjectives=8, num_nouns=8, num_pairs=32, train_per_class=25,
+                            eval_per_class=20, seed=1),
+                pretrain_steps=400, finetune_steps=200, eval_every_steps=20),
+    'tiny': dict(model='resnet8', width=0.5, image_size=16, batch=32, lr=0.1,
+                 task_a=dict(num_adjectives=4, num_nouns=4, num_pairs=8, train_per_class=16,
+                             eval_per_class=8, seed=0),
+                 task_b=dict(num_adjectives=4, num_nouns=4, num_pairs=8, train_per_class=8,
+                             eval_per_class=8, seed=1),
+                 pretrain_steps=6, finetune_steps=4, eval_every_steps=2),
+}
+
+
+def task_config(preset: str, task: str, steps: int, data_dir: str, **overrides):
+  """The default config sized by `preset` for task 'a' or 'b' (constant lr, no warmup)."""
+  p = PRESETS[preset]
+  c = default.get_config()
+  c.data_dir = data_dir
+  c.synthetic.update(p[f'task_{task}'])
+  c.synthetic.image_size = c.image_size = p['image_size']
+  c.model.name, c.model.width = p['model'], p['width']
+  c.batch_size = p['batch']
+  c.eval_batch_size = 256
+  c.bn_group_size = 16
+  c.base_lr, c.lr_scaling = p['lr'], 'none'
+  c.warmup_epochs = 0.0
+  c.schedule = 'cosine'
+  c.num_train_steps = steps
+  c.progress_bar = False
+  c.checkpoint_every_steps = steps  # The final checkpoint: what fine-tuning reads.
+  c.checkpoint_every_minutes = 0
+  c.log_every_steps = p['eval_every_steps']
+  c.noise_scale = False
+  c.update(overrides)
+  return c
+
+
+def _train(config, workdir: str, every_steps: int):
+  from anp_jax import train
+  run = train.build(config)  # Only for the epoch length: evaluation is given in epochs.
+  config.eval_every_epochs = every_steps / run.setup.steps_per_epoch
+  t = time.time()
+  result = train.train_and_evaluate(config, workdir)
+  curve = [(0, None)] + [(h['step'], h[METRIC]) for h in result.history if METRIC in h]
+  return {'curve': [(s, a) for s, a in curve if a is not None], 'final': result.final_eval,
+          'wall_s': time.time() - t, 'init_report': run.init.report if run.init else ''}
+
+
+def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
+        freeze: str = '', backbone_lr_multiplier: float = 1.0) -> Dict:
+  """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
+
+  A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates).
+  """
+  p = PRESETS[preset]
+  data_dir = data_dir or os.path.join(work_dir, 'tfds')
+  runs = os.path.join(work_dir, 'runs')
+  every = p['eval_every_steps']
+  results = {}
+  pre_dir = os.path.join(runs, 'pretrain')
+  results['pretrain'] = _train(task_config(preset, 'a', p['pretrain_steps'], data_dir),
+                               pre_dir, every)
+  results['finetune'] = _train(task_config(
+      preset, 'b', p['finetune_steps'], data_dir, init_from=pre_dir, init_exclude=('head_.*',),
+      freeze=freeze, backbone_lr_multiplier=backbone_lr_multiplier),
+      os.path.join(runs, 'finetune'), every)
+  results['scratch'] = _train(task_config(preset, 'b', p['finetune_steps'], data_dir),
+                              os.path.join(runs, 'scratch'), every)
+  summary = summarize(results)
+  summary['preset'] = {k: v for k, v in p.items()}
+  return summary
+
+
+def steps_to_target(curve: Sequence, target: float) -> Optional[int]:
+  """First evaluated step whose accuracy is >= `target` (None: never reached)."""
+  for step, acc in curve:
+    if acc >= target:
+      return int(step)
+  return None
+
+
+def summarize(results: Dict[str, Dict]) -> Dict:
+  """Steps-to-target of finetune vs scratch for fractions of the scratch run's best accuracy."""
+  best_scratch = max(a for _, a in results['scratch']['curve'])
+  rows = []
+  for fraction in TARGET_FRACTIONS:
+    target = fraction * best_scratch
+    rows.append({'fraction': fraction, 'target': target,
+                 'finetune': steps_to_target(results['finetune']['curve'], target),
+                 'scratch': steps_to_target(results['scratch']['curve'], target)})
+  return {'runs': results, 'best_scratch': best_scratch,
+          'best_finetune': max(a for _, a in results['finetune']['curve']),
+          'steps_to_target': rows}
+
+
+def write_report(summary: Dict, out_dir: str, command: str = '') -> List[str]:
+  """``curves.png``, ``summary.md``, ``results.json`` in `out_dir`; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  plt = plotting.pyplot()
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  styles = {'finetune': ('C0', 'fine-tuned from task A'), 'scratch': ('C1', 'from scratch')}
+  for name, (colour, label) in styles.items():
+    steps, accs = zip(*summary['runs'][name]['curve'])
+    ax.plot(steps, [100 * a for a in accs], 'o-', color=colour, label=label, ms=3)
+  ax.set_xlabel('training steps on task B')
+  ax.set_ylabel('ANP top-1 on task B validation (%)')
+  ax.grid(alpha=0.3)
+  ax.legend()
+  png = plotting.save_figure(fig, os.path.join(out_dir, 'curves.png'))
+  fmt = lambda s: '—' if s is None else str(s)
+  lines = ['# Fine-tuning vs training from scratch (generated ANP tasks, CPU)', '']
+  if command:
+    lines += ['```', command, '```', '']
+  pre = summary['runs']['pretrain']
+  lines += [f"Pre-training on task A: final ANP top-1 {100 * pre['final'][METRIC]:.1f} % "
+            f"({pre['wall_s']:.0f} s).",
+            f"Task B, same budget: best ANP top-1 fine-tuned {100 * summary['best_finetune']:.1f}"
+            f" % vs from scratch {100 * summary['best_scratch']:.1f} %.",
+            f"Fine-tune start-up: `{summary['runs']['finetune']['init_report']}`", '',
+            '| target (x best scratch) | ANP top-1 | steps fine-tuned | steps from scratch |',
+            '|---|---|---|---|']
+  for r in summary['steps_to_target']:
+    lines.append(f"| {r['fraction']:.1f} | {100 * r['target']:.1f} % | {fmt(r['finetune'])} | "
+                 f"{fmt(r['scratch'])} |")
+  lines += ['', '![curves](curves.png)', '']
+  md = os.path.join(out_dir, 'summary.md')
+  with open(md, 'w') as f:
+    f.write('\n'.join(lines))
+  js = os.path.join(out_dir, 'results.json')
+  with open(js, 'w') as f:
+    json.dump(summary, f, indent=1, default=str)
+  return [png, md, js]
