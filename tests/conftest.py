@@ -107,9 +107,9 @@ def free_port() -> int:
 
 def multiprocess_env(num_processes, process_id, port, devices_per_process, **extra) -> dict:
   """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed.py)."""
-  return subprocess_env(devices_per_process, ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-                        ANP_NUM_PROCESSES=num_processes, ANP_PROCESS_ID=process_id,
-                        ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15, **extra)
+  return subprocess_env(devices_per_process, **dict(dict(
+      ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=num_processes,
+      ANP_PROCESS_ID=process_id, ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15), **extra))
 
 
 def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
@@ -125,7 +125,7 @@ def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
   return procs
 
 
-def wait(procs, tmp_path, timeout=600):
+def wait(procs, tmp_path, timeout=1200):
   """Waits for a job from `launch`; asserts exit 0; returns each process's MP_OUT JSON."""
   deadline = time.time() + timeout
   for p in procs:

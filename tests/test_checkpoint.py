@@ -79,32 +79,52 @@ def uninterrupted(data_dir, tmp_path_factory):
   return workdir
 
 
+def _stopped(proc, timeout=10.0) -> bool:
+  """SIGSTOPs `proc` and waits until all its threads (the background save's too) are stopped;
+  False if it exited first."""
+  proc.send_signal(signal.SIGSTOP)
+  deadline = time.time() + timeout
+  task_dir = f'/proc/{proc.pid}/task'
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      return False
+    try:
+      states = [open(f'{task_dir}/{t}/stat').read().rsplit(')', 1)[1].split()[0]
+                for t in os.listdir(task_dir)]
+    except (FileNotFoundError, ProcessLookupError):
+      continue
+    if all(s in 'tTZX' for s in states):
+      return True
+    time.sleep(0.001)
+  raise AssertionError('the run did not stop on SIGSTOP')
+
+
 def _kill_mid_save(data_dir, workdir):
   """Starts the run (saving every step) and kill -9s it while one of *its own* saves is in
-  flight: after it logged a step, with a temporary folder that was not there at launch.
-  Returns the step of that save, after checking that its temporary folder is still there and
-  no final folder for it exists (a save that completed before the kill does not count: then
-  the next launch tries again)."""
+  flight. The run is sampled frozen (SIGSTOP: no thread moves while we look): a temporary
+  folder that was not there at launch, after a step logged by this launch, means a save is
+  under way; then SIGKILL. Returns that save's step, after checking that its temporary folder
+  is still there and no final folder for it exists."""
   ckpt_dir = workdir / 'checkpoints'
-  for _ in range(4):
-    skip, before = _line_count(workdir), set(_tmp_dirs(ckpt_dir))
-    proc = _popen(_cmd(data_dir, workdir, every=1), stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    seen = None
-    while proc.poll() is None and time.time() < deadline and seen is None:
-      if _logged_steps(workdir, skip) > 0:
-        new = {n: s for n, s in _tmp_dirs(ckpt_dir).items() if n not in before}
-        seen = next(iter(new.items()), None)
-      if seen is None:
-        time.sleep(0.002)
-    if proc.poll() is None:
-      proc.send_signal(signal.SIGKILL)
+  skip, before = _line_count(workdir), set(_tmp_dirs(ckpt_dir))
+  proc = _popen(_cmd(data_dir, workdir, every=1), stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+  deadline = time.time() + 600
+  seen = None
+  try:
+    while time.time() < deadline and _stopped(proc):
+      new = {n: s for n, s in _tmp_dirs(ckpt_dir).items() if n not in before}
+      if new and _logged_steps(workdir, skip) > 0:
+        seen = next(iter(new.items()))
+        break
+      proc.send_signal(signal.SIGCONT)
+      time.sleep(0.005)
+  finally:
+    proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert proc.returncode != 0, 'the run finished before any save could be interrupted'
-    if seen and (ckpt_dir / seen[0]).exists() and not (ckpt_dir / str(seen[1])).exists():
-      return seen[1]
-  raise AssertionError('no kill landed inside a save in 4 launches')
+  assert seen is not None, 'no save of the run was caught in flight'
+  assert (ckpt_dir / seen[0]).exists() and not (ckpt_dir / str(seen[1])).exists()
+  return seen[1]
 
 
 def test_kill_9_at_random_steps_and_mid_save_then_resume_is_bit_identical(data_dir, tmp_path,
@@ -114,7 +134,7 @@ def test_kill_9_at_random_steps_and_mid_save_then_resume_is_bit_identical(data_d
   # Kill points (absolute steps; saves every 3): after the first save, during a save, later on.
   for target in [rng.randint(4, 6), None, rng.randint(14, 18)]:
     if target is None:
-      assert _kill_mid_save(data_dir, workdir) >= 4
+      _kill_mid_save(data_dir, workdir)
       continue
     skip = _line_count(workdir)
     proc = _popen(_cmd(data_dir, workdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
