@@ -333,7 +333,7 @@ def test_readme_commands_have_one_form():
   text = open(os.path.join(ROOT, 'README.md')).read()
   blocks = re.findall(r'```bash\n(.*?)```', text, re.S)
   commands = [l.strip() for b in blocks for l in b.splitlines()
-              if l.strip() and not l.startswith((' ', '\t'))]
+              if l.strip() and not l.startswith((' ', '\t', '#'))]
   bad = [c for c in commands if re.search(r'(^|\s)(PYTHONPATH=\S* )?python3? ', c)]
   assert not bad, bad
   assert not re.search(r'PYTHONPATH=\. ', text)
