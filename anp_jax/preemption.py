@@ -162,7 +162,8 @@ class StepAgreement:
     return save, stop
 
   def _pending_save(self, step: int) -> bool:
-    return any(s > step for s in self._save_steps) or self._saves_proposed > len(
+    """Whether a proposed save is still to come (the timer stays due until it is taken)."""
+    return any(s >= step for s in self._save_steps) or self._saves_proposed > len(
         self._save_steps)
 
   def _propose(self, key: str, step: int, first_wins: bool = False):

@@ -116,7 +116,7 @@ class _FakeStore:
 @pytest.mark.parametrize('lag', [0, 1, 3])
 def test_processes_agree_on_one_stop_and_save_step(lag, monkeypatch):
   """Process 1 (running `lag` steps behind process 0, the most the bounded run-ahead allows is
-  MAX_IN_FLIGHT + 1) gets the signal at its step 5; process 0's clock asks for a save at its
+  MAX_IN_FLIGHT + 1) gets the signal at its step 8; process 0's clock asks for a save at its
   step 3. Both save at the same steps and stop at the same step."""
   assert lag <= preemption.MAX_IN_FLIGHT + 1
   store = _FakeStore()
@@ -126,14 +126,16 @@ def test_processes_agree_on_one_stop_and_save_step(lag, monkeypatch):
     for i, step in ((0, t), (1, t - lag)):
       if step < 1 or 'stop' in decisions[i]:
         continue
-      monkeypatch.setattr(preemption, '_signal', signal.SIGTERM if i == 1 and step >= 5 else None)
-      save, stop = procs[i].due(step, local_save=(step == 3))
+      monkeypatch.setattr(preemption, '_signal', signal.SIGTERM if i == 1 and step >= 8 else None)
+      # Process 0's timer is due from step 3 until the save is taken (then it restarts).
+      timer_due = 3 <= step <= 3 + preemption.STOP_MARGIN
+      save, stop = procs[i].due(step, local_save=timer_due)
       if save:
         decisions[i].setdefault('saves', []).append(step)
       if stop:
         decisions[i]['stop'] = step
   assert decisions[0] == decisions[1]
-  assert decisions[0]['stop'] == 5 + preemption.STOP_MARGIN
+  assert decisions[0]['stop'] == 8 + preemption.STOP_MARGIN
   assert decisions[0]['saves'] == [3 + preemption.STOP_MARGIN, decisions[0]['stop']]
 
 
