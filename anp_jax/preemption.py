@@ -128,15 +128,20 @@ class StepAgreement:
   processes' value is ignored so that one clock decides).
   """
 
-  def __init__(self):
+  def __init__(self, client=None, process_index: Optional[int] = None,
+               process_count: Optional[int] = None, run_id: Optional[str] = None):
+    """The arguments replace jax.distributed's client, the process index/count and the run's
+    key prefix (tests simulate several processes in one)."""
     install()
-    self.multi = jax.process_count() > 1
-    self.prefix = f'anp_jax/agree/{next(_runs)}/'
+    count = jax.process_count() if process_count is None else process_count
+    self.multi = count > 1
+    self.index = jax.process_index() if process_index is None else process_index
+    self.prefix = f'anp_jax/agree/{next(_runs) if run_id is None else run_id}/'
     self.stop_at: Optional[int] = None
     self._proposed_stop = False
     self._save_steps = set()
     self._saves_proposed = 0
-    self._client = _client() if self.multi else None
+    self._client = client if client is not None else (_client() if self.multi else None)
 
   def due(self, step: int, local_save: bool = False) -> Tuple[bool, bool]:
     """(save at `step`?, stop at `step`?) for the step just dispatched; same on all processes."""
@@ -146,7 +151,7 @@ class StepAgreement:
     if _signal is not None and not self._proposed_stop and self.stop_at is None:
       self._propose('stop', step + STOP_MARGIN, first_wins=True)
       self._proposed_stop = True
-    if local_save and jax.process_index() == 0 and not self._pending_save(step):
+    if local_save and self.index == 0 and not self._pending_save(step):
       self._propose(f'save/{self._saves_proposed}', step + STOP_MARGIN)
       self._saves_proposed += 1
     self._read()
@@ -157,7 +162,8 @@ class StepAgreement:
     return save, stop
 
   def _pending_save(self, step: int) -> bool:
-    return any(s > step for s in self._save_steps) or self._saves_proposed > len(
+    """Whether a proposed save is still to come (the timer stays due until it is taken)."""
+    return any(s >= step for s in self._save_steps) or self._saves_proposed > len(
         self._save_steps)
 
   def _propose(self, key: str, step: int, first_wins: bool = False):

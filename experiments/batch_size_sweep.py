@@ -29,7 +29,9 @@ best learning rate, not at one fixed rule).
 * **Resumable**: a run with ``final_metrics.json`` is skipped; an interrupted one continues from
   its checkpoints (saved every ``--checkpoint_every_epochs``). A run whose loss becomes NaN/Inf is
   recorded as diverged (its ``final_metrics.json`` says so) and not retried. Preemption (SIGTERM)
-  exits with code 75 like the trainer, so a requeued job picks up where it stopped.
+  exits with code 75 like the trainer, so a requeued job picks up where it stopped; a signal that
+  arrives after a run's last step (its final evaluation, between runs) stops the sweep before the
+  next run (`anp_jax.preemption` keeps the flag for the whole process).
 * **Results**: ``DIR/results.csv`` and ``DIR/results.json``, one row per run found under
   ``DIR/runs`` (so sweeps split over several jobs into one DIR add up): batch, rule, warmup,
   seed, lr (peak), final / best top-1, top-5, steps / examples / epochs to the target (the

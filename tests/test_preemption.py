@@ -98,6 +98,47 @@ def test_the_flag_survives_between_runs(data_dir, tmp_path):
   assert info.value.step == 1 and _checkpoint_steps(tmp_path / 'b') == [1]
 
 
+class _FakeStore:
+  """The coordination service's key-value store, for processes simulated in one."""
+
+  def __init__(self):
+    self.data = {}
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if key in self.data and not allow_overwrite:
+      raise RuntimeError(f'ALREADY_EXISTS: {key}')
+    self.data[key] = value
+
+  def key_value_dir_get(self, prefix):
+    return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))
+
+
+@pytest.mark.parametrize('lag', [0, 1, 3])
+def test_processes_agree_on_one_stop_and_save_step(lag, monkeypatch):
+  """Process 1 (running `lag` steps behind process 0, the most the bounded run-ahead allows is
+  MAX_IN_FLIGHT + 1) gets the signal at its step 8; process 0's clock asks for a save at its
+  step 3. Both save at the same steps and stop at the same step."""
+  assert lag <= preemption.MAX_IN_FLIGHT + 1
+  store = _FakeStore()
+  procs = [preemption.StepAgreement(store, i, 2, run_id=f'lag{lag}') for i in range(2)]
+  decisions = [{}, {}]
+  for t in range(1, 40):
+    for i, step in ((0, t), (1, t - lag)):
+      if step < 1 or 'stop' in decisions[i]:
+        continue
+      monkeypatch.setattr(preemption, '_signal', signal.SIGTERM if i == 1 and step >= 8 else None)
+      # Process 0's timer is due from step 3 until the save is taken (then it restarts).
+      timer_due = 3 <= step <= 3 + preemption.STOP_MARGIN
+      save, stop = procs[i].due(step, local_save=timer_due)
+      if save:
+        decisions[i].setdefault('saves', []).append(step)
+      if stop:
+        decisions[i]['stop'] = step
+  assert decisions[0] == decisions[1]
+  assert decisions[0]['stop'] == 8 + preemption.STOP_MARGIN
+  assert decisions[0]['saves'] == [3 + preemption.STOP_MARGIN, decisions[0]['stop']]
+
+
 # ----------------------------------------------------------------------------------------------
 # The sweep: a signal in the final evaluation or between runs -> exit 75, then an exact resume.
 
