@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from anp_jax import checkpointing, preemption, train
-from conftest import tiny_config
+from conftest import launch, tiny_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -21,7 +21,6 @@ sys.path.insert(0, os.path.join(ROOT, 'experiments'))
 
 import batch_size_sweep as sweep  # noqa: E402
 import sync_async_mixed as sam  # noqa: E402
-from test_multiprocess import _launch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -225,7 +224,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
          '--config.log_every_steps=1', '--config.eval_every_epochs=0']
     return c + [f'--config.synthetic.{k}={v}' for k, v in tiny_config(data_dir).synthetic.items()]
 
-  procs = _launch(cmd(100000), 2, 1, tmp_path)
+  procs = launch(cmd(100000), 2, 1, tmp_path)
   metrics = workdir / 'metrics.jsonl'
   deadline = time.time() + 300
   while not (metrics.exists() and metrics.read_text().count('\n') >= 3):
@@ -247,7 +246,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
     stops.append(int(line[0].rsplit(' ', 1)[-1].rstrip('.')))
   assert stops[0] == stops[1]
   assert _checkpoint_steps(workdir) == [stops[0]]
-  procs = _launch(cmd(stops[0] + 2), 2, 1, tmp_path)
+  procs = launch(cmd(stops[0] + 2), 2, 1, tmp_path)
   codes = [p.wait(timeout=300) for p in procs]
   log0 = open(tmp_path / 'proc0.log').read()
   assert codes == [0, 0], log0[-3000:]
