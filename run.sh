@@ -20,8 +20,10 @@ PY="${ANP_PYTHON:-python3}"
 install_package() {
   local isolation=--no-build-isolation  # Python >= 3.12 venvs come without setuptools.
   "$VENV/bin/python" -c 'import setuptools' 2>/dev/null || isolation=
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $isolation -e "$HERE" >&2 || {
-    echo "run.sh: pip install -e $HERE failed" >&2; return 1; }
+  # setuptools' editable-install warnings are noise on a first run's screen: shown only on failure.
+  local log="$VENV/.anp_package_install.log"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $isolation -e "$HERE" \
+      >"$log" 2>&1 || { cat "$log" >&2; echo "run.sh: pip install -e $HERE failed" >&2; return 1; }
   echo "$HERE" > "$VENV/.anp_package_ok"
 }
 
