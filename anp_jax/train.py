@@ -29,7 +29,6 @@ checkpoints:
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
@@ -799,8 +798,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     final = summarize(evaluate(executor, state, builder, config, setup, meta.eval_split), 'eval')
     ckpt.close()
     if is_main:
-      with open(os.path.join(workdir, 'eval_only_metrics.json'), 'w') as f:
-        json.dump({'step': start_step, 'time': time.time(), **final}, f, indent=2)
+      reporting.write_json_atomic(os.path.join(workdir, 'eval_only_metrics.json'),
+                                  {'step': start_step, 'time': time.time(), **final})
     return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
   if run.init is not None and start_step == 0:  # A checkpoint in the workdir wins (resume).
     state = pretrained.place(state, run.init)
