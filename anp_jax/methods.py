@@ -139,7 +139,7 @@ def staleness_sequence(config, num_steps: int) -> np.ndarray:
 
   'constant': tau every step. 'uniform': integers 0..max_tau. 'geometric': P(k) = p (1-p)^k with
   mean tau (p = 1 / (1 + tau)). 'simulated': the staleness of `workers` workers against a
-  parameter server, from the event simulation `anp_jax.perfmodel.staleness_sampler`, in the
+  parameter server, from the event simulation `anp_jax.research.perfmodel.staleness_sampler`, in the
   order the server applies the gradients (mean workers - 1). The sequence for n steps is a
   prefix of the one for more steps, so a longer run resumed from a shorter one agrees.
   """
@@ -157,7 +157,7 @@ def staleness_sequence(config, num_steps: int) -> np.ndarray:
     rng = np.random.default_rng([seed, 2])
     return (rng.geometric(1.0 / (1.0 + a.tau), size=n) - 1).astype(np.int32)
   if a.staleness == 'simulated':
-    from anp_jax import perfmodel
+    from anp_jax.research import perfmodel
     # The simulation's first gradients depend on nothing later, so a prefix stays a prefix.
     return perfmodel.staleness_sampler(int(a.workers), max(n, 1),
                                        compute_time_cv=float(a.compute_cv),

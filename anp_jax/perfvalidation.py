@@ -1,4 +1,4 @@
-"""Validation of the performance model (`anp_jax.perfmodel`): measured vs. predicted, paper vs. model.
+"""Validation of the performance model (`anp_jax.research.perfmodel`): measured vs. predicted, paper vs. model.
 
 Two experiments (driven by ``experiments/perfmodel_validation.py``):
 
@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from anp_jax import perfmodel as pm
+from anp_jax.research import perfmodel as pm
 from anp_jax import plotting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

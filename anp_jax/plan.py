@@ -8,7 +8,7 @@ Two halves, joined by time to target = steps to target x time per step:
 * **Statistical side** (McCandlish et al. 2018): steps to a target follow
   S(B) = S_min (1 + B_noise / B) and examples E(B) = E_min (1 + B / B_noise). From one *pilot*
   run at batch B0 that reached the target after S0 steps and logged the noise scale
-  (`anp_jax.noise_scale`: the two EMAs tr(Σ) and |G|²), B_noise is the ratio of their means over
+  (`anp_jax.research.noise_scale`: the two EMAs tr(Σ) and |G|²), B_noise is the ratio of their means over
   the second half of the steps it trained and S_min = S0 / (1 + B_noise / B0) (`pilot_model`).
   From a *sweep* with two or more batch sizes reaching the target, S_min and B_crit are fitted
   directly (`fit_steps_to_target`) and the measured B_simple is shown next to them
@@ -20,7 +20,7 @@ Two halves, joined by time to target = steps to target x time per step:
   SGD averaging every H steps) is fitted to the epochs each arm of the sync/async/mixed experiment
   needed to reach accuracy levels the synchronous arm reached, relative to the synchronous arm;
   the spread over levels (and the lower bounds from arms that never got there) is its range.
-* **Hardware side** (`anp_jax.perfmodel`): step time (sync, local SGD) or update rate and mean
+* **Hardware side** (`anp_jax.research.perfmodel`): step time (sync, local SGD) or update rate and mean
   staleness (async, mixed-async) for every (nodes, global batch, method) of a cluster preset or
   a small cluster file (`load_cluster`, JSON or YAML, unknown fields rejected).
 
@@ -41,8 +41,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from anp_jax import noise_scale
-from anp_jax import perfmodel as pm
+from anp_jax.research import noise_scale
+from anp_jax.research import perfmodel as pm
 
 PLAN_METHODS = ('sync', 'async', 'mixed', 'local_sgd')
 

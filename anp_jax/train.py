@@ -44,9 +44,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import (checkpointing, durations, methods, models, noise_scale, optim, preemption,
+from anp_jax import (checkpointing, durations, methods, models, optim, preemption,
                      pretrained, reporting)
 from anp_jax.data import pipeline
+from anp_jax.research import noise_scale
 from anp_jax.models import conv as conv_lowerings
 
 AXIS = 'data'

@@ -39,7 +39,7 @@ best learning rate, not at one fixed rule).
   `report.target_crossing`; epochs = examples / train_size; None if never), the step of the
   first evaluation reaching it, wall time (of the invocation that finished the run),
   and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
-  trained, see `anp_jax.noise_scale.window_b_simple`). Rows are recomputed from the run
+  trained, see `anp_jax.research.noise_scale.window_b_simple`). Rows are recomputed from the run
   directories on every invocation, so a new
   ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
 
@@ -98,7 +98,7 @@ import ml_collections  # noqa: E402
 
 import report  # noqa: E402  (experiments/report.py: metrics reader and the report itself)
 from anp_jax import cli  # noqa: E402  (no JAX)
-from anp_jax import noise_scale  # noqa: E402  (pure Python, no JAX)
+from anp_jax.research import noise_scale  # noqa: E402  (pure Python, no JAX)
 
 
 class SweepError(ValueError):

@@ -101,7 +101,7 @@ def main():
     rate = pipeline_rate(data_dir, name, args.batch, args.batches, args.warmup)
   result = {'pipeline_images_per_s': rate, 'cpu_cores': cores,
             'pipeline_images_per_s_per_core': rate / cores, 'batch': args.batch}
-  from anp_jax import perfmodel
+  from anp_jax.research import perfmodel
   w = perfmodel.resnet50()
   for dev in ('k80', 'v100', 'h200'):
     cluster = perfmodel.Cluster(nodes=1, devices_per_node=8, device=perfmodel.DEVICES[dev](),

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from anp_jax import perfmodel as pm  # noqa: E402
+from anp_jax.research import perfmodel as pm  # noqa: E402
 from anp_jax import plan, plotting  # noqa: E402
 
 SWEEP = os.path.join(HERE, 'results', 'bs_sweep_cpu', 'results.json')

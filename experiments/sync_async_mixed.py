@@ -11,7 +11,7 @@ batch of one step):
 
 * ``sync``: synchronous SGD (``config.method='sync'``).
 * ``async-N[-aware]``: simulated asynchronous SGD with the staleness of N workers from the
-  event simulation (`anp_jax.perfmodel.staleness_sampler`, mean N - 1, step-time CV 0.1), history
+  event simulation (`anp_jax.research.perfmodel.staleness_sampler`, mean N - 1, step-time CV 0.1), history
   ``max_tau = 2N``; ``-aware`` divides each step by max(tau, 1) (Zhang et al. 2016). One step's
   batch plays one worker's mini-batch.
 * ``local-nK-hH``: local SGD over K nodes (a (node, device) mesh), parameters and BN statistics
@@ -128,7 +128,7 @@ def run_config(base, spec: RunSpec) -> ml_collections.ConfigDict:
 
 def predicted_epoch(spec: RunSpec, sync_devices: int):
   """(seconds per epoch, cluster description) on MinoTauro for ResNet-50 on the ANP split."""
-  from anp_jax import perfmodel as pm
+  from anp_jax.research import perfmodel as pm
   workload = pm.resnet50(dataset_size=ANP_TRAIN_IMAGES)
   b = PAPER_PER_DEVICE_BATCH
 
@@ -268,7 +268,7 @@ def write_summary(rows, out: str, base, sync_devices: int) -> str:
            f'Predicted time: ResNet-50 on {ANP_TRAIN_IMAGES:,} ANP training images, '
            f'{PAPER_PER_DEVICE_BATCH} images per K80 device/worker on MinoTauro; sync on '
            f'{sync_devices} devices. The accuracy curves come from the proxy, the times from '
-           '`anp_jax.perfmodel` (see the script docstring).', '',
+           '`anp_jax.research.perfmodel` (see the script docstring).', '',
            '| run | final top-1 | best top-1 | predicted epoch | time for the run | cluster |',
            '|---|---|---|---|---|---|']
   for r in rows:

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from anp_jax import perfmodel as pm
+from anp_jax.research import perfmodel as pm
 
 
 def _cluster(nodes=1, devices_per_node=4, **device_kwargs):
@@ -16,7 +16,7 @@ def _cluster(nodes=1, devices_per_node=4, **device_kwargs):
 
 
 def test_import_needs_neither_tensorflow_nor_jax():
-  code = ('import sys, anp_jax.perfmodel; '
+  code = ('import sys, anp_jax.research.perfmodel; '
           'print(sorted(m for m in ("tensorflow", "jax", "flax") if m in sys.modules))')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == '[]'

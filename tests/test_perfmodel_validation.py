@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from anp_jax import perfmodel as pm
+from anp_jax.research import perfmodel as pm
 from anp_jax import perfvalidation as pv
 
 

@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from anp_jax import noise_scale, perfmodel as pm, plan
+from anp_jax import plan
+from anp_jax.research import noise_scale, perfmodel as pm
 
 
 def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0):

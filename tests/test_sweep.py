@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import noise_scale, optim, train
+from anp_jax import optim, train
+from anp_jax.research import noise_scale
 from conftest import TINY_SYNTHETIC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

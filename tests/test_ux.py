@@ -174,7 +174,7 @@ def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
 
 
 def test_perfmodel_minotauro_epoch_is_the_papers_dataset(capsys):
-  from anp_jax import perfmodel as pm
+  from anp_jax.research import perfmodel as pm
   argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
           '--per-device-batch', '32', '--nodes', '1']
   assert pm.main(argv) == 0
@@ -191,7 +191,7 @@ def test_perfmodel_minotauro_epoch_is_the_papers_dataset(capsys):
 
 
 def test_perfmodel_headers_say_what_was_predicted(capsys):
-  from anp_jax import perfmodel as pm
+  from anp_jax.research import perfmodel as pm
   assert pm.main(['--model', 'resnet20', '--device', 'cpu', '--step-time-ms', '100',
                   '--measured-batch', '64', '--nodes', '1', '--gpus-per-node', '1']) == 0
   out = capsys.readouterr().out

@@ -19,7 +19,7 @@ compared, and a cluster sized, before anyone queues a job:
 * `best_configuration`: enumerate nodes x devices per node x per-device batch for a target global
   batch and return the fastest configuration by epoch time.
 * `workload_from_flax`: FLOPs and parameter bytes of a Flax model from XLA's cost analysis.
-* ``python -m anp_jax.perfmodel ...``: the same from the command line (see `main`).
+* ``python -m anp_jax.research.perfmodel ...``: the same from the command line (see `main`).
 
 Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The module is
 pure Python + numpy; JAX is imported only inside `workload_from_flax`, and TensorFlow never.
@@ -1176,7 +1176,7 @@ def _int_list(text: str) -> List[int]:
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog='python -m anp_jax.perfmodel',
+      prog='python -m anp_jax.research.perfmodel',
       description='Predict data-parallel training performance (SPRINT-style model).')
   p.add_argument('--model', choices=sorted(WORKLOADS), default='resnet50')
   p.add_argument('--flax-model', metavar='ARCH', default=None,

@@ -1,0 +1,1 @@
+"""Research tools: the gradient noise scale, the performance model (and, later, the sweep runner)."""
