@@ -269,21 +269,22 @@ def torchvision_name(arch: str, collection_name: str) -> Optional[str]:
   return f'{prefix}bn{index}.' + _BN_LEAF[leaf]
 
 
-def from_torch_layout(value: np.ndarray) -> np.ndarray:
-  """OIHW conv kernels -> HWIO; (out, in) Linear weights -> (in, out) Dense kernels."""
+def _relayout(value: np.ndarray, conv_axes) -> np.ndarray:
   if value.ndim == 4:
-    return np.transpose(value, (2, 3, 1, 0))
+    return np.transpose(value, conv_axes)
   if value.ndim == 2:
     return value.T
   return value
+
+
+def from_torch_layout(value: np.ndarray) -> np.ndarray:
+  """OIHW conv kernels -> HWIO; (out, in) Linear weights -> (in, out) Dense kernels."""
+  return _relayout(value, (2, 3, 1, 0))
 
 
 def to_torch_layout(value: np.ndarray) -> np.ndarray:
-  if value.ndim == 4:
-    return np.transpose(value, (3, 2, 0, 1))
-  if value.ndim == 2:
-    return value.T
-  return value
+  """The inverse of `from_torch_layout`: HWIO -> OIHW, (in, out) -> (out, in)."""
+  return _relayout(value, (3, 2, 0, 1))
 
 
 def to_torchvision(arch: str, variables) -> Dict[str, np.ndarray]:

@@ -25,19 +25,20 @@ from anp_jax.configs import default
 METRIC = 'eval/anp_top1'
 TARGET_FRACTIONS = (0.5, 0.8, 0.9, 1.0)
 
+
+def _task(size: int, train_per_class: int, eval_per_class: int, seed: int) -> dict:
+  """A synthetic_anp task over size adjectives x size nouns, half of the combinations used as ANPs."""
+  return dict(num_adjectives=size, num_nouns=size, num_pairs=size * size // 2,
+              train_per_class=train_per_class, eval_per_class=eval_per_class, seed=seed)
+
+
 # name -> (model, width, image size, task A / B synthetic overrides, steps, batch, eval every)
 PRESETS = {
     'cpu': dict(model='resnet20', width=0.5, image_size=16, batch=64, lr=0.1,
-                task_a=dict(num_adjectives=8, num_nouns=8, num_pairs=32, train_per_class=100,
-                            eval_per_class=20, seed=0),
-                task_b=dict(num_adjectives=8, num_nouns=8, num_pairs=32, train_per_class=25,
-                            eval_per_class=20, seed=1),
+                task_a=_task(8, 100, 20, seed=0), task_b=_task(8, 25, 20, seed=1),
                 pretrain_steps=400, finetune_steps=200, eval_every_steps=20),
     'tiny': dict(model='resnet8', width=0.5, image_size=16, batch=32, lr=0.1,
-                 task_a=dict(num_adjectives=4, num_nouns=4, num_pairs=8, train_per_class=16,
-                             eval_per_class=8, seed=0),
-                 task_b=dict(num_adjectives=4, num_nouns=4, num_pairs=8, train_per_class=8,
-                             eval_per_class=8, seed=1),
+                 task_a=_task(4, 16, 8, seed=0), task_b=_task(4, 8, 8, seed=1),
                  pretrain_steps=6, finetune_steps=4, eval_every_steps=2),
 }
 

@@ -45,14 +45,18 @@ ARCHS: Dict[str, Tuple[Sequence[int], str, str]] = {
 MIN_IMAGE_SIZE = {'imagenet': 32, 'cifar': 4}
 
 
-class BasicBlock(nn.Module):
-  """Two 3x3 convolutions with a projection shortcut when the shape changes."""
+class _Block(nn.Module):
+  """Fields shared by both residual blocks (a stage builds its blocks with the same arguments)."""
   filters: int
   conv: ModuleDef
   norm: ModuleDef
   strides: Tuple[int, int] = (1, 1)
   zero_init_last_bn: bool = True
   act: Callable = nn.relu
+
+
+class BasicBlock(_Block):
+  """Two 3x3 convolutions with a projection shortcut when the shape changes."""
 
   @nn.compact
   def __call__(self, x):
@@ -68,14 +72,8 @@ class BasicBlock(nn.Module):
     return self.act(residual + y)
 
 
-class BottleneckBlock(nn.Module):
+class BottleneckBlock(_Block):
   """1x1 → 3x3 (strided, v1.5) → 1x1 x4, with a projection shortcut when the shape changes."""
-  filters: int
-  conv: ModuleDef
-  norm: ModuleDef
-  strides: Tuple[int, int] = (1, 1)
-  zero_init_last_bn: bool = True
-  act: Callable = nn.relu
 
   @nn.compact
   def __call__(self, x):
