@@ -1,7 +1,7 @@
 """Synchronous vs simulated asynchronous vs local SGD: accuracy per epoch and per predicted hour,
 each arm at its own best learning rate.
 
-  python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~15-20 min
+  python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~33 min
   python experiments/sync_async_mixed.py --preset cpu --out DIR --dry_run       # grid + estimate
   python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # ~75 s (CI)
   python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
@@ -47,9 +47,9 @@ to the target), ``DIR/grid.json`` (every grid point), ``DIR/accuracy_vs_epochs.p
 ``DIR/accuracy_vs_time.png`` and ``DIR/summary.md``.
 
 Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--preset NAME``;
-get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — sync, async N =
-4, 8, 16 with and without staleness-aware lr, local SGD over 4 nodes with H = 1, 4, 16 (10 runs);
-``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
+get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm on 16
+devices (sync, async-16 with and without staleness-aware lr, local SGD over 4 nodes with H = 1, 4,
+16), lr x 0.5, 1, 2 (18 runs); ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
 local-n2-h2, half an epoch each. ``--config.x=y`` overrides the preset's config (not the fields
 the arms set: method, async_sgd, local_sgd, batch_size).
 """

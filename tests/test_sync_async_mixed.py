@@ -118,3 +118,13 @@ def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
   assert log.count('finished earlier, skipped') == 3 and 'sync-lrx0.5: resuming' in log
   assert json.load(open(out / 'results.json'))[0]['name'] == 'sync'
 
+
+def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path, capsys):
+  out = tmp_path / 'sam'
+  assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run',
+                   f'--config.data_dir={data_dir}']) == 0
+  text = capsys.readouterr().out
+  assert '18 runs (0 finished earlier), 6 arms x lr multipliers [0.5, 1.0, 2.0]' in text
+  assert 'estimated' in text and not out.exists()
+  ex = sam.resolve(['--preset', 'cpu', '--out', str(out)])
+  assert {arm.devices(ex.sync_devices) for arm in ex.arms} == {16}  # One cluster size.
