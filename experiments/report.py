@@ -1,8 +1,8 @@
 """Report of a batch-size sweep: `python experiments/report.py DIR` → DIR/report.md + PNGs.
 
-Reads what `experiments/batch_size_sweep.py` left in DIR (``results.json``, one row per run, and
-each run's ``runs/<name>/metrics.jsonl``) and draws the three classic views of large-batch
-synchronous SGD:
+Reads what `experiments/batch_size_sweep.py` (`anp_jax.research.sweep`) left in DIR
+(``results.json``, one row per run, and each run's ``runs/<name>/metrics.jsonl``) and draws the
+three classic views of large-batch synchronous SGD:
 
 1. ``accuracy_vs_batch.png`` — final ANP top-1 against the global batch (log2 axis), one line per
    scaling rule / warmup arm: Goyal et al. 2017's figure (flat up to the batch where the linear
@@ -29,11 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
-
-from anp_jax import plan, plotting  # noqa: E402  (numpy and matplotlib only; no JAX)
+from anp_jax import plan, plotting  # numpy and matplotlib only; no JAX
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
@@ -41,33 +37,6 @@ from anp_jax import plan, plotting  # noqa: E402  (numpy and matplotlib only; no
 
 # One reader of the trainer's log, shared with the planner.
 read_metrics = plan.read_metrics
-
-
-def target_crossing(evals: Sequence[Dict], target: float,
-                    metric: str = 'eval/anp_top1') -> Optional[Dict]:
-  """Where a run's evaluations first reach `target`: {'step', 'eval_step', 'interpolated'}.
-
-  Evaluations are points, every few thousand examples; the first one at or above the target
-  over-states the steps by up to one evaluation interval (±17 % at the small batches of the cpu
-  preset), which biases the B_crit fit. So the crossing is interpolated linearly in (step,
-  accuracy) between the last evaluation below the target and the first at or above it:
-  ``step = s0 + (target - a0) / (a1 - a0) * (s1 - s0)``. When already the first evaluation
-  reaches the target there is nothing to interpolate from: its step is returned (an upper bound;
-  ``interpolated`` False). None if the target is never reached. `evals` in step order.
-  """
-  previous = None
-  for record in evals:
-    if metric not in record:
-      continue
-    step, value = float(record['step']), float(record[metric])
-    if value >= target:
-      if previous is None or previous[0] >= step:
-        return {'step': step, 'eval_step': int(record['step']), 'interpolated': False}
-      s0, a0 = previous
-      crossing = s0 + (target - a0) / (value - a0) * (step - s0)
-      return {'step': crossing, 'eval_step': int(record['step']), 'interpolated': True}
-    previous = (step, value)
-  return None
 
 
 def load_results(out_dir: str) -> List[Dict]:
@@ -174,14 +143,21 @@ def _styles(n):
   return [markers[i % len(markers)] for i in range(n)]
 
 
+def _arm_points(agg, key: str):
+  """A figure and, per arm with a known `key` somewhere, (arm, entries, those entries, marker)."""
+  fig, ax = plotting.pyplot().subplots(figsize=(6.4, 4.2))
+  arms = []
+  for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
+    pts = [e for e in entries if e[key] is not None]
+    if pts:
+      arms.append((arm, entries, pts, marker))
+  return fig, ax, arms
+
+
 def plot_accuracy(agg, path: str) -> str:
   """Final top-1 (mean ± std over seeds) against the batch, log2 x axis (Goyal-style)."""
-  plt = plotting.pyplot()
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
-    pts = [e for e in entries if e['top1'] is not None]
-    if not pts:
-      continue
+  fig, ax, arms = _arm_points(agg, 'top1')
+  for arm, _, pts, marker in arms:
     ax.errorbar([e['batch'] for e in pts], [100 * e['top1'] for e in pts],
                 yerr=[100 * e['top1_std'] for e in pts], marker=marker, capsize=3,
                 label=arm_label(*arm))
@@ -200,12 +176,8 @@ def _finish(fig, ax, path: str) -> str:
 
 def plot_steps(agg, target: float, path: str) -> str:
   """Steps to the target against the batch, log-log, with perfect scaling (Shallue-style)."""
-  plt = plotting.pyplot()
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
-    pts = [e for e in entries if e['steps'] is not None]
-    if not pts:
-      continue
+  fig, ax, arms = _arm_points(agg, 'steps')
+  for arm, entries, pts, marker in arms:
     line, = ax.plot([e['batch'] for e in pts], [e['steps'] for e in pts], marker=marker,
                     label=arm_label(*arm))
     b0, s0 = pts[0]['batch'], pts[0]['steps']

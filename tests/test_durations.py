@@ -19,9 +19,10 @@ from anp_jax.configs import default
 from anp_jax.data import pipeline
 from conftest import TINY_SYNTHETIC, assert_resume_is_exact, tiny_config
 
+from anp_jax.research import sweep
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'experiments'))
-import batch_size_sweep as sweep  # noqa: E402
+                                'experiments'))  # The report is experiment code.
 import report  # noqa: E402
 
 TRAIN_SIZE = TINY_SYNTHETIC['num_pairs'] * TINY_SYNTHETIC['train_per_class']  # 256
@@ -187,13 +188,13 @@ def _evals(points):
 
 def test_target_crossing_interpolates_between_evaluations():
   evals = _evals([(4, 0.10), (8, 0.30), (12, 0.50), (16, 0.45)])
-  hit = report.target_crossing(evals, 0.2)
+  hit = sweep.target_crossing(evals, 0.2)
   assert hit == {'step': pytest.approx(6.0), 'eval_step': 8, 'interpolated': True}
-  assert report.target_crossing(evals, 0.45)['step'] == pytest.approx(11.0)
-  assert report.target_crossing(evals, 0.30)['step'] == pytest.approx(8.0)
-  first = report.target_crossing(evals, 0.05)  # Already the first evaluation: an upper bound.
+  assert sweep.target_crossing(evals, 0.45)['step'] == pytest.approx(11.0)
+  assert sweep.target_crossing(evals, 0.30)['step'] == pytest.approx(8.0)
+  first = sweep.target_crossing(evals, 0.05)  # Already the first evaluation: an upper bound.
   assert first == {'step': 4.0, 'eval_step': 4, 'interpolated': False}
-  assert report.target_crossing(evals, 0.6) is None
+  assert sweep.target_crossing(evals, 0.6) is None
 
 
 def _write_run(run_dir, batch, points, train_size=8000):

@@ -13,14 +13,9 @@ import jax
 import pytest
 
 from anp_jax import checkpointing, preemption, train
+from anp_jax.research import sweep
+from anp_jax.research import sync_async_mixed as sam
 from conftest import launch, tiny_config
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-
-import batch_size_sweep as sweep  # noqa: E402
-import sync_async_mixed as sam  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

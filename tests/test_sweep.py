@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 from anp_jax import optim, train
-from anp_jax.research import noise_scale
+from anp_jax.research import noise_scale, sweep
 from conftest import TINY_SYNTHETIC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-import batch_size_sweep as sweep  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # The report is experiment code.
 import report  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
@@ -350,7 +349,7 @@ def test_tiny_preset_uses_the_test_dataset():
 def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
   out = tmp_path / 'sweep'
   t0 = time.time()
-  rows = sweep.sweep(_argv(out, data_dir))
+  rows = sweep.sweep(_argv(out, data_dir), make_report=report.make_report)
   first_s = time.time() - t0
   assert [(r['batch'], r['status']) for r in rows] == [(32, 'finished'), (64, 'finished')]
   by_batch = {r['batch']: r for r in rows}
@@ -454,8 +453,8 @@ def test_bad_input_exits_2_with_a_message(data_dir, tmp_path, capsys):
 
 def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
   out = tmp_path / 'sweep'
-  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32'))
-  plans, _ = sweep.plan_runs(sweep.resolve(args, overrides))
+  plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir,
+                                                                  '--batch_sizes', '32'))))
   run_dir = out / 'runs' / plans[0].spec.name
   run_dir.mkdir(parents=True)
   other = plans[0].config
@@ -468,8 +467,8 @@ def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
 
 def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_path):
   out = tmp_path / 'sweep'
-  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32'))
-  plans, _ = sweep.plan_runs(sweep.resolve(args, overrides))
+  plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir,
+                                                                  '--batch_sizes', '32'))))
   run_dir = out / 'runs' / plans[0].spec.name
   run_dir.mkdir(parents=True)
   older = json.loads(plans[0].config.to_json_best_effort())
@@ -477,7 +476,45 @@ def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_
   (run_dir / 'config.json').write_text(json.dumps(older))
   sweep.check_existing(str(run_dir), plans[0].config)  # Same settings: reused.
   # ... but asking now for a non-default value of such a field is a different run.
-  args, overrides = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32',
-                                           '--stop_at_target'))
+  parsed = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32', '--stop_at_target'))
   with pytest.raises(sweep.SweepError, match=r"stop_at_metric: '' there vs 'eval/anp_top1'"):
-    sweep.plan_runs(sweep.resolve(args, overrides))
+    sweep.plan_runs(sweep.resolve(*parsed))
+
+
+def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tmp_path, capsys):
+  """The runner's formats are the first sweeps' (results of a running sweep stay usable): a
+  finished run written before train_size / eval_every_steps / stop_at_* existed is found under
+  its name, not retrained, and summarized into the same results columns."""
+  out = tmp_path / 'sweep'
+  argv = _argv(out, data_dir, '--batch_sizes', '32', '--no_report', '--target_top1', '0.2')
+  plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(argv)))
+  name = plans[0].spec.name
+  assert name == 'b00032-linear-warmup-lrx1-s0'
+  run = out / 'runs' / name
+  run.mkdir(parents=True)
+  older = json.loads(plans[0].config.to_json_best_effort())
+  del older['stop_at_metric'], older['stop_at_value']
+  (run / 'config.json').write_text(json.dumps(older))
+  info = sweep.run_info(plans[0])
+  del info['train_size'], info['eval_every_steps']
+  (run / 'sweep_run.json').write_text(json.dumps(info, indent=2))
+  records = [{'step': 3, 'eval/anp_top1': 0.1}, {'step': 6, 'eval/anp_top1': 0.3}]
+  (run / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  (run / 'final_metrics.json').write_text(json.dumps(
+      {'step': 6, 'eval/anp_top1': 0.3, 'eval/anp_top5': 0.6, 'wall_time_s': 12.0}))
+  capsys.readouterr()
+  rows = sweep.sweep(argv)
+  log = capsys.readouterr().out
+  assert f'{name}: finished earlier, skipped' in log and 'training' not in log
+  assert not (run / 'checkpoints').exists()
+  row, = rows
+  assert (row['status'], row['final_top1'], row['steps_to_target']) == ('finished', 0.3, 4.5)
+  assert row['epochs_to_target'] == pytest.approx(4.5 * 32 / 256)  # train_size = 8 x 32.
+  with open(out / 'results.csv') as f:
+    assert next(csv.reader(f)) == list(sweep.CSV_COLUMNS)
+  invocation = json.load(open(out / 'sweep.json'))['invocations'][-1]
+  assert sorted(invocation['args']) == sorted(
+      ['preset', 'out', 'batch_sizes', 'rules', 'warmup', 'seeds', 'epochs', 'target_top1',
+       'lr_search', 'max_per_device_batch', 'checkpoint_every_epochs', 'cpu_devices',
+       'stop_at_target', 'dry_run', 'no_report'])
+  assert invocation['overrides'] == [f'--config.data_dir={data_dir}']

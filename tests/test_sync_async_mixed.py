@@ -1,16 +1,13 @@
-"""experiments/sync_async_mixed.py end to end (tiny preset): results, plots, summary, skip on
-rerun, predicted times per method, bad input."""
+"""experiments/sync_async_mixed.py (`anp_jax.research.sync_async_mixed`) end to end (tiny
+preset): results, plots, summary, skip on rerun, predicted times per method, bad input; the
+per-arm learning-rate grid (choice, columns, resume, a diverged grid point)."""
 
 import json
 import os
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), 'experiments'))
-
-import sync_async_mixed as sam  # noqa: E402
+from anp_jax.research import sync_async_mixed as sam
 
 
 def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
@@ -47,3 +44,87 @@ def test_bad_input_is_reported_before_training(data_dir, tmp_path, capsys, extra
   assert sam.main(argv) == 2
   assert message in capsys.readouterr().err
   assert not os.path.exists(tmp_path / 'runs')
+
+
+def _record(arm, mult, steps, top1, status='finished'):
+  return {'arm': arm, 'run': f'{arm}-lrx{mult:g}', 'lr_mult': mult, 'lr': 0.1 * mult,
+          'status': status, 'final_top1': None if status == 'diverged' else top1,
+          'best_top1': top1, 'steps_to_target': steps,
+          'examples_to_target': None if steps is None else 32 * steps}
+
+
+def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
+  records = [
+      _record('sync', 0.5, 40.0, 0.30), _record('sync', 1.0, 25.0, 0.28),  # fewer steps wins
+      _record('async-16', 0.5, None, 0.12), _record('async-16', 1.0, None, 0.09),  # none reach:
+      _record('async-16', 2.0, 5.0, 0.5, status='diverged'),          # best top-1, never NaN
+      _record('local-n4-h04', 1.0, None, 0.2, status='diverged')]     # nothing to choose
+  rows = {r['name'] if 'name' in r else r['arm']: r for r in sam.choose(records)}
+  assert (rows['sync']['lr_mult'], rows['sync']['lr_chosen']) == (1.0, True)
+  assert (rows['async-16']['lr_mult'], rows['async-16']['lr_chosen']) == (0.5, True)
+  assert [g['status'] for g in rows['async-16']['lr_grid']] == ['finished', 'finished',
+                                                                'diverged']
+  assert rows['local-n4-h04']['lr_chosen'] is False
+
+
+def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
+    data_dir, tmp_path, capsys, monkeypatch):
+  """2 arms x 2 multipliers on the tiny preset; one grid point diverges (NaN loss, emulated)."""
+  from anp_jax import train
+  out = tmp_path / 'sam'
+  argv = ['--preset', 'tiny', '--out', str(out), '--nodes', '', '--lr_grid', '0.5,1',
+          '--target_top1', '0.05', f'--config.data_dir={data_dir}']
+  real = train.train_and_evaluate
+
+  def nan_at_x1_async(config, workdir):
+    if os.path.basename(workdir) == 'async-04':
+      raise train.NonFiniteLossError('loss is nan at step 1')
+    return real(config, workdir)
+  monkeypatch.setattr(train, 'train_and_evaluate', nan_at_x1_async)
+  assert sam.main(argv) == 0
+  grid = json.load(open(out / 'grid.json'))
+  assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'sync',
+                                            'sync-lrx0.5']
+  rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
+  assert list(rows) == ['sync', 'async-04']
+  assert rows['async-04']['lr_mult'] == 0.5 and rows['async-04']['run'] == 'async-04-lrx0.5'
+  assert not rows['async-04']['diverged']
+  by_mult = {g['lr_mult']: g for g in rows['async-04']['lr_grid']}
+  assert by_mult[1.0]['status'] == 'diverged' and by_mult[0.5]['status'] == 'finished'
+  sync_grid = [r for r in grid if r['arm'] == 'sync']
+  assert rows['sync']['steps_to_target'] == min(r['steps_to_target'] for r in sync_grid)
+  assert rows['sync']['lr'] == pytest.approx(0.1 * rows['sync']['lr_mult'])  # 0.1 per 32.
+  for r in rows.values():  # The earlier columns are still there.
+    assert {'final_top1', 'best_top1', 'predicted_epoch_s', 'predicted_cluster', 'curve',
+            'diverged'} <= set(r)
+    assert r['examples_to_target'] == r['steps_to_target'] * r['batch']
+  summary = (out / 'summary.md').read_text()
+  header = next(l for l in summary.splitlines() if l.startswith('| run |'))
+  assert header.split('|')[1:-1] == [
+      ' run ', ' final top-1 ', ' best top-1 ', ' predicted epoch ', ' time for the run ',
+      ' cluster ', ' chosen lr ', ' lr grid ', ' examples to target ']
+  assert 'x1: diverged' in summary and 'never chosen' in summary
+  assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.
+
+  # Rerun: every grid point is finished (the diverged one too): nothing is trained.
+  monkeypatch.setattr(train, 'train_and_evaluate', real)
+  capsys.readouterr()
+  assert sam.main(argv) == 0
+  assert capsys.readouterr().out.count('finished earlier, skipped') == 4
+  # A grid point without final metrics (killed) is trained again, the others are skipped.
+  os.remove(out / 'runs' / 'sync-lrx0.5' / 'final_metrics.json')
+  assert sam.main(argv) == 0
+  log = capsys.readouterr().out
+  assert log.count('finished earlier, skipped') == 3 and 'sync-lrx0.5: resuming' in log
+  assert json.load(open(out / 'results.json'))[0]['name'] == 'sync'
+
+
+def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path, capsys):
+  out = tmp_path / 'sam'
+  assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run',
+                   f'--config.data_dir={data_dir}']) == 0
+  text = capsys.readouterr().out
+  assert '18 runs (0 finished earlier), 6 arms x lr multipliers [0.5, 1.0, 2.0]' in text
+  assert 'estimated' in text and not out.exists()
+  ex = sam.resolve(['--preset', 'cpu', '--out', str(out)])
+  assert {arm.devices(ex.sync_devices) for arm in ex.arms} == {16}  # One cluster size.

@@ -149,11 +149,10 @@ def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
   assert not (tmp_path / 'w').exists()
 
 
-def test_sweep_override_typo_suggests_the_field():
-  import batch_size_sweep as bss
-  from anp_jax.configs import default
-  with pytest.raises(bss.SweepError, match=r'did you mean --config\.model\.width\?'):
-    bss.apply_overrides(default.get_config(), [('model.widht', '4')], auto_accum=False)
+def test_sweep_override_typo_suggests_the_field(tmp_path):
+  from anp_jax.research import sweep
+  with pytest.raises(sweep.SweepError, match=r'did you mean --config\.model\.width\?'):
+    sweep.parse_args(['--preset', 'tiny', '--out', str(tmp_path), '--config.model.widht=4'])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,11 +160,14 @@ def test_sweep_override_typo_suggests_the_field():
 
 
 def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
-  import batch_size_sweep as bss
+  from anp_jax.research import sweep, sync_async_mixed
   from anp_jax.configs import default, musa2_resnet50
   monkeypatch.setenv('ANP_DATA_DIR', str(tmp_path))
   configs = [default.get_config(), musa2_resnet50.get_config()]
-  configs += [bss.preset_config(name) for name in bss.PRESETS]
+  configs += [sweep.preset_config(name) for name in sweep.preset_names(sweep.PREFIX)]
+  configs += [sweep.load_preset(sync_async_mixed.PREFIX, name)[0]
+              for name in sweep.preset_names(sync_async_mixed.PREFIX)]
+  assert len(configs) == 7
   assert [c.data_dir for c in configs] == [str(tmp_path)] * len(configs)
 
 
@@ -317,7 +319,7 @@ def test_quoted_sweep_figures_match_the_committed_results():
   for text in quoted:
     assert text in readme, text
   r256, r1024 = rows[(256, 'linear', 'on')], rows[(1024, 'linear', 'on')]
-  docstring = _flat(open(os.path.join(ROOT, 'experiments', 'batch_size_sweep.py')).read())
+  docstring = _flat(open(os.path.join(ROOT, 'anp_jax', 'configs', 'sweep_cpu.py')).read())
   assert (f'B=256 reaches it after {r256["steps_to_target"]} steps '
           f'({float(r256["epochs_to_target"]):.1f} epochs) and ends at {pct(256)} %; B=1024 (lr '
           f'{float(r1024["lr"]):g}) after {r1024["steps_to_target"]} steps '
