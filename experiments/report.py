@@ -33,7 +33,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
   sys.path.insert(0, _ROOT)
 
-from anp_jax import plan, plotting  # noqa: E402  (numpy and matplotlib only; no JAX)
+from anp_jax import plotting  # noqa: E402  (numpy and matplotlib only; no JAX)
+from anp_jax.research import plan  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
