@@ -10,6 +10,7 @@ speed-ups, staleness); impossible configurations exit 2 with the reason. The mod
 are `anp_jax.research.perfmodel` (`prediction_report`); this file only maps flags onto it.
 """
 
+import inspect
 import sys
 
 from absl import app, flags
@@ -57,8 +58,8 @@ flags.DEFINE_float('overlap', 0.0, 'Fraction of communication hidden behind the 
 flags.DEFINE_integer('num-ps', 1, 'Parameter servers.')
 flags.DEFINE_bool('ps-merge', False, "SPRINT's gradient-merging server.")
 flags.DEFINE_float('compute-cv', 0.1, 'Coefficient of variation of a worker step time (async).')
-flags.DEFINE_list('sweep-nodes', None, 'N1,N2,...: predict for each node count (default: just '
-                  '--nodes).')
+cli.define_positive_ints('sweep-nodes', None, 'N1,N2,...: predict for each node count (default: '
+                         'just --nodes).')
 flags.DEFINE_integer('target-global-batch', None, 'Search nodes x devices x per-device batch for '
                      'this global batch.')
 flags.DEFINE_bool('exact', False, 'With --target-global-batch: the global batch must equal the '
@@ -66,25 +67,13 @@ flags.DEFINE_bool('exact', False, 'With --target-global-batch: the global batch 
 flags.DEFINE_integer('seed', 0, 'Seed of the asynchronous simulation.')
 
 
-def _positive_ints(name: str, values):
-  try:
-    ints = [int(v) for v in values]
-  except ValueError:
-    raise ValueError(f'--{name}: expected comma-separated integers, got '
-                     f'{",".join(values)!r}') from None
-  if not ints or min(ints) <= 0:
-    raise ValueError(f'--{name}: expected positive integers, got {",".join(values)!r}')
-  return ints
-
-
 def main(argv) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  # This file's flags, as `prediction_report`'s keyword arguments.
-  options = {f.name.replace('-', '_'): f.value for f in FLAGS.get_flags_for_module(sys.argv[0])}
+  # Every argument of `prediction_report` is the flag of the same name (with dashes).
+  options = {name: FLAGS[name.replace('_', '-')].value
+             for name in inspect.signature(pm.prediction_report).parameters}
   try:
-    if options['sweep_nodes'] is not None:
-      options['sweep_nodes'] = _positive_ints('sweep-nodes', options['sweep_nodes'])
     print(pm.prediction_report(**options))
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
