@@ -814,7 +814,7 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   (needed when ``methods`` names anything but sync). Raises `PlanError` on bad input.
   """
   if (pilot is None) == (sweep is None):
-    raise PlanError('Give one of --pilot or --sweep.')
+    raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
   if pilot:
     model = load_pilot(pilot, metric, target)
   else:
