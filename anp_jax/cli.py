@@ -129,21 +129,26 @@ HELP_FLAGS = ('-?', '--help', '--helpshort', '--helpfull', '--helpxml')
 
 def absl_flags_parser(flag: str = 'config', default_config: str = '') -> Callable:
   """A `flags_parser` for `absl.app.run`: flag errors exit with code 2 and a one-line fix; a
-  help request exits 0 after the help (absl itself exits 1, as argparse does not)."""
-  from absl import flags
+  help request exits 0 after the help (absl itself exits 1, as argparse does not). absl logging
+  is set to WARNING unless ``--verbosity`` was given: JAX's, orbax's and TFDS's INFO lines would
+  drown what the command prints."""
+  from absl import flags, logging
 
   def parse(argv):
     message = check_config_argv(argv[1:], flag, default_config)
     if message:
       _fail(message)
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
     except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
       _fail(explain_flag_error(e, argv[1:], flag, default_config))
     except SystemExit as e:
       if e.code == 1 and any(a in HELP_FLAGS for a in argv[1:]):
         sys.exit(0)
       raise
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)
+    return rest
 
   return parse
 

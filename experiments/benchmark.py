@@ -13,7 +13,7 @@ Prints progress and a table and writes every figure as JSON (`--out`, default
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from anp_jax import cli
 
@@ -52,8 +52,6 @@ def _progress(message: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
   from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
   import torch_reference  # This directory's PyTorch contender (imports anp_jax.models).
   if not FLAGS.cpu_flags:
