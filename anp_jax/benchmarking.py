@@ -32,9 +32,7 @@ multiplication in the model's compute dtype.
 
 import contextlib
 import dataclasses
-import functools
 import json
-import math
 import os
 import platform
 import resource
