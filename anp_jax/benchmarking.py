@@ -16,9 +16,10 @@ notebooks can call it. What is measured (all on the devices of this job, after w
   evaluation and checkpoint.
 * ``reference``: a plain training loop of the same Flax model written directly with `jax.jit` +
   optax (SGD momentum, weighted cross-entropy over the heads, BN statistics): no framework code.
-* ``torch``: the same architecture in PyTorch (CPU, channels-last; `TorchResNet`), same batch,
-  image size, heads and optimizer; parameter counts are checked to match. Skipped (and said so
-  in the JSON) when torch is not installed.
+* ``torch``: the same architecture in PyTorch (CPU, channels-last), same batch, image size, heads
+  and optimizer; parameter counts are checked to match. The PyTorch code is not part of the
+  library: the caller passes it as ``torch_reference`` (`experiments/torch_reference.py`).
+  Skipped (and said so in the JSON) when torch is not installed or no reference is given.
 
 Contenders that are compared are timed in alternating windows (A, B, C, A, B, C, ...) and every
 ratio is the median of per-round ratios, so a machine whose load changes during the run (the
@@ -31,9 +32,7 @@ multiplication in the model's compute dtype.
 
 import contextlib
 import dataclasses
-import functools
 import json
-import math
 import os
 import platform
 import resource
@@ -43,6 +42,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from anp_jax import xla_flags
 
 # ----------------------------------------------------------------------------------------------
 # Timing primitives.
@@ -367,131 +368,11 @@ def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str,
 
 
 # ----------------------------------------------------------------------------------------------
-# PyTorch reference (CPU), written here so that no other project code is needed.
-
-
-def torch_available() -> Optional[str]:
-  """torch's version, or None when it is not installed (the benchmark then says so)."""
-  try:
-    import torch
-  except ImportError:
-    return None
-  return torch.__version__
-
-
-def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
-  """`anp_jax.models.ResNet` in PyTorch: same blocks, strides (v1.5), widths, heads."""
-  import torch
-  from torch import nn
-  from anp_jax.models.resnet import ARCHS, _ch
-  stage_sizes, block_kind, stem = ARCHS[name]
-
-  def bn(c):
-    # PyTorch momentum is the weight of the new statistics: flax 0.9 decay = torch 0.1.
-    return nn.BatchNorm2d(c, eps=1e-5, momentum=0.1)
-
-  class Basic(nn.Module):
-    expansion = 1
-
-    def __init__(self, cin, f, stride):
-      super().__init__()
-      self.c1, self.b1 = nn.Conv2d(cin, f, 3, stride, 1, bias=False), bn(f)
-      self.c2, self.b2 = nn.Conv2d(f, f, 3, 1, 1, bias=False), bn(f)
-      self.proj = (nn.Sequential(nn.Conv2d(cin, f, 1, stride, bias=False), bn(f))
-                   if stride != 1 or cin != f else None)
-
-    def forward(self, x):
-      r = x if self.proj is None else self.proj(x)
-      y = torch.relu(self.b1(self.c1(x)))
-      return torch.relu(r + self.b2(self.c2(y)))
-
-  class Bottleneck(nn.Module):
-    expansion = 4
-
-    def __init__(self, cin, f, stride):
-      super().__init__()
-      self.c1, self.b1 = nn.Conv2d(cin, f, 1, bias=False), bn(f)
-      self.c2, self.b2 = nn.Conv2d(f, f, 3, stride, 1, bias=False), bn(f)
-      self.c3, self.b3 = nn.Conv2d(f, 4 * f, 1, bias=False), bn(4 * f)
-      self.proj = (nn.Sequential(nn.Conv2d(cin, 4 * f, 1, stride, bias=False), bn(4 * f))
-                   if stride != 1 or cin != 4 * f else None)
-
-    def forward(self, x):
-      r = x if self.proj is None else self.proj(x)
-      y = torch.relu(self.b1(self.c1(x)))
-      y = torch.relu(self.b2(self.c2(y)))
-      return torch.relu(r + self.b3(self.c3(y)))
-
-  block = Basic if block_kind == 'basic' else Bottleneck
-
-  class Net(nn.Module):
-
-    def __init__(self):
-      super().__init__()
-      base = 64 if stem == 'imagenet' else 16
-      if stem == 'imagenet':
-        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 7, 2, 3, bias=False),
-                                  bn(_ch(base, width)), nn.ReLU(),
-                                  nn.MaxPool2d(3, 2, 1))
-      else:
-        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 3, 1, 1, bias=False),
-                                  bn(_ch(base, width)), nn.ReLU())
-      layers, cin = [], _ch(base, width)
-      for i, n in enumerate(stage_sizes):
-        for j in range(n):
-          f = _ch(base * 2 ** i, width)
-          layers.append(block(cin, f, 2 if i > 0 and j == 0 else 1))
-          cin = f * block.expansion
-      self.blocks = nn.Sequential(*layers)
-      self.heads = nn.ModuleDict({h: nn.Linear(cin, n) for h, n in heads.items() if n})
-
-    def forward(self, x):
-      x = self.blocks(self.stem(x)).mean(dim=(2, 3))
-      return {h: head(x) for h, head in self.heads.items()}
-
-  return Net()
-
-
-def build_torch_step(config, seed: int = 0):
-  """PyTorch CPU training step of `config.model` (float32, channels-last). Returns (run, params)."""
-  import torch
-  import torch.nn.functional as F
-  if config.model.dtype != 'float32':
-    raise ValueError('The PyTorch CPU comparison runs in float32; set --config.model.dtype='
-                     'float32.')
-  torch.manual_seed(seed)
-  # As many threads as this process may use (taskset / cgroup affinity), like XLA's thread pool.
-  torch.set_num_threads(len(os.sched_getaffinity(0)))
-  sizes = head_sizes(config)
-  m = config.model
-  heads = {'anp': sizes['anp'],
-           'adjective': sizes['adjective'] if m.get('adjective_head', True) else 0,
-           'noun': sizes['noun'] if m.get('noun_head', True) else 0}
-  net = build_torch_model(m.name, heads, m.width).to(memory_format=torch.channels_last)
-  net.train()
-  opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=config.momentum)
-  host = synthetic_batch(config, config.batch_size, sizes, seed)
-  x = torch.from_numpy(host['image']).permute(0, 3, 1, 2).contiguous(
-      memory_format=torch.channels_last)
-  labels = {h: torch.from_numpy(host[f'label_{h}']).long() for h in heads if heads[h]}
-  weights = dict(config.loss_weights)
-
-  def run(n):
-    for _ in range(n):
-      opt.zero_grad(set_to_none=True)
-      logits = net(x)
-      loss = sum(weights[h] * F.cross_entropy(logits[h], labels[h]) for h in logits)
-      loss.backward()
-      opt.step()
-
-  return run, sum(p.numel() for p in net.parameters()), torch.get_num_threads()
-
-
-# ----------------------------------------------------------------------------------------------
 # The whole benchmark.
 
 
-def environment() -> Dict[str, Any]:
+def environment(torch_version: Optional[str] = None) -> Dict[str, Any]:
+  """The software, devices and load this benchmark ran with (``torch_version``: None if absent)."""
   import jax
   import jaxlib
   d = jax.local_devices()[0]
@@ -500,23 +381,28 @@ def environment() -> Dict[str, Any]:
           'local_devices': jax.local_device_count(), 'processes': jax.process_count(),
           'cpu_cores': len(os.sched_getaffinity(0)), 'xla_flags': os.environ.get('XLA_FLAGS', ''),
           'python': platform.python_version(), 'host': platform.node(),
-          'load_average': os.getloadavg(), 'torch': torch_available(),
+          'load_average': os.getloadavg(), 'torch': torch_version,
           'time_utc': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
 
 
 def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_window: int = 3,
                   loop: bool = True, loop_steps: Optional[int] = None, reference: bool = True,
-                  torch_compare: bool = True, peak_n: Optional[int] = None,
+                  torch_compare: bool = True, torch_reference=None, peak_n: Optional[int] = None,
                   workdir: Optional[str] = None,
                   progress: Callable[[str], None] = _silent) -> Dict[str, Any]:
   """Measures everything the module docstring lists for `config`; returns a JSON-able dict.
+
+  ``torch_reference``: the PyTorch contender, a module with ``torch_available()`` (the version or
+  None) and ``build_torch_step(config)`` -> (run, parameter count, threads), i.e.
+  `experiments/torch_reference.py`; without one, ``torch_compare`` only records why it was skipped.
 
   Every key is always present; what was not measured is None with a ``*_skipped`` reason.
   `progress` receives a line at every stage (compilation, each timed window, the matmul peak,
   the training loop), so a run of minutes is never silent.
   """
   import jax
-  result: Dict[str, Any] = {'environment': environment(), 'config': {
+  version = torch_reference.torch_available() if torch_reference is not None else None
+  result: Dict[str, Any] = {'environment': environment(version), 'config': {
       'model': config.model.name, 'conv_impl': config.model.get('conv_impl', 'xla'),
       'dtype': config.model.dtype, 'image_size': config.image_size,
       'batch_size': config.batch_size, 'bn_mode': config.bn_mode,
@@ -554,14 +440,15 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
       result['reference_skipped'] = 'the plain reference loop is single-device'
   result['torch'] = None
   if torch_compare:
-    version = torch_available()
     platform_ = jax.local_devices()[0].platform
-    if version is None:
+    if torch_reference is None:
+      result['torch_skipped'] = 'no PyTorch reference given (experiments/torch_reference.py)'
+    elif version is None:
       result['torch_skipped'] = 'torch is not installed (pip install torch to compare)'
     elif platform_ != 'cpu' or config.model.dtype != 'float32':
       result['torch_skipped'] = 'the PyTorch comparison is CPU float32 only'
     else:
-      t_run, t_params, t_threads = build_torch_step(config)
+      t_run, t_params, t_threads = torch_reference.build_torch_step(config)
       if t_params != result['n_params']:
         raise RuntimeError(f'PyTorch model has {t_params} parameters, Flax {result["n_params"]}:'
                            ' the architectures differ.')
@@ -673,11 +560,6 @@ def write_json(result: Dict[str, Any], path: str):
 SCALING_LAYOUTS = (('1proc_x_1dev', 1, 1), ('1proc_x_2dev', 1, 2), ('2proc_x_1dev', 2, 1))
 
 
-def _with_device_count(xla_flags: str, count: int) -> str:
-  kept = [f for f in xla_flags.split() if not f.startswith('--xla_force_host_platform_device_count')]
-  return ' '.join(kept + [f'--xla_force_host_platform_device_count={count}'])
-
-
 def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 12377,
                  timeout_s: float = 1800) -> Dict[str, Any]:
   """Runs `script` (experiments/benchmark.py) once per `SCALING_LAYOUTS` entry; same global batch.
@@ -692,7 +574,7 @@ def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 123
     children = []
     for pid in range(procs):
       env = dict(os.environ)
-      env['XLA_FLAGS'] = _with_device_count(env.get('XLA_FLAGS', ''), local)
+      env['XLA_FLAGS'] = xla_flags.with_device_count(env.get('XLA_FLAGS', ''), local)
       for k in ('ANP_COORDINATOR_ADDRESS', 'ANP_NUM_PROCESSES', 'ANP_PROCESS_ID'):
         env.pop(k, None)
       if procs > 1:

@@ -124,17 +124,59 @@ def define_config_file(name: str, default: str, help_string: str, **kwargs):
     _fail(explain_flag_error(e, sys.argv[1:], name, default))
 
 
+HELP_FLAGS = ('-?', '--help', '--helpshort', '--helpfull', '--helpxml')
+
+
 def absl_flags_parser(flag: str = 'config', default_config: str = '') -> Callable:
-  """A `flags_parser` for `absl.app.run`: flag errors exit with code 2 and a one-line fix."""
-  from absl import flags
+  """A `flags_parser` for `absl.app.run`: flag errors exit with code 2 and a one-line fix; a
+  help request exits 0 after the help (absl itself exits 1, as argparse does not). absl logging
+  is set to WARNING unless ``--verbosity`` was given: JAX's, orbax's and TFDS's INFO lines would
+  drown what the command prints."""
+  from absl import flags, logging
 
   def parse(argv):
     message = check_config_argv(argv[1:], flag, default_config)
     if message:
       _fail(message)
     try:
-      return flags.FLAGS(argv)
+      rest = flags.FLAGS(argv)
     except (flags.Error, OSError, AttributeError, KeyError, TypeError, ValueError) as e:
       _fail(explain_flag_error(e, argv[1:], flag, default_config))
+    except SystemExit as e:
+      if e.code == 1 and any(a in HELP_FLAGS for a in argv[1:]):
+        sys.exit(0)
+      raise
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)
+    return rest
 
   return parse
+
+
+def define_positive_ints(name: str, default, help_string: str):
+  """An absl flag holding comma-separated positive integers (``--batches=32,64``) as a list.
+
+  A bad value (``0``, ``a,b``) is a flag error: `absl_flags_parser` exits 2 with the reason.
+  """
+  from absl import flags
+
+  class Parser(flags.ArgumentParser):
+
+    def parse(self, argument):
+      if isinstance(argument, (list, tuple)):
+        values, text = list(argument), ','.join(map(str, argument))
+      else:
+        values, text = [v for v in argument.split(',') if v.strip()], argument
+      try:
+        ints = [int(v) for v in values]
+      except ValueError:
+        raise ValueError(f'expected comma-separated integers, got {text!r}') from None
+      if not ints or min(ints) <= 0:
+        raise ValueError(f'expected positive integers, got {text!r}')
+      return ints
+
+    def flag_type(self):
+      return 'comma-separated positive integers'
+
+  return flags.DEFINE(Parser(), name, default, help_string,
+                      serializer=flags.CsvListSerializer(','))

@@ -59,3 +59,13 @@ def disable_cpu_defaults(environ: MutableMapping[str, str] = os.environ) -> str:
   kept = [f for f in environ.get('XLA_FLAGS', '').split() if f not in CPU_DEFAULTS]
   environ['XLA_FLAGS'] = ' '.join(kept)
   return environ['XLA_FLAGS']
+
+
+DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
+
+
+def with_device_count(flags: str, count: int) -> str:
+  """``flags`` (an XLA_FLAGS value) asking for ``count`` simulated host (CPU) devices, replacing
+  any count it named. For a child process's environment: XLA reads it once, when JAX starts."""
+  kept = [f for f in flags.split() if not f.startswith(DEVICE_COUNT_FLAG)]
+  return ' '.join(kept + [f'{DEVICE_COUNT_FLAG}={count}'])

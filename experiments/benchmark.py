@@ -1,4 +1,5 @@
-"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py).
+"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py;
+the PyTorch contender: experiments/torch_reference.py).
 
   .venv/bin/python experiments/benchmark.py --config=anp_jax/configs/default.py \
       [--config.batch_size=128 --config.model.name=resnet18 ...] [--noloop] [--notorch]
@@ -12,13 +13,11 @@ Prints progress and a table and writes every figure as JSON (`--out`, default
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
+
+from anp_jax import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # Runs from any directory, installed or not.
-  sys.path.insert(0, ROOT)
-
-from anp_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 DEFAULT_CONFIG = os.path.join(ROOT, 'anp_jax', 'configs', 'default.py')
@@ -53,9 +52,8 @@ def _progress(message: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
   from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
+  import torch_reference  # This directory's PyTorch contender (imports anp_jax.models).
   if not FLAGS.cpu_flags:
     xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
   if FLAGS.scaling:
@@ -72,7 +70,7 @@ def main(argv):
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
       steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,
       loop_steps=FLAGS.loop_steps or None, reference=FLAGS.reference,
-      torch_compare=FLAGS.torch, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir,
+      torch_compare=FLAGS.torch, torch_reference=torch_reference, peak_n=FLAGS.peak_n or None, workdir=FLAGS.workdir,
       progress=_progress)
   result['command'] = ' '.join(sys.argv)
   import jax

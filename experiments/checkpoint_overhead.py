@@ -7,16 +7,20 @@ the same `Checkpointer` the trainer uses (async orbax), and reports the blocking
 training step pays), the total time until the checkpoint is committed, and the size on disk.
 """
 
-import argparse
 import json
 import os
 import tempfile
 import time
 
 import jax
+from absl import app, flags
 
-from anp_jax import checkpointing, models, optim, train
+from anp_jax import checkpointing, cli, models, optim, train
 from anp_jax.configs import default
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('models', ['resnet20', 'resnet50'], 'Models to checkpoint (anp_jax.models names).')
+flags.DEFINE_integer('repeats', 3, 'Saves per model (the medians are reported).')
 
 
 def measure(name: str, repeats: int, image_size: int, num_anps: int):
@@ -47,16 +51,14 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
           'total_s_median': sorted(r[1] for r in rows)[len(rows) // 2]}
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--models', default='resnet20,resnet50')
-  parser.add_argument('--repeats', type=int, default=3)
-  args = parser.parse_args()
-  for name in args.models.split(','):
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  for name in FLAGS.models:
     size = 224 if models.ARCHS[name][2] == 'imagenet' else 32
     num = 553 if size == 224 else 32
-    print(json.dumps(measure(name, args.repeats, size, num)))
+    print(json.dumps(measure(name, FLAGS.repeats, size, num)))
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main, flags_parser=cli.absl_flags_parser())

@@ -8,39 +8,37 @@ docstring. Writes OUT/curves.png, OUT/summary.md and OUT/results.json; training 
 generated datasets go to WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir).
 """
 
-import argparse
-import os
 import shlex
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
+from absl import app, flags
 
-from anp_jax import transfer  # noqa: E402
+from anp_jax import cli, transfer
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('out', None, 'Directory for curves.png, summary.md and results.json.',
+                    required=True)
+flags.DEFINE_enum('preset', 'cpu', sorted(transfer.PRESETS), 'Model, data and budget preset.')
+flags.DEFINE_string('workdir', None, 'Training runs and data (default: --out).')
+flags.DEFINE_string('data_dir', None, 'Where the generated datasets go (default: WORKDIR/tfds).')
+flags.DEFINE_string('freeze', '', 'config.freeze of the fine-tuning run.')
+flags.DEFINE_float('backbone_lr_multiplier', 1.0, 'config.backbone_lr_multiplier of the '
+                   'fine-tuning run.')
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--out', required=True)
-  parser.add_argument('--preset', default='cpu', choices=sorted(transfer.PRESETS))
-  parser.add_argument('--workdir', default=None, help='training runs and data (default: OUT)')
-  parser.add_argument('--data_dir', default=None)
-  parser.add_argument('--freeze', default='', help='config.freeze of the fine-tuning run')
-  parser.add_argument('--backbone_lr_multiplier', type=float, default=1.0)
-  args = parser.parse_args(argv)
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   t = time.time()
-  summary = transfer.run(args.workdir or args.out, args.preset, args.data_dir, args.freeze,
-                         args.backbone_lr_multiplier)
+  summary = transfer.run(FLAGS.workdir or FLAGS.out, FLAGS.preset, FLAGS.data_dir, FLAGS.freeze,
+                         FLAGS.backbone_lr_multiplier)
   summary['wall_s'] = time.time() - t
-  command = 'python experiments/finetune.py ' + ' '.join(
-      shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+  command = 'python experiments/finetune.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
   command += f'   # {summary["wall_s"] / 60:.1f} min wall'
-  for path in transfer.write_report(summary, args.out, command):
+  for path in transfer.write_report(summary, FLAGS.out, command):
     print('wrote', path)
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main, flags_parser=cli.absl_flags_parser())

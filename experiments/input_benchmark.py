@@ -12,13 +12,25 @@ predictions for K80, V100 and H200 devices (8 per node), so the ratio says wheth
 can keep its accelerators fed.
 """
 
-import argparse
 import json
 import os
 import tempfile
 import time
 
 import numpy as np
+from absl import app, flags
+
+from anp_jax import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('data_dir', None, 'A prepared `anp` dataset (default: generate a folder of '
+                    'JPEGs and prepare it in a temporary directory).')
+flags.DEFINE_string('config_name', None, 'The `anp` builder config of --data_dir.')
+flags.DEFINE_integer('images', 600, 'Generated JPEGs (without --data_dir).')
+flags.DEFINE_integer('batch', 64, 'Images per batch.')
+flags.DEFINE_integer('batches', 30, 'Timed batches.')
+flags.DEFINE_integer('warmup', 5, 'Untimed batches first.')
+flags.DEFINE_bool('skip_model', False, 'Do not time ResNet-50 training on this CPU.')
 
 
 def _write_folder(root: str, images: int, anps: int = 20):
@@ -80,16 +92,10 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
   return steps * batch / (time.perf_counter() - t0)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--data_dir')
-  parser.add_argument('--config_name')
-  parser.add_argument('--images', type=int, default=600)
-  parser.add_argument('--batch', type=int, default=64)
-  parser.add_argument('--batches', type=int, default=30)
-  parser.add_argument('--warmup', type=int, default=5)
-  parser.add_argument('--skip_model', action='store_true')
-  args = parser.parse_args()
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  args = FLAGS
   cores = len(os.sched_getaffinity(0))
   with tempfile.TemporaryDirectory() as tmp:
     data_dir, name = args.data_dir, args.config_name
@@ -117,4 +123,4 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main, flags_parser=cli.absl_flags_parser())

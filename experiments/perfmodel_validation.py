@@ -1,8 +1,8 @@
 """Validate the performance model: measured vs. predicted here, and the seed paper's cluster.
 
-  python experiments/perfmodel_validation.py --out workdirs/perfval           # full, <= 10 min
-  python experiments/perfmodel_validation.py --out /tmp/perfval --quick       # CI-sized, < 1 min
-  python experiments/perfmodel_validation.py --out DIR --parts paper          # model only, seconds
+  .venv/bin/python experiments/perfmodel_validation.py --out workdirs/perfval       # full, <= 10 min
+  .venv/bin/python experiments/perfmodel_validation.py --out /tmp/perfval --quick   # CI-sized, < 1 min
+  .venv/bin/python experiments/perfmodel_validation.py --out DIR --parts paper      # model only, seconds
 
 Experiment 1 ('cpu') times real `anp_jax.train` steps on 1, 2, 4 simulated CPU devices and on 2
 processes over 127.0.0.1 (gloo), measures the all-reduce with a psum micro-benchmark, calibrates
@@ -10,63 +10,53 @@ the CPU device on ONE measured point and predicts every other point. Experiment 
 the seed paper's MinoTauro (4 K80 dies per node) into the model and compares with the published
 speed-ups and times, with the presets and after fitting one stated knob. Writes DIR/results.json,
 DIR/report.md, DIR/cpu_measured_vs_predicted.png and DIR/paper_speedup.png. See
-`anp_jax.perfvalidation` for what is measured and assumed.
+`anp_jax.research.perfvalidation` for what is measured and assumed, and
+`perfmodel_validation_lib.py` (next to this file) for this machine's jobs and the report.
 """
 
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from anp_jax import perfvalidation  # noqa: E402
+import perfmodel_validation_lib as validation
+from anp_jax import cli
+from anp_jax.research import perfvalidation
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('out', None, 'Output directory.', required=True)
+flags.DEFINE_bool('quick', False, 'Tiny model, 2 batches, 1-2 devices.')
+flags.DEFINE_string('parts', 'cpu,paper', 'cpu, paper or both (comma-separated).')
+cli.define_positive_ints('batches', None, 'Global batches to measure.')
+cli.define_positive_ints('devices', None, 'Simulated device counts (must include 1).')
+flags.DEFINE_integer('processes', None, 'Processes of the loopback job (0 or 1: none).')
+flags.DEFINE_integer('calibration-batch', None, '1-device batch that calibrates the device '
+                     '(default 128; quick 16).')
+flags.DEFINE_integer('num-ps', 1, 'Parameter servers in experiment 2.')
+flags.DEFINE_enum('fit-method', 'mixed', perfvalidation.FIT_METHODS,
+                  "Method whose 16-node speed-up the transport-efficiency fit matches.")
+flags.DEFINE_float('timeout', 900.0, 'Seconds per measuring job.')
+flags.DEFINE_float('budget', None, 'Start no further measuring job after this many seconds.')
+flags.DEFINE_bool('reuse', False, 'Keep earlier measure_*.json in --out taken with the same '
+                  'settings.')
 
 
-def _ints(text):
+def main(argv) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:
-    values = [int(t) for t in text.split(',') if t.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
-  if not values or min(values) <= 0:
-    raise argparse.ArgumentTypeError(f'expected positive integers, got {text!r}')
-  return values
-
-
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--out', required=True, help='output directory')
-  p.add_argument('--quick', action='store_true', help='tiny model, 2 batches, 1-2 devices')
-  p.add_argument('--parts', default='cpu,paper', help='cpu, paper or both (comma-separated)')
-  p.add_argument('--batches', type=_ints, help='global batches to measure')
-  p.add_argument('--devices', type=_ints, help='simulated device counts (must include 1)')
-  p.add_argument('--processes', type=int, help='processes of the loopback job (0 or 1: none)')
-  p.add_argument('--calibration-batch', type=int,
-                 help='1-device batch that calibrates the device (default 128; quick 32)')
-  p.add_argument('--num-ps', type=int, default=1, help='parameter servers in experiment 2')
-  p.add_argument('--fit-method', default='mixed',
-                 choices=perfvalidation.FIT_METHODS,
-                 help='method whose 16-node speed-up the transport-efficiency fit matches')
-  p.add_argument('--timeout', type=float, default=900.0, help='seconds per measuring job')
-  p.add_argument('--budget', type=float, default=None,
-                 help='start no further measuring job after this many seconds')
-  p.add_argument('--reuse', action='store_true',
-                 help='keep earlier measure_*.json in --out taken with the same settings')
-  args = p.parse_args(argv)
-  try:
-    results = perfvalidation.run_validation(
-        args.out, quick=args.quick, parts=[x for x in args.parts.split(',') if x],
-        batches=args.batches, devices=args.devices, processes=args.processes,
-        calibration_batch=args.calibration_batch, num_ps=args.num_ps,
-        fit_method=args.fit_method, timeout_s=args.timeout, reuse=args.reuse,
-        budget_s=args.budget)
+    results = validation.run_validation(
+        FLAGS.out, quick=FLAGS.quick, parts=[x for x in FLAGS.parts.split(',') if x],
+        batches=FLAGS.batches, devices=FLAGS.devices,
+        processes=FLAGS.processes, calibration_batch=FLAGS['calibration-batch'].value,
+        num_ps=FLAGS['num-ps'].value, fit_method=FLAGS['fit-method'].value,
+        timeout_s=FLAGS.timeout, reuse=FLAGS.reuse, budget_s=FLAGS.budget)
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
-    return 2
+    return cli.EXIT_USAGE
   for name, path in results['files'].items():
     print(f'{name}: {path}')
   return 0
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  app.run(main, flags_parser=cli.absl_flags_parser())

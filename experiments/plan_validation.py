@@ -1,4 +1,4 @@
-"""The time-to-accuracy planner (`anp_jax.plan`) against measurements and the seed paper.
+"""The time-to-accuracy planner (`anp_jax.research.plan`) against measurements and the seed paper.
 
   python experiments/plan_validation.py --out experiments/results/plan_validation   # seconds
 
@@ -14,22 +14,20 @@ Reads committed results only (no training):
    mixed-asynchronous (a node's 128 images per update), time to the recipe's 30 epochs at
    B=128, against the published 106 h -> 12 h (sync) / 16 h (mixed). Assumptions in the report.
 
-Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is `anp_jax.plan`.
+Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is `anp_jax.research.plan`.
 """
 
-import argparse
 import json
 import math
 import os
-import sys
+
+from absl import app, flags
+
+from anp_jax import cli, plotting
+from anp_jax.research import perfmodel as pm
+from anp_jax.research import plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
-
-from anp_jax.research import perfmodel as pm  # noqa: E402
-from anp_jax import plan, plotting  # noqa: E402
 
 SWEEP = os.path.join(HERE, 'results', 'bs_sweep_cpu', 'results.json')
 # A pilot run with the current trainer (metrics.jsonl + config.json copied from its workdir).
@@ -296,24 +294,29 @@ def seed_paper(pen, out):
                  'b_noise': [B_NOISE_LOW, centre, B_NOISE_HIGH]}
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--out', default=os.path.join(HERE, 'results', 'plan_validation'))
-  args = parser.parse_args(argv)
-  os.makedirs(args.out, exist_ok=True)
+FLAGS = flags.FLAGS
+flags.DEFINE_string('out', os.path.join(HERE, 'results', 'plan_validation'),
+                    'Directory for report.md, results.json and the PNGs.')
+
+
+def main(argv) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  out = FLAGS.out
+  os.makedirs(out, exist_ok=True)
   with open(SWEEP) as f:
     sweep_rows = json.load(f)
   with open(METHODS) as f:
     method_rows = json.load(f)
-  stat_lines, stat = statistical(sweep_rows, args.out)
-  meth_lines, meth, pen = methods(method_rows, args.out)
-  seed_lines, seed = seed_paper(pen, args.out)
+  stat_lines, stat = statistical(sweep_rows, out)
+  meth_lines, meth, pen = methods(method_rows, out)
+  seed_lines, seed = seed_paper(pen, out)
   text = REPORT.format(statistical='\n'.join(stat_lines), methods='\n'.join(meth_lines),
                          seed='\n'.join(seed_lines), s0=seed['s0'], b_low=B_NOISE_LOW,
                          b_mid=seed['b_noise'][1], b_high=B_NOISE_HIGH)
-  with open(os.path.join(args.out, 'report.md'), 'w') as f:
+  with open(os.path.join(out, 'report.md'), 'w') as f:
     f.write(text)
-  with open(os.path.join(args.out, 'results.json'), 'w') as f:
+  with open(os.path.join(out, 'results.json'), 'w') as f:
     json.dump({'statistical': stat, 'methods': meth, 'seed_paper': seed}, f, indent=2,
               default=lambda o: o.__dict__ if hasattr(o, '__dict__') else str(o))
   print(text)
@@ -321,4 +324,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  app.run(main, flags_parser=cli.absl_flags_parser())

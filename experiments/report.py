@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from anp_jax import plan, plotting  # numpy and matplotlib only; no JAX
+from anp_jax import plotting  # numpy and matplotlib only; no JAX
+from anp_jax.research import plan
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.

@@ -237,3 +237,12 @@ def direct_eval(config, params, batch_stats):
     loss += config.loss_weights[head] * ce
   out['eval/loss'] = loss
   return out
+
+
+def run_experiment(script: str, *args: str, timeout: float = 600,
+                   **env) -> subprocess.CompletedProcess:
+  """``python experiments/SCRIPT ARGS`` in a child process: the scripts are command lines, so the
+  tests check what they print and their exit status, as a user would see them."""
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', script), *args],
+                        env=subprocess_env(**env), capture_output=True, text=True,
+                        timeout=timeout)

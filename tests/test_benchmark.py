@@ -1,4 +1,5 @@
-"""The benchmark harness (anp_jax/benchmarking.py) and the convolution lowerings (models/conv.py)."""
+"""The benchmark harness (anp_jax/benchmarking.py, its PyTorch contender experiments/torch_reference.py)
+and the convolution lowerings (models/conv.py)."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 from anp_jax import benchmarking, models, xla_flags
 from anp_jax.models import conv
 from conftest import tiny_config
+from experiments import torch_reference
 
 # The PyTorch comparison is part of what the suite tests (CI and ./test.sh install it): a missing
 # torch fails these tests instead of letting them pass as an ImportError.
@@ -23,13 +25,14 @@ def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   config = tiny_config(data_dir, num_train_steps=4)
   result = benchmarking.run_benchmark(config, warmup_steps=1, windows=2, steps_per_window=1,
                                       loop=True, loop_steps=2, peak_n=256,
-                                      workdir=str(tmp_path / 'loop'))
+                                      workdir=str(tmp_path / 'loop'),
+                                      torch_reference=torch_reference)
   path = tmp_path / 'bench.json'
   benchmarking.write_json(result, str(path))
   loaded = json.loads(path.read_text())
   missing = [k for k in benchmarking.REQUIRED_KEYS if k not in loaded]
   assert not missing, missing
-  assert benchmarking.torch_available(), TORCH_MISSING
+  assert torch_reference.torch_available(), TORCH_MISSING
   b = config.batch_size
   # Every rate is what its own timings say, and the derived figures follow from the measured ones.
   for name in ('bare', 'bare_after_loop'):
@@ -87,8 +90,8 @@ def test_torch_model_has_the_flax_parameter_count(name):
   shapes = jax.eval_shape(lambda: flax_model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)),
                                                   train=False))
   n_flax = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes['params']))
-  assert benchmarking.torch_available(), TORCH_MISSING
-  net = benchmarking.build_torch_model(name, heads)
+  assert torch_reference.torch_available(), TORCH_MISSING
+  net = torch_reference.build_torch_model(name, heads)
   assert sum(p.numel() for p in net.parameters()) == n_flax
 
 

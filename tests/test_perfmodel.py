@@ -1,4 +1,5 @@
-"""The SPRINT-style performance model: collective costs, the async simulation, predictions, CLI."""
+"""The SPRINT-style performance model: collective costs, the async simulation, predictions, and
+its command line (experiments/perfmodel.py)."""
 
 import math
 import subprocess
@@ -8,6 +9,12 @@ import numpy as np
 import pytest
 
 from anp_jax.research import perfmodel as pm
+from conftest import run_experiment
+
+
+def _cli(*args):
+  """experiments/perfmodel.py, the model's command line."""
+  return run_experiment('perfmodel.py', *args)
 
 
 def _cluster(nodes=1, devices_per_node=4, **device_kwargs):
@@ -179,11 +186,11 @@ def test_best_configuration_meets_the_target_global_batch():
   assert chosen.global_batch >= 256 and chosen.per_device_batch in (8, 16, 32, 64)
 
 
-def test_cli_prints_a_table(capsys):
-  assert pm.main(['--model', 'resnet50', '--nodes', '16', '--gpus-per-node', '4', '--device',
-                  'k80', '--per-device-batch', '32', '--method', 'sync',
-                  '--sweep-nodes', '1,2,4,8,16']) == 0
-  out = capsys.readouterr().out
+def test_cli_prints_a_table():
+  r = _cli('--model', 'resnet50', '--nodes', '16', '--gpus-per-node', '4', '--device', 'k80',
+           '--per-device-batch', '32', '--method', 'sync', '--sweep-nodes', '1,2,4,8,16')
+  assert r.returncode == 0, r.stderr
+  out = r.stdout
   lines = out.splitlines()
   header = next(i for i, line in enumerate(lines) if line.lstrip().startswith('nodes'))
   assert 'img/s' in lines[header] and 'staleness' in lines[header]
@@ -192,13 +199,16 @@ def test_cli_prints_a_table(capsys):
   assert rows[-1].split()[2] == '2048'  # 16 nodes x 4 devices x 32
 
 
-def test_cli_async_target_batch_and_errors(capsys):
-  assert pm.main(['--method', 'async', '--nodes', '2', '--num-ps', '2', '--inter-bw', '3']) == 0
-  assert 'asynchronous SGD, 8 device workers' in capsys.readouterr().out
-  assert pm.main(['--target-global-batch', '256', '--sweep-nodes', '1,2,4']) == 0
-  assert 'best for global batch 256' in capsys.readouterr().out
-  assert pm.main(['--gpus-per-node', '8']) == 2
-  assert 'max_devices_per_node' in capsys.readouterr().err
+def test_cli_async_target_batch_and_errors():
+  r = _cli('--method', 'async', '--nodes', '2', '--num-ps', '2', '--inter-bw', '3')
+  assert r.returncode == 0, r.stderr
+  assert 'asynchronous SGD, 8 device workers' in r.stdout
+  r = _cli('--target-global-batch', '256', '--sweep-nodes', '1,2,4')
+  assert r.returncode == 0, r.stderr
+  assert 'best for global batch 256' in r.stdout
+  r = _cli('--gpus-per-node', '8')
+  assert r.returncode == 2
+  assert 'max_devices_per_node' in r.stderr
 
 
 def test_resnet50_forward_flops_from_xla_cost_analysis():
@@ -275,35 +285,36 @@ def test_async_predictions_carry_the_closed_form_next_to_the_simulation():
   assert pm.predict(cluster, pm.resnet50(), 32).analytic_images_per_s is None
 
 
-def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input(capsys):
-  assert pm.main(['--model', 'resnet20', '--step-time-ms', '100', '--measured-batch', '64',
-                  '--nodes', '1', '--gpus-per-node', '1', '--per-device-batch', '64']) == 0
-  out = capsys.readouterr().out
-  row = out.splitlines()[-1].split()
+def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input():
+  r = _cli('--model', 'resnet20', '--step-time-ms', '100', '--measured-batch', '64', '--nodes',
+           '1', '--gpus-per-node', '1', '--per-device-batch', '64')
+  assert r.returncode == 0, r.stderr
+  row = r.stdout.splitlines()[-1].split()
   assert float(row[3]) == pytest.approx(100.0) and float(row[5].replace(',', '')) == 640.0
-  assert pm.main(['--step-time-ms', '100']) == 2
-  assert '--measured-batch' in capsys.readouterr().err
-  assert pm.main(['--intra-bw', '0']) == 2  # Zero bandwidth: impossible hardware.
-  assert 'intra_node_bandwidth must be positive' in capsys.readouterr().err
-  assert pm.main(['--inter-bw', '0', '--nodes', '2']) == 2
-  assert 'inter_node_bandwidth' in capsys.readouterr().err
-  assert pm.main(['--efficiency', '1.5']) == 2
-  assert 'efficiency' in capsys.readouterr().err
+  for args, message in ((['--step-time-ms', '100'], '--measured-batch'),
+                        # Zero bandwidth: impossible hardware.
+                        (['--intra-bw', '0'], 'intra_node_bandwidth must be positive'),
+                        (['--inter-bw', '0', '--nodes', '2'], 'inter_node_bandwidth'),
+                        (['--efficiency', '1.5'], 'efficiency')):
+    r = _cli(*args)
+    assert r.returncode == 2, args
+    assert message in r.stderr, (args, r.stderr)
 
 
-def test_cli_workload_from_a_flax_model(capsys):
-  assert pm.main(['--flax-model', 'resnet8', '--image-size', '16', '--width', '0.25',
-                  '--num-classes', '8', '--dataset-size', '1000', '--nodes', '1',
-                  '--gpus-per-node', '2', '--device', 'cpu', '--step-time-ms', '20',
-                  '--measured-batch', '32', '--devices-per-compute-pool', '2',
-                  '--per-device-batch', '16']) == 0
-  out = capsys.readouterr().out
+def test_cli_workload_from_a_flax_model():
+  r = _cli('--flax-model', 'resnet8', '--image-size', '16', '--width', '0.25', '--num-classes',
+           '8', '--dataset-size', '1000', '--nodes', '1', '--gpus-per-node', '2', '--device',
+           'cpu', '--step-time-ms', '20', '--measured-batch', '32',
+           '--devices-per-compute-pool', '2', '--per-device-batch', '16')
+  assert r.returncode == 0, r.stderr
+  out = r.stdout
   assert out.startswith('resnet8_w0.25:') and '1,000 images/epoch' in out
   row = out.splitlines()[-1].split()
   # Two devices share the measured pool: 32 images per step still take the measured 20 ms.
   assert float(row[3]) == pytest.approx(20.0, rel=0.01)
-  assert pm.main(['--flax-model', 'resnet7']) == 2
-  assert 'resnet7' in capsys.readouterr().err
+  r = _cli('--flax-model', 'resnet7')
+  assert r.returncode == 2
+  assert 'resnet7' in r.stderr
 
 
 def test_local_sgd_average_is_costed_as_the_trainer_does_it():

@@ -1,4 +1,7 @@
-"""The performance-model validation experiment: fits, bad input, and one quick end-to-end run."""
+"""The performance-model validation experiment: fits, bad input, and one quick end-to-end run.
+
+The computations are `anp_jax.research.perfvalidation`; the experiment (this machine's jobs, their
+launch and the report) is experiments/perfmodel_validation.py, run here as a user runs it."""
 
 import json
 import math
@@ -8,7 +11,13 @@ import numpy as np
 import pytest
 
 from anp_jax.research import perfmodel as pm
-from anp_jax import perfvalidation as pv
+from anp_jax.research import perfvalidation as pv
+from conftest import run_experiment
+
+
+def _validation(out, *args, timeout=600):
+  """experiments/perfmodel_validation.py --out OUT ARGS."""
+  return run_experiment('perfmodel_validation.py', f'--out={out}', *args, timeout=timeout)
 
 
 def test_alpha_beta_fit_recovers_bandwidth_and_latency():
@@ -32,16 +41,17 @@ def test_alpha_beta_fit_recovers_bandwidth_and_latency():
     pv.fit_alpha_beta(points, 1)
 
 
-@pytest.mark.parametrize('kwargs,message', [
-    (dict(devices=[2, 4]), 'must include 1'),
-    (dict(batches=[16, 32], calibration_batch=64), 'calibration batch 64'),
-    (dict(batches=[32], calibration_batch=32), 'at least two batch sizes'),
-    (dict(batches=[12, 24], calibration_batch=12), 'ghost-BN groups'),
-    (dict(parts=['gpu']), 'parts'),
+@pytest.mark.parametrize('args,message', [
+    (['--devices=2,4'], 'must include 1'),
+    (['--batches=16,32', '--calibration-batch=64'], 'calibration batch 64'),
+    (['--batches=32', '--calibration-batch=32'], 'at least two batch sizes'),
+    (['--batches=12,24', '--calibration-batch=12'], 'ghost-BN groups'),
+    (['--parts=gpu'], 'parts'),
 ])
-def test_bad_settings_fail_before_anything_runs(tmp_path, kwargs, message):
-  with pytest.raises(ValueError, match=message):
-    pv.run_validation(str(tmp_path), quick=True, **kwargs)
+def test_bad_settings_fail_before_anything_runs(tmp_path, args, message):
+  r = _validation(tmp_path, '--quick', *args)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert message in r.stderr, r.stderr[-2000:]
   assert not (tmp_path / 'measure_1dev.json').exists()
 
 
@@ -63,7 +73,8 @@ def test_paper_comparison_fit_is_reported_as_a_fit():
 def test_quick_run_end_to_end(tmp_path):
   """Real subprocesses (1 simulated device, 2 gloo processes), report, JSON and plots."""
   out = tmp_path / 'val'
-  results = pv.run_validation(str(out), quick=True)
+  r = _validation(out, '--quick', timeout=1800)
+  assert r.returncode == 0, r.stderr[-3000:]
   for name in ('results.json', 'report.md', 'cpu_measured_vs_predicted.png',
                'paper_speedup.png'):
     assert (out / name).stat().st_size > 0, name
@@ -96,10 +107,12 @@ def test_quick_run_end_to_end(tmp_path):
   report = (out / 'report.md').read_text()
   assert 'Measured vs. predicted' in report and 'MinoTauro' in report and 'a FIT' in report
   assert 'load average' in report  # The machine load is reported next to the figures.
-  assert results['paper']['fitted'] is not None
+  assert saved['paper']['fitted'] is not None
   assert os.path.isdir(out / 'tfds')
   # --reuse: the same settings take the earlier measurements instead of measuring again.
   stamp = (out / 'measure_2proc.json').stat().st_mtime_ns
-  again = pv.run_validation(str(out), quick=True, parts=['cpu'], reuse=True)
+  r = _validation(out, '--quick', '--parts=cpu', '--reuse', timeout=1800)
+  assert r.returncode == 0, r.stderr[-3000:]
   assert (out / 'measure_2proc.json').stat().st_mtime_ns == stamp
+  again = json.loads((out / 'results.json').read_text())
   assert again['cpu']['rows'] == cpu['rows'] and 'paper' not in again

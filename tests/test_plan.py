@@ -6,12 +6,21 @@ recover their parameters; one end-to-end test plans from a real (tiny) pilot run
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from anp_jax import plan
+from anp_jax.research import plan
 from anp_jax.research import noise_scale, perfmodel as pm
+from conftest import run_experiment, subprocess_env
+
+
+def _plan_cli(*args):
+  """``python -m anp_jax.plan ARGS``, the planner's command line, as a user runs it."""
+  return subprocess.run([sys.executable, '-m', 'anp_jax.plan', *args], env=subprocess_env(),
+                        capture_output=True, text=True, timeout=600)
 
 
 def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0):
@@ -160,22 +169,24 @@ def test_plan_picks_fastest_cheapest_and_sprint_and_rejects_batches_that_do_not_
     plan.make_plan(model, cluster, pm.resnet50(), [1], [128], ['async'])
 
 
-def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path, capsys):
+def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path):
   pilot = _write_pilot(tmp_path / 'pilot')
   out = tmp_path / 'plan'
-  assert plan.main(['--pilot', pilot, '--target', '0.3', '--cluster', 'minotauro', '--nodes',
-                    '1,2,4', '--batches', '64,256', '--methods', 'sync,mixed', '--out',
-                    str(out)]) == 0
-  text = capsys.readouterr().out
+  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--cluster', 'minotauro', '--nodes', '1,2,4',
+                '--batches', '64,256', '--methods', 'sync,mixed', '--out', str(out))
+  assert r.returncode == 0, r.stderr[-2000:]
+  text = r.stdout
   assert 'Fastest:' in text and 'SPRINT' in text and 'Cheapest within 10 %' in text
   saved = json.loads((out / 'plan.json').read_text())
   assert len(saved['rows']) == 2 * 3 * 2  # batches x node counts x methods: all fit.
   for name in ('plan.md', 'time_vs_nodes.png', 'pareto.png'):
     assert (out / name).stat().st_size > 500
-  assert plan.main(['--pilot', pilot, '--target', '0.3', '--batches', '6']) == 2
-  assert 'Global batch 6 fits none' in capsys.readouterr().err
-  assert plan.main(['--pilot', pilot, '--target', '0.99']) == 2
-  assert 'never reached' in capsys.readouterr().err
+  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--batches', '6')
+  assert r.returncode == 2 and 'Global batch 6 fits none' in r.stderr, r.stderr[-2000:]
+  r = _plan_cli('--pilot', pilot, '--target', '0.99')
+  assert r.returncode == 2 and 'never reached' in r.stderr, r.stderr[-2000:]
+  r = _plan_cli('--target', '0.3')
+  assert r.returncode == 2 and 'Give one of --pilot' in r.stderr, r.stderr[-2000:]
 
 
 def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
@@ -189,9 +200,9 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
   assert model.b_noise > 0 and model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
   # The pilot's own model as the workload: FLOPs from XLA's cost analysis.
-  assert plan.main(['--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
-                    '256', '--nodes', '1,2', '--methods', 'sync', '--out',
-                    str(tmp_path / 'plan')]) == 0
+  r = _plan_cli('--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
+                '256', '--nodes', '1,2', '--methods', 'sync', '--out', str(tmp_path / 'plan'))
+  assert r.returncode == 0, r.stderr[-2000:]
   saved = json.loads((tmp_path / 'plan' / 'plan.json').read_text())
   assert saved['rows'] and all(r['step_time'] > 0 for r in saved['rows'])
 
@@ -209,11 +220,8 @@ def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_re
   rows = plan.validate_methods(results, 0.5)
   for r in rows:  # Linear penalty: leave-one-out predicts every arm exactly.
     assert r['predicted_h'] == pytest.approx(r['measured_h'], rel=1e-6)
-  import os
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
-  import plan_validation
-  assert plan_validation.main(['--out', str(tmp_path)]) == 0
+  out = run_experiment('plan_validation.py', '--out', str(tmp_path))
+  assert out.returncode == 0, out.stderr[-3000:]
   text = (tmp_path / 'report.md').read_text()
   assert 'Pilot predictions within 25 %' in text and 'published' in text
   for name in ('steps_predicted_vs_measured.png', 'methods_predicted_vs_measured.png',

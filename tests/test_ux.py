@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import run_experiment, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))
@@ -175,32 +175,34 @@ def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
 # 10. Performance-model numbers a user will not misread.
 
 
-def test_perfmodel_minotauro_epoch_is_the_papers_dataset(capsys):
-  from anp_jax.research import perfmodel as pm
+def _perfmodel(*args):
+  """experiments/perfmodel.py's output (it must succeed)."""
+  r = run_experiment('perfmodel.py', *args)
+  assert r.returncode == 0, r.stderr
+  return r.stdout
+
+
+def test_perfmodel_minotauro_epoch_is_the_papers_dataset():
   argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
           '--per-device-batch', '32', '--nodes', '1']
-  assert pm.main(argv) == 0
-  out = capsys.readouterr().out
+  out = _perfmodel(*argv)
   assert '307,406 images/epoch' in out
   row = out.splitlines()[-1].split()
   images_per_s = float(row[5].replace(',', ''))
   assert row[7] == 'min'  # The epoch column: 307,406 images, not ImageNet's 1.28 M (1.8 h).
   assert float(row[6]) == pytest.approx(307_406 / images_per_s / 60, abs=0.1)
-  assert pm.main(argv + ['--dataset-size', '1000']) == 0
-  assert '1,000 images/epoch (--dataset-size)' in capsys.readouterr().out
-  assert pm.main(['--target-global-batch', '128', '--sweep-nodes', '1,2']) == 0
-  assert capsys.readouterr().out.splitlines()[-1].endswith('(307,406 images)')
+  assert '1,000 images/epoch (--dataset-size)' in _perfmodel(*argv, '--dataset-size', '1000')
+  out = _perfmodel('--target-global-batch', '128', '--sweep-nodes', '1,2')
+  assert out.splitlines()[-1].endswith('(307,406 images)')
 
 
-def test_perfmodel_headers_say_what_was_predicted(capsys):
-  from anp_jax.research import perfmodel as pm
-  assert pm.main(['--model', 'resnet20', '--device', 'cpu', '--step-time-ms', '100',
-                  '--measured-batch', '64', '--nodes', '1', '--gpus-per-node', '1']) == 0
-  out = capsys.readouterr().out
+def test_perfmodel_headers_say_what_was_predicted():
+  out = _perfmodel('--model', 'resnet20', '--device', 'cpu', '--step-time-ms', '100',
+                   '--measured-batch', '64', '--nodes', '1', '--gpus-per-node', '1')
   assert 'minotauro: cpu' not in out and '(measured)' not in out
   assert "minotauro's links with cpu devices: cpu calibrated to 100 ms per step of 64" in out
-  assert pm.main(['--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16']) == 0
-  method = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('method:'))
+  out = _perfmodel('--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16')
+  method = next(l for l in out.splitlines() if l.startswith('method:'))
   assert '16 node workers' not in method and 'one worker per node' in method
 
 

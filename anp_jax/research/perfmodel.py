@@ -19,7 +19,7 @@ compared, and a cluster sized, before anyone queues a job:
 * `best_configuration`: enumerate nodes x devices per node x per-device batch for a target global
   batch and return the fastest configuration by epoch time.
 * `workload_from_flax`: FLOPs and parameter bytes of a Flax model from XLA's cost analysis.
-* ``python -m anp_jax.research.perfmodel ...``: the same from the command line (see `main`).
+* `prediction_report`: what ``experiments/perfmodel.py`` (the command line) prints.
 
 Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The module is
 pure Python + numpy; JAX is imported only inside `workload_from_flax`, and TensorFlow never.
@@ -30,12 +30,10 @@ with other jobs, and the convergence cost of large or stale batches (time to *ac
 epochs-to-accuracy, from experiments, times the epoch time predicted here).
 """
 
-import argparse
 import dataclasses
 import heapq
 import math
 import re
-import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -1134,9 +1132,10 @@ def workload_from_flax(model, image_size: int, *, name: Optional[str] = None,
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line.
+# What the command line (experiments/perfmodel.py) prints.
 
-def _fmt_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+  """An epoch time for the table: '1.82 h', '42.0 min', '12.3 s', '0.512 s' ('inf' if never)."""
   if not math.isfinite(seconds):
     return 'inf'
   if seconds >= 3600:
@@ -1155,7 +1154,7 @@ def format_table(predictions: Sequence[Prediction]) -> str:
     rows.append((str(p.nodes), str(p.num_devices), str(p.global_batch),
                  f'{1e3 * p.step_time:,.2f}', f'{1e3 * p.exposed_comm_time:,.2f}',
                  f'{p.images_per_s:,.1f}',
-                 _fmt_duration(p.epoch_time), f'{p.speedup_vs_one_node:.2f}',
+                 format_duration(p.epoch_time), f'{p.speedup_vs_one_node:.2f}',
                  f'{p.speedup_vs_one_device:.2f}', f'{100 * p.efficiency:.1f} %',
                  f'{p.mean_staleness:.2f}'))
   widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -1164,178 +1163,136 @@ def format_table(predictions: Sequence[Prediction]) -> str:
   return '\n'.join(lines)
 
 
-def _int_list(text: str) -> List[int]:
-  try:
-    values = [int(v) for v in text.split(',') if v.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'expected comma-separated integers, got {text!r}') from None
-  if not values or any(v <= 0 for v in values):
-    raise argparse.ArgumentTypeError(f'expected positive integers, got {text!r}')
-  return values
-
-
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog='python -m anp_jax.research.perfmodel',
-      description='Predict data-parallel training performance (SPRINT-style model).')
-  p.add_argument('--model', choices=sorted(WORKLOADS), default='resnet50')
-  p.add_argument('--flax-model', metavar='ARCH', default=None,
-                 help='instead of --model: count FLOPs and parameters of anp_jax.models ARCH '
-                      '(resnet8 ... resnet152) with XLA cost analysis (imports JAX)')
-  p.add_argument('--image-size', type=int, default=224, help='with --flax-model')
-  p.add_argument('--width', type=float, default=1.0, help='with --flax-model: channel multiplier')
-  p.add_argument('--num-classes', type=int, default=553,
-                 help='with --flax-model: ANP classes (553: MUSA2\'s ANPs)')
-  p.add_argument('--dataset-size', type=int, default=None,
-                 help='training images per epoch (default: the preset\'s dataset)')
-  p.add_argument('--cluster', choices=sorted(CLUSTERS), default='minotauro',
-                 help='interconnect and node-size preset')
-  p.add_argument('--nodes', type=int, default=16)
-  p.add_argument('--gpus-per-node', type=int, default=4)
-  p.add_argument('--device', choices=sorted(DEVICES), default='k80')
-  p.add_argument('--peak-tflops', type=float,
-                 help="override the device's peak, TFLOP/s (with --efficiency)")
-  p.add_argument('--efficiency', type=float,
-                 help="override the device's achieved fraction of peak, in (0, 1]")
-  p.add_argument('--step-time-ms', type=float,
-                 help='calibrate the device with a measured training step time (ms) of '
-                      '--model at --measured-batch images on one device (replaces peak/efficiency)')
-  p.add_argument('--measured-batch', type=int, help='images per step of --step-time-ms')
-  p.add_argument('--step-overhead-ms', type=float, default=None,
-                 help='fixed per-step cost in ms (default: the preset\'s; 0 with --step-time-ms)')
-  p.add_argument('--devices-per-compute-pool', type=int, default=1,
-                 help='devices that share one pool of cores (simulated CPU devices: all of them)')
-  p.add_argument('--per-device-batch', type=int, default=32)
-  p.add_argument('--method', choices=METHODS, default='sync')
-  p.add_argument('--sync-comm', choices=('allreduce', 'ps'), default='allreduce')
-  p.add_argument('--async-worker', choices=('device', 'node'), default='device')
-  p.add_argument('--mixed-mode', choices=('async', 'local_sgd'), default='async')
-  p.add_argument('--local-steps', type=int, default=1)
-  p.add_argument('--intra-bw', type=float, help='intra-node bandwidth, GB/s')
-  p.add_argument('--inter-bw', type=float, help='inter-node bandwidth per node, GB/s')
-  p.add_argument('--intra-lat', type=float, help='intra-node latency, microseconds')
-  p.add_argument('--inter-lat', type=float, help='inter-node latency, microseconds')
-  p.add_argument('--overlap', type=float, default=0.0,
-                 help='fraction of communication hidden behind the backward pass')
-  p.add_argument('--num-ps', type=int, default=1, help='parameter servers')
-  p.add_argument('--ps-merge', action='store_true', help="SPRINT's gradient-merging server")
-  p.add_argument('--compute-cv', type=float, default=0.1,
-                 help='coefficient of variation of a worker step time (async)')
-  p.add_argument('--sweep-nodes', type=_int_list, default=None, metavar='N1,N2,...',
-                 help='predict for each node count (default: just --nodes)')
-  p.add_argument('--target-global-batch', type=int, default=None,
-                 help='search nodes x devices x per-device batch for this global batch')
-  p.add_argument('--exact', action='store_true',
-                 help='with --target-global-batch: the global batch must equal the target')
-  p.add_argument('--seed', type=int, default=0)
-  return p
-
-
-def _flax_workload(args, kwargs) -> Workload:
-  """--flax-model: the workload of one of anp_jax.models' ResNets, from XLA's cost analysis."""
+def flax_workload(arch: str, image_size: int = 224, width: float = 1.0, num_classes: int = 553,
+                  **kwargs) -> Workload:
+  """The workload of one of anp_jax.models' ResNets (``--flax-model``), from XLA's cost analysis."""
   from anp_jax import models  # Lazily: imports JAX and Flax.
-  if args.flax_model not in models.ARCHS:
-    raise ValueError(f'--flax-model {args.flax_model!r} is unknown; choose one of '
+  if arch not in models.ARCHS:
+    raise ValueError(f'--flax-model {arch!r} is unknown; choose one of '
                      f'{sorted(models.ARCHS)}.')
-  _require_positive('--flax-model', 'image_size', args.image_size, integer=True)
-  _require_positive('--flax-model', 'width', args.width)
-  _require_positive('--flax-model', 'num_classes', args.num_classes, integer=True)
-  model = models.build_resnet(args.flax_model, num_anps=args.num_classes, width=args.width)
-  name = args.flax_model + (f'_w{args.width:g}' if args.width != 1 else '')
-  return workload_from_flax(model, args.image_size, name=name, **kwargs)
+  _require_positive('--flax-model', 'image_size', image_size, integer=True)
+  _require_positive('--flax-model', 'width', width)
+  _require_positive('--flax-model', 'num_classes', num_classes, integer=True)
+  model = models.build_resnet(arch, num_anps=num_classes, width=width)
+  name = arch + (f'_w{width:g}' if width != 1 else '')
+  return workload_from_flax(model, image_size, name=name, **kwargs)
 
 
-def _cli_device(args, workload: Workload) -> Device:
-  """The --device preset, recalibrated by --peak-tflops/--efficiency or --step-time-ms."""
-  device = DEVICES[args.device]()
-  if args.step_time_ms is not None or args.measured_batch is not None:
-    if args.step_time_ms is None or args.measured_batch is None:
+def recalibrated_device(device: str, workload: Workload, *, peak_tflops: Optional[float] = None,
+                        efficiency: Optional[float] = None, step_time_ms: Optional[float] = None,
+                        measured_batch: Optional[int] = None,
+                        step_overhead_ms: Optional[float] = None) -> Device:
+  """The `DEVICES` preset ``device``, recalibrated by a datasheet peak/efficiency or a measured
+  step time of ``workload`` (``--step-time-ms`` at ``--measured-batch``), not both."""
+  preset = DEVICES[device]()
+  if step_time_ms is not None or measured_batch is not None:
+    if step_time_ms is None or measured_batch is None:
       raise ValueError('--step-time-ms and --measured-batch go together: give the measured step '
                        'time and the batch it was measured at.')
-    if args.peak_tflops is not None or args.efficiency is not None:
+    if peak_tflops is not None or efficiency is not None:
       raise ValueError('--step-time-ms replaces --peak-tflops/--efficiency; give one or the other.')
-    overhead = 0.0 if args.step_overhead_ms is None else args.step_overhead_ms * 1e-3
-    return Device(name=(f'{args.device} calibrated to {args.step_time_ms:g} ms per step of '
-                        f'{args.measured_batch} images'), memory_bytes=device.memory_bytes,
-                  step_time_s=args.step_time_ms * 1e-3, measured_batch=args.measured_batch,
+    overhead = 0.0 if step_overhead_ms is None else step_overhead_ms * 1e-3
+    return Device(name=(f'{device} calibrated to {step_time_ms:g} ms per step of '
+                        f'{measured_batch} images'), memory_bytes=preset.memory_bytes,
+                  step_time_s=step_time_ms * 1e-3, measured_batch=measured_batch,
                   measured_workload=workload.name, step_overhead_s=overhead)
   changes = {}
-  if args.peak_tflops is not None:
-    changes['peak_flops'] = args.peak_tflops * 1e12
-  if args.efficiency is not None:
-    changes['efficiency'] = args.efficiency
-  if args.step_overhead_ms is not None:
-    changes['step_overhead_s'] = args.step_overhead_ms * 1e-3
-  return dataclasses.replace(device, **changes) if changes else device
+  if peak_tflops is not None:
+    changes['peak_flops'] = peak_tflops * 1e12
+  if efficiency is not None:
+    changes['efficiency'] = efficiency
+  if step_overhead_ms is not None:
+    changes['step_overhead_s'] = step_overhead_ms * 1e-3
+  return dataclasses.replace(preset, **changes) if changes else preset
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Print a prediction table; returns the exit status (2 for impossible configurations)."""
-  args = _parser().parse_args(argv)
-  try:
-    dataset_size, dataset_source = args.dataset_size, '--dataset-size'
-    if dataset_size is None and args.cluster in CLUSTER_DATASETS:
-      dataset_size, dataset_source = CLUSTER_DATASETS[args.cluster]
-    kwargs = {} if dataset_size is None else {'dataset_size': dataset_size}
-    if dataset_size is None:
-      dataset_source = f'the {args.flax_model or args.model} default; set --dataset-size'
-    workload = (_flax_workload(args, kwargs) if args.flax_model
-                else WORKLOADS[args.model](**kwargs))
-    base = CLUSTERS[args.cluster](device=_cli_device(args, workload))
-    ic = base.interconnect
-    ic = Interconnect(
-        intra_node_bandwidth=(ic.intra_node_bandwidth if args.intra_bw is None
-                              else args.intra_bw * 1e9),
-        intra_node_latency=(ic.intra_node_latency if args.intra_lat is None
-                            else args.intra_lat * 1e-6),
-        inter_node_bandwidth=(ic.inter_node_bandwidth if args.inter_bw is None
-                              else args.inter_bw * 1e9),
-        inter_node_latency=(ic.inter_node_latency if args.inter_lat is None
-                            else args.inter_lat * 1e-6))
-    nodes = args.sweep_nodes or [args.nodes]
-    cluster = dataclasses.replace(base, nodes=max(nodes), devices_per_node=args.gpus_per_node,
-                                  interconnect=ic,
-                                  devices_per_compute_pool=args.devices_per_compute_pool)
-    predict_kwargs = dict(method=args.method, overlap=args.overlap, num_ps=args.num_ps,
-                          local_steps=args.local_steps, async_worker=args.async_worker,
-                          mixed_mode=args.mixed_mode, sync_comm=args.sync_comm,
-                          ps_merge=args.ps_merge, compute_cv=args.compute_cv, seed=args.seed)
-    if args.target_global_batch is not None:
-      ranked = rank_configurations(
-          cluster.resized(devices_per_node=args.gpus_per_node), workload,
-          args.target_global_batch, match='exact' if args.exact else 'at_least',
-          node_counts=nodes, device_counts=range(1, args.gpus_per_node + 1), **predict_kwargs)
-      predictions = sorted(ranked[:10], key=lambda p: (p.nodes, p.num_devices))
-    else:
-      predictions = [predict(cluster.resized(nodes=n), workload, args.per_device_batch,
-                             **predict_kwargs) for n in nodes]
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = None,
+                      image_size: int = 224, width: float = 1.0, num_classes: int = 553,
+                      dataset_size: Optional[int] = None, cluster: str = 'minotauro',
+                      nodes: int = 16, gpus_per_node: int = 4, device: str = 'k80',
+                      peak_tflops: Optional[float] = None, efficiency: Optional[float] = None,
+                      step_time_ms: Optional[float] = None, measured_batch: Optional[int] = None,
+                      step_overhead_ms: Optional[float] = None, devices_per_compute_pool: int = 1,
+                      per_device_batch: int = 32, method: str = 'sync',
+                      sync_comm: str = 'allreduce', async_worker: str = 'device',
+                      mixed_mode: str = 'async', local_steps: int = 1,
+                      intra_bw: Optional[float] = None, inter_bw: Optional[float] = None,
+                      intra_lat: Optional[float] = None, inter_lat: Optional[float] = None,
+                      overlap: float = 0.0, num_ps: int = 1, ps_merge: bool = False,
+                      compute_cv: float = 0.1, sweep_nodes: Optional[Sequence[int]] = None,
+                      target_global_batch: Optional[int] = None, exact: bool = False,
+                      seed: int = 0) -> str:
+  """The prediction table ``experiments/perfmodel.py`` prints, with its header lines.
+
+  The arguments are the command line's flags (bandwidths in GB/s, latencies in microseconds,
+  times in ms); `predict` for each of ``sweep_nodes`` (default: ``nodes``), or with
+  ``target_global_batch`` the ten best of `rank_configurations`. Raises ValueError for unknown
+  presets and impossible configurations.
+  """
+  for name, value, known in (('model', model, WORKLOADS), ('cluster', cluster, CLUSTERS),
+                             ('device', device, DEVICES)):
+    if value not in known:
+      raise ValueError(f'--{name} {value!r} is unknown; choose one of {sorted(known)}.')
+  dataset_source = '--dataset-size'
+  if dataset_size is None and cluster in CLUSTER_DATASETS:
+    dataset_size, dataset_source = CLUSTER_DATASETS[cluster]
+  kwargs = {} if dataset_size is None else {'dataset_size': dataset_size}
+  if dataset_size is None:
+    dataset_source = f'the {flax_model or model} default; set --dataset-size'
+  workload = (flax_workload(flax_model, image_size, width, num_classes, **kwargs) if flax_model
+              else WORKLOADS[model](**kwargs))
+  base = CLUSTERS[cluster](device=recalibrated_device(
+      device, workload, peak_tflops=peak_tflops, efficiency=efficiency,
+      step_time_ms=step_time_ms, measured_batch=measured_batch,
+      step_overhead_ms=step_overhead_ms))
+  ic = base.interconnect
+  ic = Interconnect(
+      intra_node_bandwidth=ic.intra_node_bandwidth if intra_bw is None else intra_bw * 1e9,
+      intra_node_latency=ic.intra_node_latency if intra_lat is None else intra_lat * 1e-6,
+      inter_node_bandwidth=ic.inter_node_bandwidth if inter_bw is None else inter_bw * 1e9,
+      inter_node_latency=ic.inter_node_latency if inter_lat is None else inter_lat * 1e-6)
+  node_counts = list(sweep_nodes or [nodes])
+  the_cluster = dataclasses.replace(base, nodes=max(node_counts), devices_per_node=gpus_per_node,
+                                    interconnect=ic,
+                                    devices_per_compute_pool=devices_per_compute_pool)
+  predict_kwargs = dict(method=method, overlap=overlap, num_ps=num_ps, local_steps=local_steps,
+                        async_worker=async_worker, mixed_mode=mixed_mode, sync_comm=sync_comm,
+                        ps_merge=ps_merge, compute_cv=compute_cv, seed=seed)
+  if target_global_batch is not None:
+    ranked = rank_configurations(
+        the_cluster.resized(devices_per_node=gpus_per_node), workload, target_global_batch,
+        match='exact' if exact else 'at_least', node_counts=node_counts,
+        device_counts=range(1, gpus_per_node + 1), **predict_kwargs)
+    predictions = sorted(ranked[:10], key=lambda p: (p.nodes, p.num_devices))
+  else:
+    predictions = [predict(the_cluster.resized(nodes=n), workload, per_device_batch,
+                           **predict_kwargs) for n in node_counts]
   widest = max(predictions, key=lambda p: p.num_devices)
-  print(f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.3g} GFLOP/image forward, '
-        f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch '
-        f'({dataset_source})')
-  native = CLUSTERS[args.cluster]().device.name
-  where = (cluster.name if args.device == native and args.step_time_ms is None else
-           f"{cluster.name}'s links with {args.device} devices")
-  print(f'{where}: {cluster.device.name} x {args.gpus_per_node}/node; intra '
-        f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
-        f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us')
-  print(f'method: {_method_line(predictions, widest)}; overlap {args.overlap:g}')
-  print(format_table(predictions))
+  native = CLUSTERS[cluster]().device.name
+  where = (the_cluster.name if device == native and step_time_ms is None else
+           f"{the_cluster.name}'s links with {device} devices")
+  lines = [
+      f'{workload.name}: {workload.flops_per_image_fwd / 1e9:.3g} GFLOP/image forward, '
+      f'{workload.param_bytes / 1e6:.1f} MB parameters, {workload.dataset_size:,} images/epoch '
+      f'({dataset_source})',
+      f'{where}: {the_cluster.device.name} x {gpus_per_node}/node; intra '
+      f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
+      f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us',
+      f'method: {_method_line(predictions, widest)}; overlap {overlap:g}',
+      format_table(predictions)]
   if widest.analytic_images_per_s is not None:
-    print(f'closed form (analytic_async) for the widest row: '
-          f'{widest.analytic_images_per_s:,.1f} img/s (simulated {widest.images_per_s:,.1f}); '
-          f'staleness pmf total-variation distance to the simulation '
-          f'{total_variation(widest.analytic_staleness_distribution, widest.staleness_distribution):.3f}')
-  if args.target_global_batch is not None:
+    tv = total_variation(widest.analytic_staleness_distribution, widest.staleness_distribution)
+    lines.append(f'closed form (analytic_async) for the widest row: '
+                 f'{widest.analytic_images_per_s:,.1f} img/s (simulated '
+                 f'{widest.images_per_s:,.1f}); staleness pmf total-variation distance to the '
+                 f'simulation {tv:.3f}')
+  if target_global_batch is not None:
     best = ranked[0]
-    print(f'best for global batch {args.target_global_batch}: {best.nodes} node(s) x '
-          f'{best.devices_per_node} device(s) x batch {best.per_device_batch} = '
-          f'{best.global_batch}, epoch {_fmt_duration(best.epoch_time)} '
-          f'({workload.dataset_size:,} images)')
-  return 0
+    lines.append(f'best for global batch {target_global_batch}: {best.nodes} node(s) x '
+                 f'{best.devices_per_node} device(s) x batch {best.per_device_batch} = '
+                 f'{best.global_batch}, epoch {format_duration(best.epoch_time)} '
+                 f'({workload.dataset_size:,} images)')
+  return '\n'.join(lines)
 
 
 def _method_line(predictions, widest) -> str:
@@ -1345,7 +1302,3 @@ def _method_line(predictions, widest) -> str:
   generic = re.sub(r'\b\d+ (node|device) workers', r'one worker per \1', widest.description)
   generic = re.sub(r' over \d+x\d+', ' over nodes x devices', generic)
   return generic if generic != widest.description else f'{widest.description} (widest row)'
-
-
-if __name__ == '__main__':
-  sys.exit(main())
