@@ -37,10 +37,10 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from anp_jax import checkpointing, cli, distributed, optim, plan, preemption, reporting, train
+from anp_jax import checkpointing, cli, distributed, optim, preemption, reporting, train
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.research import noise_scale
+from anp_jax.research import noise_scale, plan
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            'configs')

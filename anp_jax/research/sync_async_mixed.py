@@ -33,8 +33,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from anp_jax import cli, distributed, optim, plan, plotting, preemption, reporting, train
-from anp_jax.research import perfmodel as pm
+from anp_jax import cli, distributed, optim, plotting, preemption, reporting, train
+from anp_jax.research import perfmodel as pm, plan
 from anp_jax.research import sweep
 
 ANP_TRAIN_IMAGES = 307_406  # MUSA2: 384,258 images, 80 % for training (shared/REFERENCES.md).
