@@ -59,14 +59,13 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 
 import sys
 
-import report  # experiments/report.py, next to this script: the report written at the end.
-from anp_jax.research import sweep
+from anp_jax.research import sweep, sweep_report
 
 
 def main(argv=None) -> int:
   """Runs the sweep of `argv` (default: the command line); 2 on bad input."""
   argv = sys.argv[1:] if argv is None else argv
-  return sweep.main(argv, make_report=report.make_report, doc=__doc__)
+  return sweep.main(argv, make_report=sweep_report.make_report, doc=__doc__)
 
 
 if __name__ == '__main__':

@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -20,10 +19,7 @@ from anp_jax.data import pipeline
 from conftest import TINY_SYNTHETIC, assert_resume_is_exact, tiny_config
 
 from anp_jax.research import sweep
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'experiments'))  # The report is experiment code.
-import report  # noqa: E402
+from anp_jax.research import sweep_report as report
 
 TRAIN_SIZE = TINY_SYNTHETIC['num_pairs'] * TINY_SYNTHETIC['train_per_class']  # 256
 

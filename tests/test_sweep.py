@@ -21,11 +21,9 @@ import pytest
 
 from anp_jax import optim, train
 from anp_jax.research import noise_scale, sweep
-from conftest import TINY_SYNTHETIC
+from conftest import TINY_SYNTHETIC, run_experiment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # The report is experiment code.
-import report  # noqa: E402
+from anp_jax.research import sweep_report as report
 
 # ----------------------------------------------------------------------------------------------
 # (a) The gradient-noise-scale estimator.
@@ -415,7 +413,8 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
   assert log.count('finished earlier, skipped') == 2 and 'training' not in log
   assert 'resuming' not in log and third_s < 0.5 * first_s, (third_s, first_s)
   assert [r['final_top1'] for r in rows3] == [r['final_top1'] for r in rows2]
-  assert report.main([str(out)]) == 0
+  r = run_experiment('report.py', str(out))
+  assert r.returncode == 0, r.stderr
 
 
 # ----------------------------------------------------------------------------------------------

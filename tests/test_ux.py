@@ -16,9 +16,8 @@ import pytest
 from conftest import run_experiment, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'experiments'))
 
-import report  # noqa: E402
+from anp_jax.research import sweep_report as report
 
 
 def _env(**extra):
@@ -53,7 +52,8 @@ def _row(batch, steps_to_target, top1=0.1):
 def test_report_is_written_when_runs_miss_the_target(tmp_path, reached):
   rows = [_row(128, reached[0]), _row(256, reached[1])]
   (tmp_path / 'results.json').write_text(json.dumps(rows))
-  assert report.main([str(tmp_path)]) == 0
+  r = run_experiment('report.py', str(tmp_path))
+  assert r.returncode == 0, r.stderr
   text = (tmp_path / 'report.md').read_text()
   assert (tmp_path / 'steps_vs_batch.png').stat().st_size > 0
   assert '| linear rule, warmup | 256 |' in text and 'never' in text

@@ -1,0 +1,384 @@
+"""Report of a batch-size sweep (`python experiments/report.py DIR`) → DIR/report.md + PNGs.
+
+Reads what `experiments/batch_size_sweep.py` (`anp_jax.research.sweep`) left in DIR
+(``results.json``, one row per run, and each run's ``runs/<name>/metrics.jsonl``) and draws the
+three classic views of large-batch synchronous SGD:
+
+1. ``accuracy_vs_batch.png`` — final ANP top-1 against the global batch (log2 axis), one line per
+   scaling rule / warmup arm: Goyal et al. 2017's figure (flat up to the batch where the linear
+   rule with warmup stops working, lower without warmup).
+2. ``steps_vs_batch.png`` — steps to the target accuracy against the batch on log-log axes with
+   the perfect-scaling line S ∝ 1/B through the smallest batch: Shallue et al. 2018's figure
+   (perfect scaling, then diminishing returns, then a plateau).
+3. ``noise_scale_fit.png`` — the fit S = S_min (1 + B_crit / B) of McCandlish et al. 2018 and the
+   matching steps–examples trade-off (S/S_min − 1)(E/E_min − 1) = 1, with B_crit next to the
+   gradient noise scale B_simple measured during training.
+4. ``training_curves.png`` — evaluation top-1 against epochs, one line per batch size.
+
+When the sweep searched learning rates (``--lr_search``), only each batch size's best rate is
+plotted (the ``best_lr`` column; Shallue et al.'s protocol). Seeds are averaged.
+Everything here is numpy + matplotlib (Agg), importable without JAX.
+"""
+
+import json
+import math
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from anp_jax import plotting  # numpy and matplotlib only; no JAX
+from anp_jax.research import plan
+
+# ----------------------------------------------------------------------------------------------
+# Reading runs.
+
+
+# One reader of the trainer's log, shared with the planner.
+read_metrics = plan.read_metrics
+
+
+def load_results(out_dir: str) -> List[Dict]:
+  path = os.path.join(out_dir, 'results.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} does not exist: run experiments/batch_size_sweep.py '
+                            f'--out {out_dir} first.')
+  with open(path) as f:
+    return json.load(f)
+
+
+def arm_label(rule: str, warmup: str) -> str:
+  return f'{rule} rule, ' + ('warmup' if warmup == 'on' else 'no warmup')
+
+
+def _arms(rows) -> List[Tuple[str, str]]:
+  order = {'linear': 0, 'sqrt': 1, 'none': 2}
+  arms = {(r['rule'], r['warmup']) for r in rows}
+  return sorted(arms, key=lambda a: (order.get(a[0], 9), a[1] != 'on'))
+
+
+def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
+  """Per arm, per batch size: the best-lr runs' statistics averaged over seeds.
+
+  Each entry: batch, n (finished seeds), top1 / top1_std (final), best_top1, reached (how many
+  finished seeds reached the target), not_reached (how many did not), steps / examples (mean to
+  target over the seeds, only when every finished seed reached it: a mean over the survivors
+  alone would flatter the batch sizes that reach it only sometimes; such entries are left out of
+  the B_crit fit and the table names the count), steps_reached / examples_reached (mean over the
+  seeds that reached it, whatever the others did), b_simple (median), lr, diverged (count).
+  """
+  out = {}
+  for arm in _arms(rows):
+    entries = []
+    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm and r.get('best_lr', True)]
+    for batch in sorted({r['batch'] for r in arm_rows}):
+      runs = [r for r in arm_rows if r['batch'] == batch]
+      done = [r for r in runs if r['status'] == 'finished']
+      reached = [r for r in done if r['steps_to_target'] is not None]
+      noise = [r['b_simple'] for r in done if r['b_simple'] is not None]
+      top1 = [r['final_top1'] for r in done]
+      steps_reached = (float(np.mean([r['steps_to_target'] for r in reached]))
+                       if reached else None)
+      examples_reached = (float(np.mean([r['examples_to_target'] for r in reached]))
+                          if reached else None)
+      every = bool(done) and len(reached) == len(done)
+      entries.append({
+          'batch': batch, 'n': len(done),
+          'diverged': sum(r['status'] == 'diverged' for r in runs),
+          'top1': float(np.mean(top1)) if top1 else None,
+          'top1_std': float(np.std(top1)) if top1 else None,
+          'best_top1': float(np.mean([r['best_top1'] for r in done])) if done else None,
+          'steps': steps_reached if every else None,
+          'examples': examples_reached if every else None,
+          'steps_reached': steps_reached, 'examples_reached': examples_reached,
+          'reached': len(reached), 'not_reached': len(done) - len(reached),
+          'b_simple': float(np.median(noise)) if noise else None,
+          'lr': runs[0]['lr'], 'total_steps': runs[0]['total_steps'],
+      })
+    out[arm] = entries
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The critical-batch fit.
+
+
+# The fit lives in the library (the planner uses it too).
+fit_steps_to_target = plan.fit_steps_to_target
+
+
+def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
+  """Per arm: the fit on the batch sizes whose finished seeds all reached the target."""
+  fits = {}
+  for arm, entries in agg.items():
+    pts = [(e['batch'], e['steps']) for e in entries if e['steps'] is not None]
+    noise = [e['b_simple'] for e in entries if e['b_simple'] is not None]
+    fit = {'points': len(pts), 'b_simple_median': float(np.median(noise)) if noise else None,
+           's_min': None, 'b_crit': None, 'e_min': None, 'valid': False,
+           'note': 'fewer than two batch sizes reached the target'}
+    if len({p[0] for p in pts}) >= 2:
+      batch, steps = [p[0] for p in pts], [p[1] for p in pts]
+      s_min, b_crit = fit_steps_to_target(batch, steps)
+      fit.update(s_min=s_min, b_crit=b_crit, e_min=s_min * b_crit, note='')
+      if s_min <= 1e-6 * max(steps):
+        fit['note'] = ('S_min ≈ 0: every point is in the perfect-scaling regime, so B_crit is '
+                       'far beyond the largest batch and not determined')
+      elif not 0 < b_crit < math.inf:
+        fit['note'] = 'B_crit ≤ 0: steps do not fall with the batch size here'
+      else:
+        fit['valid'] = True
+        if b_crit > 4 * max(batch):
+          fit['note'] = 'extrapolated far beyond the largest batch: read as a lower bound'
+    fits[arm] = fit
+  return fits
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures.
+
+
+def _styles(n):
+  markers = ['o', 's', '^', 'D', 'v', 'P', 'X', '*']
+  return [markers[i % len(markers)] for i in range(n)]
+
+
+def _arm_points(agg, key: str):
+  """A figure and, per arm with a known `key` somewhere, (arm, entries, those entries, marker)."""
+  fig, ax = plotting.pyplot().subplots(figsize=(6.4, 4.2))
+  arms = []
+  for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
+    pts = [e for e in entries if e[key] is not None]
+    if pts:
+      arms.append((arm, entries, pts, marker))
+  return fig, ax, arms
+
+
+def plot_accuracy(agg, path: str) -> str:
+  """Final top-1 (mean ± std over seeds) against the batch, log2 x axis (Goyal-style)."""
+  fig, ax, arms = _arm_points(agg, 'top1')
+  for arm, _, pts, marker in arms:
+    ax.errorbar([e['batch'] for e in pts], [100 * e['top1'] for e in pts],
+                yerr=[100 * e['top1_std'] for e in pts], marker=marker, capsize=3,
+                label=arm_label(*arm))
+  ax.set_xscale('log', base=2)
+  ax.set(xlabel='global batch size B', ylabel='final ANP top-1 (%)',
+         title='Accuracy at a fixed epoch budget')
+  return _finish(fig, ax, path)
+
+
+def _finish(fig, ax, path: str) -> str:
+  """Grid, legend, tight layout; writes the PNG and frees the figure."""
+  ax.grid(alpha=0.3, which='both')
+  ax.legend(fontsize=8)
+  return plotting.save_figure(fig, path)
+
+
+def plot_steps(agg, target: float, path: str) -> str:
+  """Steps to the target against the batch, log-log, with perfect scaling (Shallue-style)."""
+  fig, ax, arms = _arm_points(agg, 'steps')
+  for arm, entries, pts, marker in arms:
+    line, = ax.plot([e['batch'] for e in pts], [e['steps'] for e in pts], marker=marker,
+                    label=arm_label(*arm))
+    b0, s0 = pts[0]['batch'], pts[0]['steps']
+    bs = np.array([e['batch'] for e in entries], np.float64)
+    ax.plot(bs, s0 * b0 / bs, ':', color=line.get_color(), alpha=0.6)
+  ax.plot([], [], 'k:', label='perfect scaling S ∝ 1/B')
+  missed = _missed(agg)
+  if missed:  # Named on the figure: a missing point is a result, not a gap.
+    ax.text(0.02, 0.02, 'did not reach the target:\n' + '\n'.join(missed),
+            transform=ax.transAxes, fontsize=7, va='bottom')
+  ax.set_xscale('log', base=2)
+  if ax.lines[:-1]:  # Log scale needs positive data; with no point it would raise.
+    ax.set_yscale('log')
+  ax.set(xlabel='global batch size B', ylabel=f'steps to {100 * target:g} % top-1',
+         title='Steps to target')
+  return _finish(fig, ax, path)
+
+
+def _missed(agg) -> List[str]:
+  """Per arm, the batch sizes with finished seeds that did not reach the target (and how many)."""
+  out = []
+  for arm, entries in agg.items():
+    batches = [f"{e['batch']} ({e['not_reached']} of {e['n']} seeds)" for e in entries
+               if e['n'] and e['not_reached']]
+    if batches:
+      out.append(f'{arm_label(*arm)}: B = {", ".join(batches)}')
+  return out
+
+
+def plot_fit(agg, fits, path: str) -> str:
+  """S(B) with the fitted S_min(1 + B_crit/B), and E against S with its hyperbola."""
+  plt = plotting.pyplot()
+  fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
+  for (arm, entries), marker in zip(agg.items(), _styles(len(agg))):
+    pts = [e for e in entries if e['steps'] is not None]
+    if not pts:
+      continue
+    fit = fits[arm]
+    b = np.array([e['batch'] for e in pts], np.float64)
+    s = np.array([e['steps'] for e in pts], np.float64)
+    line, = ax_s.plot(b, s, marker, label=arm_label(*arm))
+    ax_e.plot(s, s * b, marker, color=line.get_color(), label=arm_label(*arm))
+    if fit['valid']:
+      s_min, b_crit, e_min = fit['s_min'], fit['b_crit'], fit['e_min']
+      grid = np.geomspace(b.min() / 2, b.max() * 2, 100)
+      noise = fit['b_simple_median']
+      extra = f', B_simple≈{noise:.0f}' if noise is not None else ''
+      ax_s.plot(grid, s_min * (1 + b_crit / grid), '-', color=line.get_color(), alpha=0.6,
+                label=f'fit: S_min={s_min:.0f}, B_crit={b_crit:.0f}{extra}')
+      # (S/S_min - 1)(E/E_min - 1) = 1  <=>  E = E_min S / (S - S_min), for S > S_min.
+      ss = np.geomspace(s_min * 1.02, max(s.max(), s_min * 1.05) * 2, 100)
+      ax_e.plot(ss, e_min * ss / (ss - s_min), '-', color=line.get_color(), alpha=0.6)
+      if noise is not None:
+        ax_s.axvline(noise, color=line.get_color(), ls='--', alpha=0.4)
+  ax_s.set_xscale('log', base=2)
+  ax_e.set_xscale('log')
+  for ax in (ax_s, ax_e):
+    if ax.lines:
+      ax.set_yscale('log')
+      ax.legend(fontsize=7)
+    else:
+      ax.text(0.5, 0.5, 'no run reached the target', transform=ax.transAxes, ha='center')
+    ax.grid(alpha=0.3, which='both')
+  ax_s.set(xlabel='global batch size B', ylabel='steps to target S',
+           title='S = S_min (1 + B_crit / B); dashed: measured B_simple')
+  ax_e.set(xlabel='steps to target S', ylabel='examples to target E = S·B',
+           title='(S/S_min − 1)(E/E_min − 1) = 1')
+  return plotting.save_figure(fig, path)
+
+
+def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
+  """Evaluation top-1 against epochs, one panel per arm, one line per batch size (first seed)."""
+  plt = plotting.pyplot()
+  arms = _arms(rows)
+  fig, axes = plt.subplots(1, max(1, len(arms)), figsize=(4.6 * max(1, len(arms)), 3.8),
+                           squeeze=False)
+  cmap = plt.get_cmap('viridis')
+  batches = sorted({r['batch'] for r in rows})
+  colour = {b: cmap(i / max(1, len(batches) - 1)) for i, b in enumerate(batches)}
+  for ax, arm in zip(axes[0], arms):
+    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm and r.get('best_lr', True)]
+    seed = min((r['seed'] for r in arm_rows), default=0)
+    for r in sorted((r for r in arm_rows if r['seed'] == seed), key=lambda r: r['batch']):
+      evals = [m for m in read_metrics(os.path.join(out_dir, 'runs', r['name']))
+               if 'eval/anp_top1' in m]
+      if not evals:
+        continue
+      epochs = [m.get('eval/passes', m.get('eval/epoch', m['step'] / r['steps_per_epoch']))
+                for m in evals]
+      ax.plot(epochs, [100 * m['eval/anp_top1'] for m in evals], '-', color=colour[r['batch']],
+              label=f'B={r["batch"]}' + (' (diverged)' if r['status'] == 'diverged' else ''))
+    ax.axhline(100 * target, color='grey', ls='--', lw=0.8)
+    ax.set(xlabel='epoch', ylabel='eval ANP top-1 (%)', title=arm_label(*arm), ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  return plotting.save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# The report.
+
+
+def _fmt(x, spec='.0f', none='—'):
+  return none if x is None else format(x, spec)
+
+
+def _pct(x):
+  return '—' if x is None else f'{100 * x:.2f}'
+
+
+def make_report(out_dir: str) -> str:
+  """Writes DIR/report.md and the four PNGs next to it; returns the report's path."""
+  rows = load_results(out_dir)
+  if not rows:
+    raise ValueError(f'{out_dir}/results.json has no runs.')
+  target = rows[0]['target_top1']
+  agg = aggregate(rows)
+  fits = fit_arms(agg)
+  figures = {
+      'accuracy': plot_accuracy(agg, os.path.join(out_dir, 'accuracy_vs_batch.png')),
+      'steps': plot_steps(agg, target, os.path.join(out_dir, 'steps_vs_batch.png')),
+      'fit': plot_fit(agg, fits, os.path.join(out_dir, 'noise_scale_fit.png')),
+      'curves': plot_curves(rows, out_dir, target, os.path.join(out_dir, 'training_curves.png')),
+  }
+  meta = {}
+  if os.path.exists(os.path.join(out_dir, 'sweep.json')):
+    with open(os.path.join(out_dir, 'sweep.json')) as f:
+      meta = json.load(f)
+  searched = len({r['lr_mult'] for r in rows}) > 1
+  status = {}
+  for r in rows:
+    status[r['status']] = status.get(r['status'], 0) + 1
+
+  lines = ['# Batch-size sweep: synchronous batch size vs accuracy', '']
+  if meta:
+    lines += [f'Preset `{meta.get("preset")}`, {meta.get("devices")} device(s), '
+              f'{meta.get("epochs")} epochs per run, model `{meta.get("model")}` at '
+              f'{meta.get("image_size")} px on `{meta.get("dataset")}`.', '']
+  lines += [f'{len(rows)} runs (' + ', '.join(f'{n} {s}' for s, n in sorted(status.items())) +
+            f'); target ANP top-1 {100 * target:g} %.' +
+            (' Learning rates were searched; each batch size shows its best (fewest steps to '
+             'target, then best top-1), averaged over seeds.' if searched else ''), '']
+
+  lines += ['## Final accuracy vs batch size (Goyal et al. 2017)', '',
+            '![accuracy](accuracy_vs_batch.png)', '',
+            '| arm | batch | peak lr | final top-1 % | best top-1 % | steps to target | '
+            'examples to target | B_simple |', '|---|---:|---:|---:|---:|---:|---:|---:|']
+  for arm, entries in agg.items():
+    for e in entries:
+      if e['steps'] is not None:
+        steps = _fmt(e['steps']) + (f' ({e["n"]} seeds)' if e['n'] > 1 else '')
+      elif e['reached']:  # Some seeds never reached it: no mean over the survivors alone.
+        steps = (f'{e["not_reached"]}/{e["n"]} seeds never; the other {e["reached"]}: '
+                 f'{_fmt(e["steps_reached"])}')
+      else:
+        steps = 'never' if e['n'] else '—'
+      top1 = _pct(e['top1']) + (f' ± {100 * e["top1_std"]:.2f}' if e['n'] > 1 else '')
+      if e['n'] == 0:
+        top1 = 'diverged' if e['diverged'] else 'unfinished'
+      lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {e["lr"]:.4g} | {top1} | '
+                   f'{_pct(e["best_top1"])} | {steps} | {_fmt(e["examples_reached"])} | '
+                   f'{_fmt(e["b_simple"], ".1f")} |')
+  lines.append('')
+  for arm, entries in agg.items():
+    done = [e for e in entries if e['top1'] is not None]
+    if len(done) >= 2:
+      small, large = done[0], done[-1]
+      lines.append(f'- {arm_label(*arm)}: top-1 {_pct(small["top1"])} % at B={small["batch"]} '
+                   f'→ {_pct(large["top1"])} % at B={large["batch"]} '
+                   f'({100 * (large["top1"] - small["top1"]):+.2f} points).')
+  lines.append('')
+
+  lines += ['## Steps to target vs batch size (Shallue et al. 2018)', '',
+            '![steps](steps_vs_batch.png)', '',
+            'Dotted lines: perfect scaling (half the steps per doubling) through the smallest '
+            'batch that reached the target. Steps to target are interpolated linearly between '
+            'the two evaluations around the first crossing; a batch size whose seeds did not all '
+            'reach the target shows how many did not and is left out of the fit below.', '']
+  missed = _missed(agg)
+  if missed:
+    lines += [f'Runs that did not reach {100 * target:g} % top-1 (no point on the figure):', '']
+    lines += [f'- {m}' for m in missed] + ['']
+  lines += ['## Critical batch size (McCandlish et al. 2018)', '',
+            '![fit](noise_scale_fit.png)', '',
+            'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '
+            'linear in 1/B); E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² is the median over runs '
+            'of each run\'s median logged noise scale over the second half of training.', '',
+            '| arm | points | S_min | B_crit | E_min | median measured B_simple | note |',
+            '|---|---:|---:|---:|---:|---:|---|']
+  for arm, fit in fits.items():
+    cells = ' | '.join(_fmt(fit[k], '.4g') if fit['valid'] else '—'
+                       for k in ('s_min', 'b_crit', 'e_min'))
+    lines.append(f'| {arm_label(*arm)} | {fit["points"]} | {cells} | '
+                 f'{_fmt(fit["b_simple_median"], ".1f")} | {fit["note"]} |')
+  lines += ['', '## Training curves', '', '![curves](training_curves.png)', '']
+  bad = [r for r in rows if r['status'] != 'finished']
+  if bad:
+    lines += ['## Runs that did not finish', '']
+    lines += [f'- `{r["name"]}`: {r["status"]}' + (f' — {r["error"]}' if r.get('error') else '')
+              for r in bad]
+    lines.append('')
+  path = os.path.join(out_dir, 'report.md')
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines))
+  return path
