@@ -30,6 +30,8 @@ import slurm_cluster
 from conftest import ROOT, assert_leaves_close, config_flags, tiny_config
 
 POLL_S = 0.25
+EXITED_75 = 'preempted; checkpoint written (exit 75)'  # run.sh, per task.
+ENDED = ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY')
 
 
 def _flags(data_dir, workdir, **overrides):
@@ -140,11 +142,9 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted
               what='a first logged step')
   t_signal = time.time()
   subprocess.run(['scancel', '--signal=USR1', job], env=env, check=True)
-  EXITED = 'preempted; checkpoint written (exit 75)'
-  marks = (EXITED, 'DUE TO JOB REQUEUE', 'Resumed from checkpoint', 'Done in')
-  watch.until(lambda w: w.info.get('JobState') == 'COMPLETED' or 'GONE' in str(w.info) or (
-      w.info.get('JobState') in ('FAILED', 'CANCELLED', 'TIMEOUT')), texts=marks,
-      timeout=400, what='the requeued job to finish')
+  marks = (EXITED_75, 'Resumed from checkpoint', 'Done in')
+  watch.until(lambda w: not w.info or w.info.get('JobState') in ENDED, texts=marks,
+              timeout=400, what='the requeued job to finish')
   log = watch.log
   assert watch.info.get('JobState') == 'COMPLETED', (watch.info, log[-6000:])
   assert watch.info.get('Restarts') == '1', watch.info
@@ -166,7 +166,7 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted
   assert got_step == want_step == steps
   assert_leaves_close(got, want)
 
-  t_exit = watch.seen[EXITED]
+  t_exit = watch.seen[EXITED_75]
   t_requeued = min(t for k, t in watch.seen.items() if k.endswith('/1'))
   t_resumed = watch.seen['Resumed from checkpoint']
   print(f'\nSLURM preemption timings (under this machine\'s load): signal -> exit 75 '
@@ -180,8 +180,8 @@ def test_kill_9_of_one_task_ends_the_job_within_the_heartbeat_timeout_and_a_resu
     slurm, script, data_dir, tmp_path):
   """The survivor must stop by itself: the job's srun here lacks the example's
   --kill-on-bad-exit (SLURM's default, and what a hand-written `srun ./run.sh` gets), so only the
-  trainer's own failure detection (ANP_HEARTBEAT_TIMEOUT, 5 s here) can end the job in time; the
-  default (30 s) alone could not. The resubmission is the shipped example."""
+  trainer's own failure detection (ANP_HEARTBEAT_TIMEOUT, 5 s here) can end the job in time;
+  with the default (30 s) it could not. The resubmission is the shipped example."""
   env, directory = slurm
   heartbeat, default_heartbeat = 5, 30
   plain = tmp_path / 'plain.sbatch'
@@ -211,8 +211,9 @@ def test_kill_9_of_one_task_ends_the_job_within_the_heartbeat_timeout_and_a_resu
   assert watch.info.get('Restarts') == '0', watch.info  # Not mistaken for a preemption.
   assert (f'run.sh: task 1 (host ' in log and f'the trainer (pid {trainers[0]}) was killed by '
           'signal 9 (SIGKILL)' in log), log[-5000:]
-  # Detection within a few heartbeats (plus start-up of nothing: the survivor only has to exit).
-  assert elapsed < default_heartbeat, (elapsed, log[-5000:])
+  # A dead task is declared after between half and all of the time-out (heartbeats go every
+  # half time-out): 2.5-5 s here, 15-30 s with the default; the survivor then aborts.
+  assert elapsed < default_heartbeat / 2, (elapsed, log[-5000:])
 
   # A resubmission of the same command resumes from the last checkpoint.
   saved = max(int(n) for n in os.listdir(checkpoints) if n.isdigit())
