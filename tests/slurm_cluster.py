@@ -95,14 +95,15 @@ def job_processes(directory, **variables):
   return found
 
 
-def _cancel_all(env, directory, timeout=60):
+def _cancel_all(env, timeout=60):
   """Cancels every job of the cluster and waits (bounded) until none is left running."""
-  subprocess.run(['scancel', '--full', '--user', 'root'], env=env, capture_output=True)
   deadline = time.time() + timeout
   while time.time() < deadline:
     out = subprocess.run(['squeue', '-h', '-o', '%i'], env=env, capture_output=True, text=True)
-    if out.returncode == 0 and not out.stdout.strip():
+    jobs = out.stdout.split()
+    if out.returncode == 0 and not jobs:
       break
+    subprocess.run(['scancel', '--full'] + jobs, env=env, capture_output=True)
     time.sleep(1)
 
 
@@ -143,7 +144,7 @@ def cluster(directory):
     yield env
   finally:
     if all(p.poll() is None for p in daemons) and len(daemons) == 2:
-      _cancel_all(env, d)
+      _cancel_all(env)
     for p in daemons:
       p.send_signal(signal.SIGTERM)
     for p in daemons:
