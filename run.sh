@@ -75,12 +75,25 @@ while :; do
   # wait returns >128 when interrupted by a trapped signal while the child still runs.
   kill -0 "$child" 2>/dev/null || break
 done
-if [ "$rc" = 75 ]; then
-  echo "run.sh: preempted; checkpoint written (exit 75)." >&2
-  if [ -n "${SLURM_JOB_ID:-}" ] && [ "${SLURM_PROCID:-0}" = 0 ] && command -v scontrol >/dev/null \
-     && [ "${ANP_REQUEUE:-1}" = 1 ]; then
-    echo "run.sh: requeueing SLURM job $SLURM_JOB_ID" >&2
-    scontrol requeue "$SLURM_JOB_ID" || true
+task="${SLURM_PROCID:-0}"
+if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then
+  # Killed (kill -9, the OOM killer, a crash): say which process of the job is gone. The other
+  # processes then stop within ANP_HEARTBEAT_TIMEOUT (or at once, under srun --kill-on-bad-exit).
+  echo "run.sh: task $task (host $(hostname)): the trainer (pid $child) was killed by signal" \
+       "$((rc - 128)) (SIG$(kill -l $((rc - 128)) 2>/dev/null))." >&2
+elif [ "$rc" = 75 ]; then
+  echo "run.sh: task $task: preempted; checkpoint written (exit 75)." >&2
+  # Every task requeues, not only task 0: under `srun --kill-on-bad-exit` (the example sbatch) the
+  # first task to exit 75 ends the step, and a task 0 still shutting down would be killed before
+  # its requeue. Nothing is lost by requeueing early: a process leaves only after every process
+  # has reached jax.distributed's shutdown barrier, i.e. after the agreed checkpoint is committed.
+  # The first call requeues the job; later ones find it already requeued.
+  if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null && [ "${ANP_REQUEUE:-1}" = 1 ]; then
+    if out=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+      echo "run.sh: task $task: requeued SLURM job $SLURM_JOB_ID" >&2
+    else
+      echo "run.sh: task $task: scontrol requeue $SLURM_JOB_ID: ${out:-failed} (already requeued by another task, or the job is not requeueable: submit with --requeue)" >&2
+    fi
   fi
 fi
 exit "$rc"

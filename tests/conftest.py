@@ -30,6 +30,8 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
+import slurm_cluster  # noqa: E402
+
 from anp_jax.configs import default  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,6 +177,15 @@ def data_dir(tmp_path_factory):
   from anp_jax.data import pipeline
   pipeline.get_builder(tiny_config(path))
   return path
+
+
+@pytest.fixture(scope='module')
+def slurm(tmp_path_factory):
+  """A one-node SLURM cluster (tests/slurm_cluster.py) for the tests of one file: yields (env
+  with SLURM_CONF, its directory); every job cancelled and every daemon stopped afterwards."""
+  directory = tmp_path_factory.mktemp('slurm')
+  with slurm_cluster.cluster(directory) as env:
+    yield env, directory
 
 
 @pytest.fixture(scope='session')
