@@ -304,7 +304,8 @@ def test_quoted_sweep_figures_match_the_committed_results():
   with open(os.path.join(results, 'results.csv')) as f:
     rows = {(int(r['batch']), r['rule'], r['warmup']): r for r in csv.DictReader(f)}
   pct = lambda b, rule='linear', warm='on': f'{100 * float(rows[(b, rule, warm)]["final_top1"]):.1f}'
-  steps = lambda b, warm: rows[(b, 'linear', warm)]['steps_to_target']
+  # Steps to target are interpolated (floats in results.csv); the report and README round them.
+  steps = lambda b, warm: f"{float(rows[(b, 'linear', warm)]['steps_to_target']):.0f}"
   readme = _flat(open(os.path.join(ROOT, 'README.md')).read())
   quoted = [
       f'final ANP top-1 falls from {pct(32)} % (B=32) and {pct(64)} % (64) to {pct(128)} % (128), '
@@ -322,9 +323,9 @@ def test_quoted_sweep_figures_match_the_committed_results():
     assert text in readme, text
   r256, r1024 = rows[(256, 'linear', 'on')], rows[(1024, 'linear', 'on')]
   docstring = _flat(open(os.path.join(ROOT, 'anp_jax', 'configs', 'sweep_cpu.py')).read())
-  assert (f'B=256 reaches it after {r256["steps_to_target"]} steps '
+  assert (f'B=256 reaches it after {float(r256["steps_to_target"]):.0f} steps '
           f'({float(r256["epochs_to_target"]):.1f} epochs) and ends at {pct(256)} %; B=1024 (lr '
-          f'{float(r1024["lr"]):g}) after {r1024["steps_to_target"]} steps '
+          f'{float(r1024["lr"]):g}) after {float(r1024["steps_to_target"]):.0f} steps '
           f'({float(r1024["epochs_to_target"]):.1f} epochs), ending at {pct(1024)} %') in docstring
 
 

@@ -7,8 +7,8 @@ eval images), 2 simulated CPU devices (ghost BN over 16 images, so the smallest 
 two devices and B_simple is measured for every batch), batches 32, 64, ..., 1024, 3 arms, 1 seed —
 18 runs — of 10 epochs each, nesterov, base lr 0.2 per 256, 1 epoch of warmup, cosine decay,
 evaluation every half epoch, target 25 % ANP top-1 (chance 3.1 %). Measured with the linear rule
-and warmup (``experiments/results/bs_sweep_cpu/``): B=256 reaches it after 96 steps (3.1 epochs)
-and ends at 46.6 %; B=1024 (lr 0.8) after 60 steps (8.6 epochs), ending at 26.7 % — the
+and warmup (``experiments/results/bs_sweep_cpu/``): B=256 reaches it after 83 steps (2.7 epochs)
+and ends at 51.1 %; B=1024 (lr 0.8) after 56 steps (7.2 epochs), ending at 29.8 % — the
 large-batch loss of accuracy at a fixed epoch budget, and far from perfect scaling in steps. No
 gradient accumulation: on XLA:CPU the accumulation loop runs ~6x slower per image (115 vs 685
 img/s measured), and 512 per device fits easily.
