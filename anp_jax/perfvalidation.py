@@ -2,7 +2,7 @@
 
 Two experiments (driven by ``experiments/perfmodel_validation.py``):
 
-1. **This machine** (`run_cpu_validation`). Real `anp_jax.train` steps (`train.build(config)`,
+1. **This machine** (`run_cpu_validation`). Real `anp_jax.trainer` steps (`trainer.build(config)`,
    then `Run.train_step` on an in-memory synthetic batch, timed after warm-up, median of several
    steps) for several global batch sizes, on 1, 2, 4 simulated XLA CPU devices (one subprocess
    per device count, since ``--xla_force_host_platform_device_count`` must be set before JAX
@@ -134,7 +134,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from anp_jax import models, train
+  from anp_jax import executors, models, trainer
 
   config = measurement_config(spec)
   ndev, nproc = jax.device_count(), jax.process_count()
@@ -143,7 +143,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
   for b in spec.batches:
     config.batch_size = int(b)
     config.eval_batch_size = ndev * 2
-    run = train.build(config)
+    run = trainer.build(config)
     if workload is None and nproc == 1:  # The FLOP count needs no second process.
       model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
                                   run.meta.num_nouns)
@@ -187,14 +187,14 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
 
   allreduce = []
   if ndev > 1:
-    mesh = train.make_mesh()
-    sharding = NamedSharding(mesh, P(train.AXIS))
+    mesh = executors.make_mesh()
+    sharding = NamedSharding(mesh, P(executors.AXIS))
     for nbytes in spec.allreduce_bytes:
       n = max(1, int(nbytes) // 4)
       local = np.ones((jax.local_device_count(), n), np.float32)
       x = jax.make_array_from_process_local_data(sharding, local)
-      f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, train.AXIS), mesh=mesh,
-                                in_specs=P(train.AXIS), out_specs=P(train.AXIS)))
+      f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, executors.AXIS), mesh=mesh,
+                                in_specs=P(executors.AXIS), out_specs=P(executors.AXIS)))
       jax.block_until_ready(f(x))
       jax.block_until_ready(f(x))
       t = _best_time(lambda: jax.block_until_ready(f(x)), spec.allreduce_repeats)
@@ -668,7 +668,7 @@ def _cpu_section(cpu: dict, measured: dict) -> List[str]:
   spec = measured.get('spec', {})
   lines = ['## 1. Measured vs. predicted on this machine', '',
            f'Model: {spec.get("arch")} width {spec.get("width")} at {spec.get("image_size")} px '
-           f'(synthetic_anp heads), `train.build` + `Run.train_step` on an in-memory batch, '
+           f'(synthetic_anp heads), `trainer.build` + `Run.train_step` on an in-memory batch, '
            f'{spec.get("warmup_steps")} warm-up step(s), median of {spec.get("timed_steps")}. '
            f'Workload (XLA cost analysis of the same Flax model): '
            f'{w["flops_per_image_fwd"] / 1e6:.2f} MFLOP/image forward x 3 for training, '

@@ -31,7 +31,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on this code.
+from anp_jax.errors import EXIT_PREEMPTED, Preempted
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
 # Steps between a stop proposal and the stop: > MAX_IN_FLIGHT + 1 (the most another process can
@@ -41,14 +41,6 @@ STOP_MARGIN = MAX_IN_FLIGHT + 2
 _signal: Optional[int] = None
 _installed = False
 _runs = itertools.count()  # Per-process count of agreements made: the same on every process.
-
-
-class Preempted(SystemExit):
-  """Raised after the preemption checkpoint is written (or between runs); exits 75."""
-
-  def __init__(self, step: Optional[int] = None):
-    super().__init__(EXIT_PREEMPTED)
-    self.step = step
 
 
 def _on_signal(signum, frame):

@@ -9,7 +9,7 @@
   python experiments/report.py DIR                                          # (also run at the end)
 
 The grid is global batch sizes × (scaling rule, warmup) arms × seeds × learning-rate multipliers,
-each trained for the same number of epochs with `anp_jax.train.train_and_evaluate` in
+each trained for the same number of epochs with `anp_jax.trainer.train_and_evaluate` in
 ``DIR/runs/<name>``. Without ``--rules``/``--warmup`` a preset's own arms are used (for ``cpu``
 and ``paper``: linear rule + warmup, linear without warmup, no scaling + warmup — Goyal et al.'s
 comparison); with either, the full product of the two lists. ``--lr_search`` multiplies the
@@ -337,7 +337,7 @@ class Plan:
   """A grid point made concrete: its config and the sizes the trainer will derive."""
   spec: RunSpec
   config: ml_collections.ConfigDict
-  setup: object  # anp_jax.train.Setup
+  setup: object  # anp_jax.setup.Setup
 
 
 @dataclasses.dataclass
@@ -467,12 +467,12 @@ def make_run_config(base, spec: RunSpec, accum_steps: int) -> ml_collections.Con
 def plan_runs(sw: Sweep, devices: Optional[int] = None):
   """(plans, dataset meta): every grid point's config and sizes, checked before any training."""
   import jax
-  from anp_jax import train
   from anp_jax.data import pipeline
+  from anp_jax.setup import resolve_setup, validate_config
   base = sw.base
   devices = jax.device_count() if devices is None else devices
   try:
-    train.validate_config(base)
+    validate_config(base)
   except (ValueError, FileNotFoundError) as e:
     raise SweepError(f'The preset config with your overrides is invalid: {e}') from e
   batches = sorted({s.batch for s in sw.grid})
@@ -501,7 +501,7 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
       accum = int(base.grad_accum_steps)
     config = make_run_config(base, spec, accum)
     try:
-      setup = train.resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
+      setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       unfit[spec.batch] = str(e)
       continue
@@ -691,7 +691,7 @@ def _simulate_cpu_devices(n: int):
 
 def _run_one(plan: Plan, run_dir: str, index: int, count: int, is_main: bool):
   """Trains one grid point (or continues it); records divergence as a finished outcome."""
-  from anp_jax import checkpointing, optim, train
+  from anp_jax import errors, optim, trainer
   spec, setup = plan.spec, plan.setup
   if is_main:
     os.makedirs(run_dir, exist_ok=True)
@@ -712,15 +712,15 @@ def _run_one(plan: Plan, run_dir: str, index: int, count: int, is_main: bool):
     print(f'[{index}/{count}] {spec.name}: {"resuming" if resuming else "training"} — '
           f'{setup.describe()}', flush=True)
   try:
-    result = train.train_and_evaluate(plan.config, run_dir)
-  except train.NonFiniteLossError as e:
+    result = trainer.train_and_evaluate(plan.config, run_dir)
+  except errors.NonFiniteLossError as e:
     if is_main:
       step = max((r['step'] for r in report.read_metrics(run_dir)), default=0)
       _atomic_write(os.path.join(run_dir, 'final_metrics.json'),
                     json.dumps({'diverged': True, 'step': step, 'error': str(e)}, indent=2))
       print(f'[{index}/{count}] {spec.name}: diverged ({e})', flush=True)
     return
-  except checkpointing.Preempted:
+  except errors.Preempted:
     if is_main:
       print(f'[{index}/{count}] {spec.name}: preempted; rerun the same command to continue.',
             flush=True)

@@ -32,7 +32,7 @@ flags.DEFINE_integer('windows', 5, 'Timed windows per contender (alternating con
 flags.DEFINE_integer('steps_per_window', 3, 'Steps per timed window (dispatched asynchronously).')
 flags.DEFINE_integer('loop_steps', 0, 'Timed steps of the full training loop (0: windows x '
                      'steps_per_window).')
-flags.DEFINE_bool('loop', True, 'Also time train.train_and_evaluate (real input pipeline).')
+flags.DEFINE_bool('loop', True, 'Also time trainer.train_and_evaluate (real input pipeline).')
 flags.DEFINE_bool('reference', True, 'Also time a plain jax.jit + optax loop of the same model.')
 flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is installed.')
 flags.DEFINE_bool('cpu_flags', True, "anp_jax's XLA:CPU defaults (anp_jax/xla_flags.py: "

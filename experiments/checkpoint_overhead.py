@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from anp_jax import checkpointing, models, optim, train
+from anp_jax import checkpointing, models, optim, steps
 from anp_jax.configs import default
 
 
@@ -26,7 +26,7 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
   config.optimizer = 'sgd'
   model = models.create_model(config, num_anps, 8, 8)
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
-  state = jax.jit(lambda: train.init_state(model, tx, image_size, 0))()
+  state = jax.jit(lambda: steps.init_state(model, tx, image_size, 0))()
   jax.block_until_ready(state)
   rows = []
   with tempfile.TemporaryDirectory() as workdir:

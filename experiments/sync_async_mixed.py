@@ -5,7 +5,7 @@
   python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
       --nodes 4 --sync_every 1,8 --config.base_lr=0.1
 
-Every run trains with `anp_jax.train.train_and_evaluate` in ``DIR/runs/<name>`` on the generated
+Every run trains with `anp_jax.trainer.train_and_evaluate` in ``DIR/runs/<name>`` on the generated
 ANP dataset, with the same model, schedule, number of epochs and examples per update (the global
 batch of one step):
 
@@ -199,16 +199,16 @@ def resolve(args, overrides):
 
 def plan(base, runs: Sequence[RunSpec], devices: int):
   """Per run: its config and setup, validated (and checked against an existing directory)."""
-  from anp_jax import train
   from anp_jax.data import pipeline
+  from anp_jax.setup import resolve_setup, validate_config
   builder = pipeline.get_builder(base)
   meta = pipeline.dataset_meta(builder, base)
   plans = []
   for spec in runs:
     config = run_config(base, spec)
     try:
-      train.validate_config(config)
-      setup = train.resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
+      validate_config(config)
+      setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       raise ExperimentError(f'Run {spec.name}: {e}') from None
     config.checkpoint_every_steps = setup.steps(1.0, minimum=1)
@@ -294,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from anp_jax import distributed
     distributed.initialize()
     import jax
-    from anp_jax import preemption, train
+    from anp_jax import errors, preemption, trainer
     preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
     base, runs = resolve(args, overrides)
     plans = plan(base, runs, jax.device_count())
@@ -315,8 +315,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if is_main:
       print(f'[{i}/{len(plans)}] {spec.name}: {setup.describe()}', flush=True)
     try:
-      result = train.train_and_evaluate(config, run_dir)
-    except train.NonFiniteLossError as e:
+      result = trainer.train_and_evaluate(config, run_dir)
+    except errors.NonFiniteLossError as e:
       if is_main:
         bss._atomic_write(os.path.join(run_dir, 'final_metrics.json'),
                           json.dumps({'diverged': True, 'error': str(e)}))

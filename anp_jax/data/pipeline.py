@@ -392,16 +392,9 @@ def _split_size(builder, split) -> int:
 # Host → device.
 
 
-def global_batches(ds: Any, sharding: jax.sharding.Sharding, prefetch: int = 2,
-                   to_device=None) -> Iterator[Dict[str, jax.Array]]:
-  """Turns per-process numpy batches into global `jax.Array`s, keeping `prefetch` in flight.
-
-  ``to_device`` overrides the host → device transfer (the pmap executor passes its own).
-  """
-  if to_device is None:
-    def to_device(batch):
-      return jax.tree.map(
-          lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+def global_batches(ds: Any, to_device, prefetch: int = 2) -> Iterator[Dict[str, jax.Array]]:
+  """Turns per-process numpy batches into device arrays with `to_device` (the executor's
+  host → device transfer), keeping `prefetch` transfers in flight."""
   it = iter(tfds.as_numpy(ds))
   queue = []
   for batch in it:

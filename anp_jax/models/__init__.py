@@ -25,7 +25,7 @@ def dtype_error(dtype) -> str:
           + (f' {hint}' if hint else ''))
 
 
-def bn_settings(config, per_device_micro_batch: Optional[int], axis_name: Optional[str]):
+def bn_settings(config, axis_name: Optional[str]):
   """(group_size, axis_name) of every BatchNorm for config.bn_mode, inside a per-device step."""
   mode = config.bn_mode
   if mode == 'global':
@@ -48,7 +48,7 @@ def create_model(config, num_anps: int, num_adjectives: int = 0, num_nouns: int 
   m = config.model
   if m.dtype not in DTYPES:
     raise ValueError(dtype_error(m.dtype))
-  group_size, bn_axis = bn_settings(config, None, axis_name)
+  group_size, bn_axis = bn_settings(config, axis_name)
   conv_impl = None
   if m.get('conv_impl', 'xla') != 'xla':
     from anp_jax.models import conv
