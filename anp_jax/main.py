@@ -10,7 +10,7 @@ import sys
 
 from absl import app, flags, logging
 
-from anp_jax import cli, distributed
+from anp_jax import cli, distributed, runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
@@ -28,6 +28,7 @@ flags.mark_flags_as_required(['workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  runtime.configure()  # Before JAX starts its backend and TensorFlow runs anything.
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the progress bar.
   try:

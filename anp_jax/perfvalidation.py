@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from anp_jax.research import perfmodel as pm
-from anp_jax import plotting
+from anp_jax import plotting, runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -878,4 +878,5 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
 
 
 if __name__ == '__main__':
+  runtime.configure()
   _worker_main()

@@ -41,6 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from anp_jax import runtime
 from anp_jax.research import noise_scale
 from anp_jax.research import perfmodel as pm
 
@@ -885,4 +886,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.configure()
   sys.exit(main())

@@ -31,6 +31,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 
+from anp_jax import reporting
 from anp_jax.errors import EXIT_PREEMPTED, Preempted
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
@@ -87,9 +88,8 @@ def any_process_requested() -> bool:
 def exit_if_requested(what: str = 'the next run') -> None:
   """Between runs: raises `Preempted` (exit 75) on every process if any got the signal."""
   if any_process_requested():
-    if jax.process_index() == 0:
-      print(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the launcher '
-            'requeues the job; rerun the same command to continue.', flush=True)
+    reporting.say(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the '
+                  'launcher requeues the job; rerun the same command to continue.')
     raise Preempted()
 
 

@@ -6,12 +6,9 @@ notebook, call it before the first JAX computation::
 
     import anp_jax.runtime; anp_jax.runtime.configure()
 
-Importing anp_jax changes nothing in the process; `configure` does, explicitly:
+Importing anp_jax only quiets TensorFlow's start-up notices (see `anp_jax/__init__.py`: that
+has to precede every TensorFlow import); `configure` does the rest, explicitly:
 
-* ``TF_CPP_MIN_LOG_LEVEL=2`` and ``TF_ENABLE_ONEDNN_OPTS=0`` unless set: TensorFlow (the input
-  pipeline only) otherwise prints a oneDNN notice, preceded by absl's "All log messages before
-  absl::InitializeLog()", when it is imported; TF_CPP_MIN_LOG_LEVEL alone does not silence it.
-  oneDNN speeds up TF's matmuls/convolutions, which the input pipeline does not run.
 * The XLA:CPU defaults of `anp_jax.xla_flags` (convolutions through Eigen, not YNNPACK) in
   ``XLA_FLAGS``: XLA reads them when JAX starts its first backend, so later calls have no
   effect; ``ANP_XLA_CPU_DEFAULTS=0`` turns them off. Subprocesses inherit the environment.
@@ -19,15 +16,11 @@ Importing anp_jax changes nothing in the process; `configure` does, explicitly:
   that JAX needs. This imports TensorFlow, after the variables above are set.
 """
 
-import os
-
 from anp_jax import xla_flags
 
 
 def configure(tensorflow: bool = True) -> None:
   """Sets up this process for anp_jax (see the module docstring); safe to call again."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
   xla_flags.apply_cpu_defaults()
   if tensorflow:
     hide_gpus_from_tensorflow()

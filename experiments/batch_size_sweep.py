@@ -97,7 +97,7 @@ for _p in (ROOT, HERE):  # Runnable as `python experiments/batch_size_sweep.py` 
 import ml_collections  # noqa: E402
 
 import report  # noqa: E402  (experiments/report.py: metrics reader and the report itself)
-from anp_jax import cli  # noqa: E402  (no JAX)
+from anp_jax import cli, runtime  # noqa: E402  (no JAX)
 from anp_jax.research import noise_scale  # noqa: E402  (pure Python, no JAX)
 
 
@@ -814,4 +814,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.configure()
   sys.exit(main())

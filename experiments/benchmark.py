@@ -55,7 +55,8 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the table.
-  from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
+  from anp_jax import benchmarking, distributed, runtime, xla_flags
+  runtime.configure()  # The XLA:CPU defaults, before JAX starts.
   if not FLAGS.cpu_flags:
     xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
   if FLAGS.scaling:

@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from anp_jax import checkpointing, models, optim, steps
+from anp_jax import checkpointing, models, optim, runtime, steps
 from anp_jax.configs import default
 
 
@@ -59,4 +59,5 @@ def main():
 
 
 if __name__ == '__main__':
+  runtime.configure()
   main()

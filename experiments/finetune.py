@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from anp_jax import transfer  # noqa: E402
+from anp_jax import runtime, transfer  # noqa: E402
 
 
 def main(argv=None):
@@ -43,4 +43,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  runtime.configure()
   main()

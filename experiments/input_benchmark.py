@@ -118,4 +118,6 @@ def main():
 
 
 if __name__ == '__main__':
+  from anp_jax import runtime
+  runtime.configure()
   main()

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from anp_jax import perfvalidation  # noqa: E402
+from anp_jax import perfvalidation, runtime  # noqa: E402
 
 
 def _ints(text):
@@ -69,4 +69,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  runtime.configure()
   sys.exit(main())

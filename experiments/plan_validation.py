@@ -29,7 +29,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from anp_jax.research import perfmodel as pm  # noqa: E402
-from anp_jax import plan, plotting  # noqa: E402
+from anp_jax import plan, plotting, runtime  # noqa: E402
 
 SWEEP = os.path.join(HERE, 'results', 'bs_sweep_cpu', 'results.json')
 # A pilot run with the current trainer (metrics.jsonl + config.json copied from its workdir).
@@ -321,4 +321,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.configure()
   sys.exit(main())

@@ -55,7 +55,7 @@ for _p in (ROOT, HERE):
 
 import ml_collections  # noqa: E402
 
-from anp_jax import plotting  # noqa: E402
+from anp_jax import plotting, runtime  # noqa: E402
 
 import batch_size_sweep as bss  # noqa: E402  (config presets, overrides, resumable-run checks)
 import report  # noqa: E402
@@ -335,4 +335,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.configure()
   sys.exit(main())

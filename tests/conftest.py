@@ -30,7 +30,10 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
+from anp_jax import runtime  # noqa: E402
 from anp_jax.configs import default, tiny  # noqa: E402
+
+runtime.configure()  # As every entry point: XLA:CPU flags, TensorFlow off the GPU.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, 'tests')

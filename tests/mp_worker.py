@@ -10,13 +10,16 @@ import hashlib
 import json
 import os
 
-from anp_jax import distributed, trainer
+from anp_jax import distributed, runtime
 
+runtime.configure()
 distributed.initialize()  # Before any other JAX call.
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+
+from anp_jax import trainer  # noqa: E402
 
 from anp_jax import trainer  # noqa: E402
 

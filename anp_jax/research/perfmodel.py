@@ -39,6 +39,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from anp_jax import runtime
 from anp_jax.research.async_sim import (AsyncSimResult, require_non_negative,  # noqa: F401
                                         require_positive, simulate_async, staleness_sampler)
 
@@ -1119,4 +1120,5 @@ def _method_line(predictions, widest) -> str:
 
 
 if __name__ == '__main__':
+  runtime.configure(tensorflow=False)
   sys.exit(main())
