@@ -182,9 +182,9 @@ def _announce(run: Run) -> None:
     reporting.say(f'anp_jax | {run.executor.describe}')
   unmeasurable = (run.config.noise_scale
                   and noise_scale.unmeasurable_reason(run.config.bn_mode, run.setup.devices))
-  if unmeasurable:
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.',
-                  logging.WARNING)
+  if unmeasurable:  # Logged as a warning by every process; the terminal line on process 0.
+    logging.warning('Noise scale not measured: %s.', unmeasurable)
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.')
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
