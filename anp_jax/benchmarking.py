@@ -3,12 +3,12 @@
 `experiments/benchmark.py` is the command line; everything it does lives here so that tests and
 notebooks can call it. What is measured (all on the devices of this job, after warm-up):
 
-* ``bare``: the framework's own compiled train step (`train.make_executor`, i.e. `jax.jit` of the
-  `shard_map`-ped per-device step, state donated) on one fixed in-memory batch. Compile time is
+* ``bare``: the framework's own compiled train step (`executors.make_executor`, i.e. `jax.jit` of
+  the `shard_map`-ped per-device step, state donated) on one fixed in-memory batch. Compile time is
   measured separately (``lower().compile()``); throughput comes from timed *windows* of several
   asynchronously dispatched steps ended by one `block_until_ready`, so host dispatch overlaps
   device work exactly as in training; the spread is over windows.
-* ``loop``: the full training loop, `train.train_and_evaluate`, with the real input pipeline
+* ``loop``: the full training loop, `trainer.train_and_evaluate`, with the real input pipeline
   (tf.data), metric fetches, logging, the NaN guard and the config's checkpoint cadence. Its
   steady-state rate is read from the ``time`` stamps of its own ``metrics.jsonl``: the lines are
   written right after a metric fetch (a device sync), so (steps between the first and last train
@@ -231,21 +231,21 @@ class BareStep:
 
 
 def build_bare_step(config, seed: int = 0) -> BareStep:
-  """`train.make_executor`'s jitted step for `config` on the devices of this job (no dataset)."""
+  """`executors.make_executor`'s jitted step for `config` on this job's devices (no dataset)."""
   import jax
-  from anp_jax import models, optim, train
-  train.validate_config(config)
+  from anp_jax import executors, models, optim, setup as run_setup
+  run_setup.validate_config(config)
   sizes = head_sizes(config)
   # Sizes of the (unread) splits, only used to derive the schedule: 10,000 steps per epoch keeps
   # every schedule boundary (epochs x steps) well inside int32.
   big = int(config.batch_size) * 10_000
-  setup = train.resolve_setup(config, big, big)
-  mesh = train.make_mesh()
+  setup = run_setup.resolve_setup(config, big, big)
+  mesh = executors.make_mesh()
   model = models.create_model(config, sizes['anp'], sizes['adjective'], sizes['noun'],
-                              axis_name=train.AXIS)
+                              axis_name=executors.AXIS)
   schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
   tx = optim.create_optimizer(config, schedule)
-  executor = train.make_executor(config, model, tx, setup, mesh)
+  executor = executors.make_executor(config, model, tx, setup, mesh)
   state = executor.init()
   jax.block_until_ready(state)
   per_process = config.batch_size // jax.process_count()
@@ -341,7 +341,7 @@ def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
 
 
 def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str, Any]:
-  """Runs `train.train_and_evaluate` and reads its steady-state rate from metrics.jsonl.
+  """Runs `trainer.train_and_evaluate` and reads its steady-state rate from metrics.jsonl.
 
   The config's logging cadence L = ``log_every_steps`` is kept (a metric fetch syncs host and
   device, so the cadence is part of what the loop costs): the run lasts L + ceil(steps / L) * L
@@ -349,7 +349,7 @@ def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str,
   before it) to the last. Evaluation runs only at the end (after the window); the config's
   checkpoint cadence is kept.
   """
-  from anp_jax import train
+  from anp_jax import trainer
   c = config.copy_and_resolve_references()
   every = max(1, int(c.log_every_steps))
   c.num_train_steps = every * (1 + max(1, -(-steps // every)))
@@ -359,7 +359,7 @@ def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str,
     if workdir is None:
       workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='anp_bench_'))
     t0 = time.perf_counter()
-    train.train_and_evaluate(c, workdir)
+    trainer.train_and_evaluate(c, workdir)
     wall = time.perf_counter() - t0
     out = _loop_rate(workdir, c.batch_size)
   out['wall_s'] = wall
@@ -480,7 +480,7 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   result['loop'] = None
   if loop:
     loop_steps = loop_steps or windows * steps_per_window
-    progress(f'training loop: {loop_steps} steps of train.train_and_evaluate...')
+    progress(f'training loop: {loop_steps} steps of trainer.train_and_evaluate...')
     lr = measure_loop(config, loop_steps, workdir)
     progress(f'training loop: {lr["images_per_s"]:.1f} img/s; timing the bare step again')
     # The loop cannot alternate with the bare step window by window; time the bare step again

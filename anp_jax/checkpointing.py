@@ -23,13 +23,9 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 import jax
-import numpy as np
+import ml_collections
 
-from anp_jax import preemption
-from anp_jax.preemption import EXIT_PREEMPTED, Preempted  # noqa: F401  (re-exported)
-
-EXIT_DIVERGED = 3
-EXIT_CONFIG = 2
+from anp_jax import preemption, reporting
 
 # Config fields that must match for a checkpoint to be restorable into this run. The data
 # position is a function of the step and the batch size (see `anp_jax.data.pipeline`), so a
@@ -51,7 +47,8 @@ IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze
                           'backbone_lr_multiplier')
 
 
-def _get(config, dotted: str):
+def get_field(config, dotted: str):
+  """``config.a.b`` for ``'a.b'``; None where a part is absent (configs of older versions)."""
   node = config
   for part in dotted.split('.'):
     node = node.get(part) if hasattr(node, 'get') else None
@@ -60,7 +57,7 @@ def _get(config, dotted: str):
 
 def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share."""
-  out = {k: _get(config, k) for k in IDENTITY_FIELDS}
+  out = {k: get_field(config, k) for k in IDENTITY_FIELDS}
   for k, default in IDENTITY_DEFAULTS.items():
     out[k] = default if out[k] is None else out[k]
   out.update(extra or {})
@@ -70,7 +67,7 @@ def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 class Checkpointer:
   """Owns the orbax managers, the save cadence and the preemption flag of one run."""
 
-  def __init__(self, workdir: str, config, mesh=None, identity_extra=None):
+  def __init__(self, workdir: str, config, identity_extra=None):
     import orbax.checkpoint as ocp
     self._ocp = ocp
     self.config = config
@@ -78,20 +75,19 @@ class Checkpointer:
     # state of another layout would otherwise fail to restore and look like a corrupt file).
     self.identity_extra = dict(identity_extra or {})
     self.directory = os.path.join(workdir, 'checkpoints')
-    self.every_steps = int(config.get('checkpoint_every_steps', 0) or 0)
-    self.every_s = float(config.get('checkpoint_every_minutes', 0) or 0) * 60
+    self.every_steps = int(config.checkpoint_every_steps)  # 0 disables.
+    self.every_s = float(config.checkpoint_every_minutes) * 60
     self._last_save_time = time.time()
     self._agreement = preemption.StepAgreement()  # Installs the signal handler (once).
-    self._mesh = mesh
     self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=int(config.get('keep_checkpoints', 3)),
-        enable_async_checkpointing=bool(config.get('async_checkpointing', True)),
+        max_to_keep=int(config.keep_checkpoints),
+        enable_async_checkpointing=bool(config.async_checkpointing),
         create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
-    self.best_metric = config.get('keep_best_metric', '')
+    self.best_metric = config.keep_best_metric
     self.best_manager = None
     if self.best_metric:
       metric = self.best_metric
@@ -119,9 +115,9 @@ class Checkpointer:
 
   # -- save / restore --------------------------------------------------------------------------
 
-  def save(self, step: int, state, host_state=None):
-    """Saves `state` (all processes must call). `host_state` replaces it for pmap states."""
-    args = self._save_args(step, host_state if host_state is not None else state)
+  def save(self, step: int, state):
+    """Saves `state`, a pytree of arrays (all processes must call)."""
+    args = self._save_args(step, state)
     if self.manager.latest_step() != step:
       try:
         self.manager.save(step, args=args)
@@ -130,13 +126,12 @@ class Checkpointer:
       self._last_saved_step = step
     self._last_save_time = time.time()
 
-  def save_best(self, step: int, state, eval_metrics: Dict[str, float], host_state=None):
+  def save_best(self, step: int, state, eval_metrics: Dict[str, float]):
     """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
     if self.best_manager is None or self.best_metric not in eval_metrics:
       return
     value = float(eval_metrics[self.best_metric])
-    args = self._save_args(step, host_state if host_state is not None else state,
-                           **{self.best_metric: value})
+    args = self._save_args(step, state, **{self.best_metric: value})
     self.best_manager.save(step, args=args,
                            metrics={self.best_metric: value})
 
@@ -148,16 +143,10 @@ class Checkpointer:
             'process_count': jax.process_count(), 'device_count': jax.device_count(), **extra}
     return ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
 
-  def _abstract(self, state):
-    def leaf(x):
-      sharding = getattr(x, 'sharding', None)
-      if self._mesh is not None:
-        sharding = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
-      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-    return jax.tree.map(leaf, state)
-
   def restore_latest(self, target) -> Tuple[Any, int]:
-    """Restores the newest readable checkpoint into `target`'s structure and shardings.
+    """Restores the newest readable checkpoint into `target`, an abstract pytree (shape, dtype
+    and sharding per leaf: the executor's `restore_target`, so that a state saved on other
+    devices lands on this run's mesh).
 
     Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones.
     """
@@ -169,17 +158,17 @@ class Checkpointer:
         with open(meta_path) as f:
           meta = json.load(f)
       except (OSError, ValueError) as e:
-        logging.warning('Checkpoint %d has unreadable metadata (%s); trying an older one.',
-                        step, e)
-        _warn(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older one.')
+        reporting.say(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older '
+                      'one.', logging.WARNING)
         continue
       self._check_identity(meta, step)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(self._abstract(target))))
+            state=ocp.args.StandardRestore(target)))
       except Exception as e:  # Corrupt or truncated files.
-        _warn(f'WARNING: checkpoint {step} could not be restored ({type(e).__name__}: {e}); '
-              'falling back to an older one.')
+        reporting.say(f'WARNING: checkpoint {step} could not be restored '
+                      f'({type(e).__name__}: {e}); falling back to an older one.',
+                      logging.WARNING)
         continue
       return restored['state'], step
     return target, 0
@@ -189,26 +178,11 @@ class Checkpointer:
     current = identity(self.config, self.identity_extra)
     diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
             and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
-            and not (k in IDENTITY_TRAINING_ONLY and self.config.get('eval_only', False))}
+            and not (k in IDENTITY_TRAINING_ONLY and self.config.eval_only)}
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
       raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '
                        f'configuration ({detail}). Use a fresh --workdir or the matching config.')
-
-  def restore_or_init(self, state, executor) -> Tuple[Any, int]:
-    """Continues from the latest checkpoint when there is one; else returns `state`, 0."""
-    if executor.kind == 'pmap':
-      host = jax.device_get(executor.unreplicate(state))
-      restored, step = self.restore_latest(host)
-      if step:
-        state = jax.pmap(lambda t: t)(jax.tree.map(
-            lambda x: np.broadcast_to(np.asarray(x), (jax.local_device_count(),) + x.shape),
-            restored))
-    else:
-      state, step = self.restore_latest(state)
-    if step and jax.process_index() == 0:
-      print(f'Resumed from checkpoint at step {step} in {self.directory}', flush=True)
-    return state, step
 
   def _save_error(self, step, error) -> OSError:
     good = [s for s in self.manager.all_steps() if s != step]
@@ -276,39 +250,23 @@ def make_workdir(workdir: str, is_main: bool) -> None:
     raise PermissionError(f'The workdir {workdir!r} is not writable: {e}') from e
 
 
-def _warn(message: str):
-  logging.warning(message)
-  if jax.process_index() == 0:
-    print(message, flush=True)
+def restore_state(workdir: str, step: Optional[int] = None):
+  """(config, state) of a workdir's checkpoint (the latest, or `step`), on the default device.
 
-
-def load_checkpoint(workdir: str, step: Optional[int] = None):
-  """For IPython: ``model, variables, config = load_checkpoint(workdir)``.
-
-  Rebuilds the model from ``workdir/config.json`` and restores params + BN statistics on the
-  default device (no mesh needed).
+  The state is the plain pytree that was saved (nested dicts of arrays, no executor layout);
+  the config is ``workdir/config.json``.
   """
-  import ml_collections
   import orbax.checkpoint as ocp
-  from anp_jax import models
-  from anp_jax.data import pipeline
-
   workdir = os.path.abspath(os.path.expanduser(workdir))  # orbax needs absolute paths.
   with open(os.path.join(workdir, 'config.json')) as f:
     config = ml_collections.ConfigDict(json.load(f))
-  meta = pipeline.dataset_meta(pipeline.get_builder(config), config)
-  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
   directory = os.path.join(workdir, 'checkpoints')
   with ocp.CheckpointManager(directory) as manager:
     step = manager.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f'No checkpoint in {directory}.')
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  state = restored['state']
-  variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
-  if config.get('method', 'sync') == 'local_sgd':  # One replica per node: their average.
-    variables = jax.tree.map(lambda x: np.mean(np.asarray(x), axis=0), variables)
-  return model, variables, config
+  return config, restored['state']
 
 
 def remove_incomplete(directory: str):

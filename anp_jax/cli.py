@@ -15,7 +15,9 @@ import runpy
 import sys
 from typing import Callable, List, Sequence
 
-EXIT_USAGE = 2  # The documented exit code of bad config, input or environment.
+from anp_jax import errors
+
+EXIT_USAGE = errors.EXIT_CONFIG  # The documented exit code of bad config, input or environment.
 
 
 def config_fields(config, prefix: str = '') -> List[str]:

@@ -1,8 +1,8 @@
 """Entry point: `python -m anp_jax.main --config=anp_jax/configs/default.py --workdir=DIR`.
 
 Thin on purpose: flags → `distributed.initialize()` (before any other JAX call) →
-`train.train_and_evaluate(config, workdir)`. Exit codes: 0 done, 2 bad config/input,
-3 diverged (NaN/Inf loss), 75 preempted (checkpoint written; requeue).
+`trainer.train_and_evaluate(config, workdir)`. Exit codes (`anp_jax.errors`): 0 done, 2 bad
+config/input, 3 diverged (NaN/Inf loss), 75 preempted (checkpoint written; requeue).
 """
 
 import os
@@ -10,7 +10,7 @@ import sys
 
 from absl import app, flags, logging
 
-from anp_jax import cli, distributed
+from anp_jax import cli, distributed, runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
@@ -28,6 +28,7 @@ flags.mark_flags_as_required(['workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  runtime.configure()  # Before JAX starts its backend and TensorFlow runs anything.
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the progress bar.
   try:
@@ -36,18 +37,18 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
-  from anp_jax import checkpointing, preemption, train
+  from anp_jax import errors, preemption, trainer
   preemption.install()  # A signal during set-up or compilation still gives a checkpoint + 75.
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
   try:
-    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except train.NonFiniteLossError as e:
+    result = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except errors.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
-    return checkpointing.EXIT_DIVERGED
+    return errors.EXIT_DIVERGED
   except (ValueError, OSError) as e:  # Bad config/input, unwritable workdir, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
-    return checkpointing.EXIT_CONFIG
+    return errors.EXIT_CONFIG
   if jax.process_index() == 0 and result.final_eval:
     fe = result.final_eval
     print(f'Done in {result.wall_time_s / 60:.1f} min: ANP top-1 {100 * fe["eval/anp_top1"]:.2f}% '

@@ -98,7 +98,7 @@ def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransfor
         optax.scale_by_learning_rate(schedule))
   else:
     raise ValueError(f'config.optimizer={name!r}; choose one of {OPTIMIZERS}.')
-  if config.get('grad_clip_norm', 0.0):
+  if config.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
   return tx
 

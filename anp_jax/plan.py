@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from anp_jax import cli
+from anp_jax import cli, runtime
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import plan as planner
 
@@ -52,6 +52,7 @@ _PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'rule', 'warmup', 'use', 'c
 
 
 def main(argv) -> int:
+  runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:

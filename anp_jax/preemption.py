@@ -31,7 +31,8 @@ from typing import Any, Optional, Tuple
 
 import jax
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again" — run.sh requeues the job on this code.
+from anp_jax import reporting
+from anp_jax.errors import EXIT_PREEMPTED, Preempted
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
 # Steps between a stop proposal and the stop: > MAX_IN_FLIGHT + 1 (the most another process can
@@ -41,14 +42,6 @@ STOP_MARGIN = MAX_IN_FLIGHT + 2
 _signal: Optional[int] = None
 _installed = False
 _runs = itertools.count()  # Per-process count of agreements made: the same on every process.
-
-
-class Preempted(SystemExit):
-  """Raised after the preemption checkpoint is written (or between runs); exits 75."""
-
-  def __init__(self, step: Optional[int] = None):
-    super().__init__(EXIT_PREEMPTED)
-    self.step = step
 
 
 def _on_signal(signum, frame):
@@ -95,9 +88,8 @@ def any_process_requested() -> bool:
 def exit_if_requested(what: str = 'the next run') -> None:
   """Between runs: raises `Preempted` (exit 75) on every process if any got the signal."""
   if any_process_requested():
-    if jax.process_index() == 0:
-      print(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the launcher '
-            'requeues the job; rerun the same command to continue.', flush=True)
+    reporting.say(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the '
+                  'launcher requeues the job; rerun the same command to continue.')
     raise Preempted()
 
 

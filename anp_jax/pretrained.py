@@ -46,7 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from anp_jax import optim
+from anp_jax import optim, runtime
 from anp_jax.models import resnet
 
 TORCH_EXTENSIONS = ('.pth', '.pt')
@@ -587,4 +587,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.configure(tensorflow=False)
   raise SystemExit(main())

@@ -1,40 +1,29 @@
-"""Metric writers (TensorBoard + JSONL) and a terminal progress bar; process 0 writes."""
+"""What the user sees of a run: terminal lines, the progress bar, curves and atomic JSON files.
+
+Process 0 writes; the metric writers and the metrics.jsonl reader are in `anp_jax.metrics`.
+`say` is the one way the library writes a line for the user: it is logged (absl logging, every
+process) and, on process 0, printed to stdout, where the progress bar (stderr) leaves room for
+it. Diagnostics that the user need not read go to logging alone.
+"""
 
 import json
+import logging
 import math
 import os
 import sys
 import time
-from typing import Dict, Mapping, Optional
+from typing import Dict, Optional
 
 import jax
-from clu import metric_writers
 
 from anp_jax import plotting
 
 
-class MetricWriter:
-  """TensorBoard event files + ``metrics.jsonl`` in the workdir, on process 0 only."""
-
-  def __init__(self, workdir: str, enabled: Optional[bool] = None):
-    self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self._tb = metric_writers.create_default_writer(
-        workdir, just_logging=not self.enabled, asynchronous=False)
-    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a') if self.enabled else None
-
-  def write(self, step: int, metrics: Mapping[str, float]):
-    if not self.enabled:
-      return
-    scalars = {k: float(v) for k, v in metrics.items()}
-    self._tb.write_scalars(step, scalars)
-    self._jsonl.write(json.dumps({'step': int(step), 'time': time.time(), **scalars}) + '\n')
-    self._jsonl.flush()
-
-  def close(self):
-    if self.enabled:
-      self._tb.flush()
-      self._jsonl.close()
-    self._tb.close()
+def say(message: str, level: int = logging.INFO) -> None:
+  """Logs `message` and, on process 0, prints it to stdout (the run's report to the user)."""
+  logging.log(level, message)
+  if jax.process_index() == 0:
+    print(message, flush=True)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -106,12 +95,13 @@ class ProgressBar:
       self.stream.flush()
 
 
-def plot_history(history, path: str) -> str:
-  """Training loss and evaluation top-1 / top-5 against epochs, as one PNG."""
+def plot_curves(records, path: str) -> str:
+  """Training loss and evaluation top-1 / top-5 against epochs (from the logged `records`), as
+  one PNG."""
   plt = plotting.pyplot()
 
-  train = [h for h in history if 'train/loss' in h]
-  evals = [h for h in history if 'eval/anp_top1' in h]
+  train = [h for h in records if 'train/loss' in h]
+  evals = [h for h in records if 'eval/anp_top1' in h]
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
   if train:
     ax_loss.plot([h['train/epoch'] for h in train], [h['train/loss'] for h in train], '-o', ms=2)

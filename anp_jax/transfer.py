@@ -1,6 +1,6 @@
 """Pre-train on one ANP task, fine-tune on another: does ``config.init_from`` pay off?
 
-`run` trains three runs with `train.train_and_evaluate` (the library behind
+`run` trains three runs with `trainer.train_and_evaluate` (the library behind
 ``experiments/finetune.py``):
 
 1. ``pretrain``: a model on task A (generated ``synthetic_anp`` pairs of one seed);
@@ -68,12 +68,12 @@ def task_config(preset: str, task: str, steps: int, data_dir: str, **overrides):
 
 
 def _train(config, workdir: str, every_steps: int):
-  from anp_jax import train
-  run = train.build(config)  # Only for the epoch length: evaluation is given in epochs.
+  from anp_jax import trainer
+  run = trainer.build(config)  # Only for the epoch length: evaluation is given in epochs.
   config.eval_every_epochs = every_steps / run.setup.steps_per_epoch
   t = time.time()
-  result = train.train_and_evaluate(config, workdir)
-  curve = [(0, None)] + [(h['step'], h[METRIC]) for h in result.history if METRIC in h]
+  result = trainer.train_and_evaluate(config, workdir)
+  curve = [(0, None)] + [(h['step'], h[METRIC]) for h in result.records if METRIC in h]
   return {'curve': [(s, a) for s, a in curve if a is not None], 'final': result.final_eval,
           'wall_s': time.time() - t, 'init_report': run.init.report if run.init else ''}
 

@@ -1,8 +1,8 @@
-"""XLA:CPU defaults that anp_jax sets in ``XLA_FLAGS`` when it is imported.
+"""XLA:CPU defaults that anp_jax sets in ``XLA_FLAGS`` (`anp_jax.runtime.configure`).
 
 XLA reads ``XLA_FLAGS`` when JAX starts its first backend (the first ``jax.devices()`` or
-computation), not at ``import jax``, so importing anp_jax first is enough; afterwards the flags have
-no effect. What is set and why:
+computation), not at ``import jax``, so `apply_cpu_defaults` must run before that; afterwards the
+flags have no effect. What is set and why:
 
 * ``--xla_cpu_experimental_ynn_fusion_type=individual_dot``: jaxlib 0.10 sends convolutions to
   YNNPACK by default, whose filter-gradient convolution (a "kernel" as large as the image, a 3x3
@@ -54,7 +54,7 @@ def apply_cpu_defaults(environ: MutableMapping[str, str] = os.environ,
 
 def disable_cpu_defaults(environ: MutableMapping[str, str] = os.environ) -> str:
   """Removes the `CPU_DEFAULTS` (exact flag=value) from XLA_FLAGS and sets the opt-out, so that
-  subprocesses importing anp_jax do not add them back. Returns the resulting XLA_FLAGS."""
+  subprocesses calling `anp_jax.runtime.configure` do not add them back. Returns the resulting XLA_FLAGS."""
   environ[OPT_OUT] = '0'
   kept = [f for f in environ.get('XLA_FLAGS', '').split() if f not in CPU_DEFAULTS]
   environ['XLA_FLAGS'] = ' '.join(kept)

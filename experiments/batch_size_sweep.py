@@ -11,7 +11,7 @@
 Thin on purpose: the grid, the runner and the results are `anp_jax.research.sweep` (tested there).
 
 The grid is global batch sizes × (scaling rule, warmup) arms × seeds × learning-rate multipliers,
-each trained for the same number of epochs with `anp_jax.train.train_and_evaluate` in
+each trained for the same number of epochs with `anp_jax.trainer.train_and_evaluate` in
 ``DIR/runs/<name>``. Without ``--rules``/``--warmup`` a preset's own arms are used (for ``cpu``
 and ``paper``: linear rule + warmup, linear without warmup, no scaling + warmup — Goyal et al.'s
 comparison); with either, the full product of the two lists. ``--lr_search`` multiplies the
@@ -59,11 +59,13 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 
 import sys
 
+from anp_jax import runtime
 from anp_jax.research import sweep, sweep_report
 
 
 def main(argv=None) -> int:
   """Runs the sweep of `argv` (default: the command line); 2 on bad input."""
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
   return sweep.main(argv, make_report=sweep_report.make_report, doc=__doc__)
 

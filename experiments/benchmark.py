@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags
 
-from anp_jax import cli
+from anp_jax import cli, runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +31,7 @@ flags.DEFINE_integer('windows', 5, 'Timed windows per contender (alternating con
 flags.DEFINE_integer('steps_per_window', 3, 'Steps per timed window (dispatched asynchronously).')
 flags.DEFINE_integer('loop_steps', 0, 'Timed steps of the full training loop (0: windows x '
                      'steps_per_window).')
-flags.DEFINE_bool('loop', True, 'Also time train.train_and_evaluate (real input pipeline).')
+flags.DEFINE_bool('loop', True, 'Also time trainer.train_and_evaluate (real input pipeline).')
 flags.DEFINE_bool('reference', True, 'Also time a plain jax.jit + optax loop of the same model.')
 flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is installed.')
 flags.DEFINE_bool('cpu_flags', True, "anp_jax's XLA:CPU defaults (anp_jax/xla_flags.py: "
@@ -50,6 +50,7 @@ def _progress(message: str):
 
 
 def main(argv):
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.

@@ -15,7 +15,7 @@ import time
 import jax
 from absl import app, flags
 
-from anp_jax import checkpointing, cli, models, optim, train
+from anp_jax import checkpointing, cli, models, optim, runtime, steps
 from anp_jax.configs import default
 
 FLAGS = flags.FLAGS
@@ -30,7 +30,7 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
   config.optimizer = 'sgd'
   model = models.create_model(config, num_anps, 8, 8)
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
-  state = jax.jit(lambda: train.init_state(model, tx, image_size, 0))()
+  state = jax.jit(lambda: steps.init_state(model, tx, image_size, 0))()
   jax.block_until_ready(state)
   rows = []
   with tempfile.TemporaryDirectory() as workdir:
@@ -52,6 +52,7 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
 
 
 def main(argv):
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   for name in FLAGS.models:

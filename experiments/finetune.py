@@ -14,7 +14,7 @@ import time
 
 from absl import app, flags
 
-from anp_jax import cli, transfer
+from anp_jax import cli, runtime, transfer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('out', None, 'Directory for curves.png, summary.md and results.json.',
@@ -28,6 +28,7 @@ flags.DEFINE_float('backbone_lr_multiplier', 1.0, 'config.backbone_lr_multiplier
 
 
 def main(argv):
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   t = time.time()

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from anp_jax import cli
+from anp_jax import cli, runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('data_dir', None, 'A prepared `anp` dataset (default: generate a folder of '
@@ -71,15 +71,16 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
   """ResNet-50 training images/s on this CPU (jitted step, synthetic batch, after compile)."""
   import jax
   import jax.numpy as jnp
-  from anp_jax import models, optim, train
+  from anp_jax import models, optim
+  from anp_jax.steps import init_state, per_device_train_step
   from anp_jax.configs import musa2_resnet50
   config = musa2_resnet50.get_config()
   config.model.dtype = 'float32'
   config.bn_mode = 'global'
   model = models.create_model(config, 553, 117, 167, axis_name=None)
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
-  state = train.init_state(model, tx, 224, 0)
-  step = jax.jit(lambda s, b: train.per_device_train_step(
+  state = init_state(model, tx, 224, 0)
+  step = jax.jit(lambda s, b: per_device_train_step(
       s, b, model=model, tx=tx, config=config, accum_steps=1, num_devices=1, axis_name=None))
   b = {'image': jnp.zeros((batch, 224, 224, 3)), 'mask': jnp.ones(batch),
        **{k: jnp.zeros(batch, jnp.int32) for k in ('label_anp', 'label_adjective', 'label_noun')}}
@@ -93,6 +94,7 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
 
 
 def main(argv):
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   args = FLAGS

@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags
 
-from anp_jax import cli
+from anp_jax import cli, runtime
 from anp_jax.research import perfmodel as pm
 
 FLAGS = flags.FLAGS
@@ -68,6 +68,7 @@ flags.DEFINE_integer('seed', 0, 'Seed of the asynchronous simulation.')
 
 
 def main(argv) -> int:
+  runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   # Every argument of `prediction_report` is the flag of the same name (with dashes).

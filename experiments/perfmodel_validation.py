@@ -4,7 +4,7 @@
   .venv/bin/python experiments/perfmodel_validation.py --out /tmp/perfval --quick   # CI-sized, < 1 min
   .venv/bin/python experiments/perfmodel_validation.py --out DIR --parts paper      # model only, seconds
 
-Experiment 1 ('cpu') times real `anp_jax.train` steps on 1, 2, 4 simulated CPU devices and on 2
+Experiment 1 ('cpu') times real `anp_jax.trainer` steps on 1, 2, 4 simulated CPU devices and on 2
 processes over 127.0.0.1 (gloo), measures the all-reduce with a psum micro-benchmark, calibrates
 the CPU device on ONE measured point and predicts every other point. Experiment 2 ('paper') puts
 the seed paper's MinoTauro (4 K80 dies per node) into the model and compares with the published
@@ -19,7 +19,7 @@ import sys
 from absl import app, flags
 
 import perfmodel_validation_lib as validation
-from anp_jax import cli
+from anp_jax import cli, runtime
 from anp_jax.research import perfvalidation
 
 FLAGS = flags.FLAGS
@@ -41,6 +41,7 @@ flags.DEFINE_bool('reuse', False, 'Keep earlier measure_*.json in --out taken wi
 
 
 def main(argv) -> int:
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:

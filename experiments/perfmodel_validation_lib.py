@@ -237,7 +237,7 @@ def _cpu_section(cpu: dict, measured: dict) -> List[str]:
   spec = measured.get('spec', {})
   lines = ['## 1. Measured vs. predicted on this machine', '',
            f'Model: {spec.get("arch")} width {spec.get("width")} at {spec.get("image_size")} px '
-           f'(synthetic_anp heads), `train.build` + `Run.train_step` on an in-memory batch, '
+           f'(synthetic_anp heads), `trainer.build` + `Run.train_step` on an in-memory batch, '
            f'{spec.get("warmup_steps")} warm-up step(s), median of {spec.get("timed_steps")}. '
            f'Workload (XLA cost analysis of the same Flax model): '
            f'{w["flops_per_image_fwd"] / 1e6:.2f} MFLOP/image forward x 3 for training, '

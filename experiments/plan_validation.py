@@ -23,7 +23,7 @@ import os
 
 from absl import app, flags
 
-from anp_jax import cli, plotting
+from anp_jax import cli, plotting, runtime
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import plan
 
@@ -300,6 +300,7 @@ flags.DEFINE_string('out', os.path.join(HERE, 'results', 'plan_validation'),
 
 
 def main(argv) -> int:
+  runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   out = FLAGS.out

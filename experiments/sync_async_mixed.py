@@ -10,7 +10,7 @@ each arm at its own best learning rate.
 Thin on purpose: the logic is `anp_jax.research.sync_async_mixed` (arms, predicted times, the
 per-arm learning-rate choice, the summary) on `anp_jax.research.sweep`'s runner (tested there).
 
-Every run trains with `anp_jax.train.train_and_evaluate` in ``DIR/runs/<name>`` on the generated
+Every run trains with `anp_jax.trainer.train_and_evaluate` in ``DIR/runs/<name>`` on the generated
 ANP dataset, with the same model, schedule, number of epochs and examples per update (the global
 batch of one step):
 
@@ -56,11 +56,13 @@ the arms set: method, async_sgd, local_sgd, batch_size).
 
 import sys
 
+from anp_jax import runtime
 from anp_jax.research import sweep, sync_async_mixed
 
 
 def main(argv=None) -> int:
   """Runs the experiment of `argv` (default: the command line); 2 on bad input."""
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
   return sync_async_mixed.main(argv, doc=__doc__)
 

@@ -32,42 +32,23 @@ import pytest  # noqa: E402
 
 import slurm_cluster  # noqa: E402
 
-from anp_jax.configs import default  # noqa: E402
+from anp_jax import runtime  # noqa: E402
+from anp_jax.configs import default, tiny  # noqa: E402
+
+runtime.configure()  # As every entry point: XLA:CPU flags, TensorFlow off the GPU.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, 'tests')
 
-# 8 ANPs of 4 adjectives x 4 nouns, 16 px; 104 eval examples: not a multiple of any batch used.
-TINY_SYNTHETIC = dict(num_adjectives=4, num_nouns=4, num_pairs=8, image_size=16,
-                      train_per_class=32, eval_per_class=13, label_noise=0.0, seed=0)
+TINY_SYNTHETIC = tiny.SYNTHETIC
 
 
 def tiny_config(data_dir, **overrides):
-  """A config that trains in seconds: ResNet-8 at width 0.25 on 16 px images."""
-  c = default.get_config()
+  """`anp_jax/configs/tiny.py` on the dataset in `data_dir`, with dotted-key `overrides`
+  (``tiny_config(d, **{'model.width': 1.0})``)."""
+  c = tiny.get_config()
   c.data_dir = str(data_dir)
-  c.synthetic.update(TINY_SYNTHETIC)
-  c.image_size = 16
-  c.model.name = 'resnet8'
-  c.model.width = 0.5
-  c.batch_size = 32
-  c.eval_batch_size = 32
-  c.bn_mode = 'ghost'
-  c.bn_group_size = 4
-  c.num_train_steps = 6
-  c.log_every_steps = 2
-  c.eval_every_epochs = 0
-  c.warmup_epochs = 0
-  c.progress_bar = False
-  c.checkpoint_every_steps = 0
-  c.checkpoint_every_minutes = 0
-  c.async_checkpointing = False
-  for key, value in overrides.items():
-    node = c
-    parts = key.split('.')
-    for p in parts[:-1]:
-      node = node[p]
-    node[parts[-1]] = value
+  c.update_from_flattened_dict(overrides)
   return c
 
 
@@ -192,9 +173,9 @@ def slurm(tmp_path_factory):
 def sync_baseline(data_dir, tmp_path_factory):
   """5 synchronous steps of the tiny config, every step logged (the reference that async with
   tau = 0 and local SGD with H = 1 must reproduce); computed once per session."""
-  from anp_jax import train
+  from anp_jax import trainer
   config = tiny_config(data_dir, noise_scale=False, log_every_steps=1, num_train_steps=5)
-  return train.train_and_evaluate(config, str(tmp_path_factory.mktemp('sync_baseline')))
+  return trainer.train_and_evaluate(config, str(tmp_path_factory.mktemp('sync_baseline')))
 
 
 def leaves(tree):
@@ -208,10 +189,10 @@ def assert_resume_is_exact(make_config, steps: int, split: int, tmp_path, capsys
   """Trains `steps` steps in one go, then `split` steps + a resumed run to `steps` in another
   workdir; asserts the resume message and bit-identical final states. `make_config(n)` is the
   config with ``num_train_steps=n`` (it must checkpoint at `split`). Returns (whole, resumed)."""
-  from anp_jax import train
-  whole = train.train_and_evaluate(make_config(steps), str(tmp_path / 'whole'))
-  train.train_and_evaluate(make_config(split), str(tmp_path / 'split'))
-  resumed = train.train_and_evaluate(make_config(steps), str(tmp_path / 'split'))
+  from anp_jax import trainer
+  whole = trainer.train_and_evaluate(make_config(steps), str(tmp_path / 'whole'))
+  trainer.train_and_evaluate(make_config(split), str(tmp_path / 'split'))
+  resumed = trainer.train_and_evaluate(make_config(steps), str(tmp_path / 'split'))
   assert f'Resumed from checkpoint at step {split}' in capsys.readouterr().out
   assert_leaves_close(leaves(resumed.state), leaves(whole.state))
   return whole, resumed
@@ -223,7 +204,7 @@ def direct_eval(config, params, batch_stats):
   sharding), the reference for the trainer's exact evaluation."""
   import numpy as np
   import tensorflow_datasets as tfds
-  from anp_jax import models, train
+  from anp_jax import metrics, models, steps
   from anp_jax.data import pipeline
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)
@@ -240,11 +221,11 @@ def direct_eval(config, params, batch_stats):
   out = {'count': n}
   loss = 0.0
   for head, head_logits in logits.items():
-    labels = examples[train.LABEL_OF[head]]
+    labels = examples[metrics.LABEL_OF[head]]
     hits = int(np.sum(np.argmax(np.asarray(head_logits), -1) == labels))
     out[f'eval/{head}_top1'] = hits / n
     out[f'{head}_hits'] = hits
-    ce = float(np.mean(np.asarray(train.cross_entropy(head_logits, labels))))
+    ce = float(np.mean(np.asarray(steps.cross_entropy(head_logits, labels))))
     loss += config.loss_weights[head] * ce
   out['eval/loss'] = loss
   return out

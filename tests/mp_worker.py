@@ -10,21 +10,24 @@ import hashlib
 import json
 import os
 
-from anp_jax import distributed
+from anp_jax import distributed, runtime
 
+runtime.configure()
 distributed.initialize()  # Before any other JAX call.
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from anp_jax import train  # noqa: E402
+from anp_jax import trainer  # noqa: E402
+
+from anp_jax import trainer  # noqa: E402
 
 
 def main():
   config = ml_collections.ConfigDict(json.loads(os.environ['MP_CONFIG']))
-  result = train.train_and_evaluate(config, os.environ['MP_WORKDIR'])
-  run = train.build(config)
+  result = trainer.train_and_evaluate(config, os.environ['MP_WORKDIR'])
+  run = trainer.build(config)
   batch = next(run.train_batches())
   shards = sorted(batch['image'].addressable_shards, key=lambda s: s.index[0].start or 0)
   local = np.concatenate([np.asarray(s.data) for s in shards])
@@ -33,10 +36,10 @@ def main():
   for size in filter(None, os.environ.get('MP_EVAL_BATCHES', '').split(',')):
     other = ml_collections.ConfigDict(config.to_dict())
     other.eval_batch_size = int(size)
-    evals[size] = train.build(other).evaluate(result.state)
+    evals[size] = trainer.build(other).evaluate(result.state)
   out = {'process_index': jax.process_index(), 'process_count': jax.process_count(),
          'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
-         'losses': [h['train/loss'] for h in result.history if 'train/loss' in h],
+         'losses': [h['train/loss'] for h in result.records if 'train/loss' in h],
          'final_eval': result.final_eval, 'evals': evals, 'first_batch_digests': digests}
   leaves = [np.asarray(x.addressable_data(0)) for x in
             jax.tree.leaves((result.state.params, result.state.batch_stats))]

@@ -350,7 +350,7 @@ def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, 
 
 def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   """The MUSA2 recipe (ResNet v1.5, inception crops, per-device BN, SGD) shrunk to a tiny run."""
-  from anp_jax import train
+  from anp_jax import trainer
   from anp_jax.configs import musa2_resnet50
   config = musa2_resnet50.get_config()
   root = os.path.dirname(os.path.dirname(os.path.dirname(folder_builder.data_dir)))
@@ -362,9 +362,9 @@ def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   config.num_train_steps, config.log_every_steps = 3, 1
   config.progress_bar = False
   config.checkpoint_every_steps = 0
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.setup.devices == 8
-  losses = [h['train/loss'] for h in result.history if 'train/loss' in h]
+  losses = [h['train/loss'] for h in result.records if 'train/loss' in h]
   assert len(losses) == 3 and all(np.isfinite(losses))
   n_eval = folder_builder.info.splits['validation'].num_examples
   top1 = result.final_eval['eval/anp_top1'] * n_eval

@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from anp_jax import methods, train
+from anp_jax import trainer
+from anp_jax.executors import asynchronous
+from anp_jax.steps import head_metrics
 from conftest import assert_leaves_close, assert_resume_is_exact, leaves, tiny_config
 
 
@@ -18,7 +20,7 @@ def _async(data_dir, **kw):
 
 
 def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path, sync_baseline):
-  a = train.train_and_evaluate(_async(data_dir, num_train_steps=5), str(tmp_path / 'async'))
+  a = trainer.train_and_evaluate(_async(data_dir, num_train_steps=5), str(tmp_path / 'async'))
   s = sync_baseline
   assert_leaves_close(leaves((a.state.params, a.state.batch_stats, a.state.opt_state)),
                       leaves((s.state.params, s.state.batch_stats, s.state.opt_state)))
@@ -27,7 +29,7 @@ def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path, sync_baseline):
 
 def _reference_async(config, steps, taus, aware):
   """Asynchronous SGD by hand on one device: g_t = grad at the params of step t - tau_t."""
-  run = train.build(config)
+  run = trainer.build(config)
   state = jax.device_get(run.init_state())
   params, stats, opt = state.params, state.batch_stats, state.opt_state
   snapshots = []
@@ -36,7 +38,7 @@ def _reference_async(config, steps, taus, aware):
   def loss(p, bs, batch):
     logits, mutated = run.model.apply({'params': p, 'batch_stats': bs}, batch['image'],
                                       train=True, mutable=['batch_stats'])
-    return train.head_metrics(logits, batch, config)[0], mutated['batch_stats']
+    return head_metrics(logits, batch, config)[0], mutated['batch_stats']
 
   @jax.jit
   def update(params, stale, stats, opt, batch, scale):
@@ -60,7 +62,7 @@ def test_constant_tau_uses_k_steps_old_parameters(data_dir, tmp_path, aware):
   steps, tau = 5, 2
   config = _async(data_dir, num_train_steps=steps, **{
       'async_sgd.tau': tau, 'async_sgd.max_tau': 3, 'async_sgd.staleness_aware_lr': aware})
-  got = train.train_and_evaluate(config, str(tmp_path / 'async')).state
+  got = trainer.train_and_evaluate(config, str(tmp_path / 'async')).state
   ref_params, ref_stats = _reference_async(config, steps, [tau] * steps, aware)
   # One device vs eight (per-device means, then pmean): float summation order only.
   assert_leaves_close(leaves((got.params, got.batch_stats)), leaves((ref_params, ref_stats)),
@@ -77,37 +79,37 @@ def test_staleness_distributions():
   a = c.async_sgd
   n = 20000
   a.staleness, a.tau = 'constant', 3
-  assert set(methods.staleness_sequence(c, 50)) == {3}
+  assert set(asynchronous.staleness_sequence(c, 50)) == {3}
   a.staleness, a.max_tau = 'uniform', 6
-  u = methods.staleness_sequence(c, n)
+  u = asynchronous.staleness_sequence(c, n)
   assert set(u) == set(range(7)) and abs(u.mean() - 3.0) < 0.1
   a.staleness, a.tau, a.max_tau = 'geometric', 2, 20
-  g = methods.staleness_sequence(c, n)
+  g = asynchronous.staleness_sequence(c, n)
   assert g.min() == 0 and abs(g.mean() - 2.0) < 0.1
   assert abs(np.mean(g == 0) - 1 / 3) < 0.02  # P(0) = p = 1 / (1 + mean).
   a.staleness = 'simulated'
   for workers in (4, 8):
     a.workers, a.max_tau = workers, 4 * workers
-    s = methods.staleness_sequence(c, 4000)
+    s = asynchronous.staleness_sequence(c, 4000)
     assert abs(s.mean() - (workers - 1)) < 0.1 and s.std() > 0
   # Deterministic per seed, prefixes agree (resume), other seeds differ.
   for kind in ('uniform', 'geometric', 'simulated'):
     a.staleness, a.seed = kind, 0
-    long = methods.staleness_sequence(c, 300)
-    np.testing.assert_array_equal(methods.staleness_sequence(c, 120), long[:120])
+    long = asynchronous.staleness_sequence(c, 300)
+    np.testing.assert_array_equal(asynchronous.staleness_sequence(c, 120), long[:120])
     a.seed = 1
-    assert not np.array_equal(methods.staleness_sequence(c, 300), long)
-  clipped = methods.clip_staleness(np.array([5, 5, 5, 5, 9, 0]), max_tau=4)
+    assert not np.array_equal(asynchronous.staleness_sequence(c, 300), long)
+  clipped = asynchronous.clip_staleness(np.array([5, 5, 5, 5, 9, 0]), max_tau=4)
   np.testing.assert_array_equal(clipped, [0, 1, 2, 3, 4, 0])
 
 
 def test_draws_beyond_the_history_are_reported(data_dir, tmp_path, capsys):
   config = _async(data_dir, num_train_steps=2, **{
       'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2, 'async_sgd.max_tau': 2})
-  taus = methods.staleness_sequence(config, 200)  # P(tau > 2) = (2/3)^3 = 0.3 per draw.
-  line = methods.describe_staleness(config, taus)
+  taus = asynchronous.staleness_sequence(config, 200)  # P(tau > 2) = (2/3)^3 = 0.3 per draw.
+  line = asynchronous.describe_staleness(config, taus)
   assert 'exceeded max_tau' in line and 'raise config.async_sgd.max_tau' in line
-  train.train_and_evaluate(config, str(tmp_path))
+  trainer.train_and_evaluate(config, str(tmp_path))
   out = capsys.readouterr().out
   assert 'parameter history 3 x' in out and 'MiB per device' in out
 
@@ -115,9 +117,9 @@ def test_draws_beyond_the_history_are_reported(data_dir, tmp_path, capsys):
 def test_momentum_compensation(data_dir):
   config = _async(data_dir, **{'async_sgd.staleness': 'simulated', 'async_sgd.workers': 4,
                                'async_sgd.momentum': 'compensate'})
-  run = train.build(config)
+  run = trainer.build(config)
   assert 'momentum 0.15 (compensate)' in run.executor.describe  # 0.9 - (1 - 1/4)
-  assert methods.compensated_momentum(0.9, 16) == 0.0
+  assert asynchronous.compensated_momentum(0.9, 16) == 0.0
 
 
 def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
@@ -128,10 +130,10 @@ def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
 
 
 def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):
-  train.train_and_evaluate(tiny_config(data_dir, num_train_steps=2, checkpoint_every_steps=2),
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=2, checkpoint_every_steps=2),
                            str(tmp_path))
   with pytest.raises(ValueError, match="method: checkpoint 'sync' vs config 'async'"):
-    train.train_and_evaluate(_async(data_dir, num_train_steps=4), str(tmp_path))
+    trainer.train_and_evaluate(_async(data_dir, num_train_steps=4), str(tmp_path))
 
 
 @pytest.mark.parametrize('overrides,message', [
@@ -152,5 +154,5 @@ def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):
 def test_bad_async_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = _async(data_dir, **overrides)
   with pytest.raises(ValueError, match=message):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'checkpoints')

@@ -48,7 +48,7 @@ def test_group_size_must_divide_batch():
 @pytest.mark.parametrize('mode', ['global', 'per_device'])
 def test_modes_under_shard_map_on_8_devices(mode):
   assert jax.device_count() == 8
-  from anp_jax.train import make_mesh
+  from anp_jax.executors import make_mesh
   mesh = make_mesh()
   x = np.random.default_rng(2).normal(size=(32, 2, 2, 3)).astype(np.float32)
   x += np.arange(32, dtype=np.float32)[:, None, None, None]  # Every device's shard differs.

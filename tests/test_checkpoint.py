@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from anp_jax import checkpointing, train
+from anp_jax import checkpointing, errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, assert_resume_is_exact, leaves, main_cmd,
                       subprocess_env, tiny_config)
 
@@ -35,7 +35,7 @@ def _popen(cmd, **kw):
 
 
 def _final_params(workdir):
-  _, variables, _ = checkpointing.load_checkpoint(str(workdir))
+  _, variables, _ = trainer.load_checkpoint(str(workdir))
   return leaves(variables)
 
 
@@ -164,7 +164,7 @@ def test_sigterm_checkpoints_and_exits_75_then_resumes_equal_to_an_uninterrupted
     time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
   output, _ = proc.communicate(timeout=120)
-  assert proc.returncode == checkpointing.EXIT_PREEMPTED, output[-3000:]
+  assert proc.returncode == errors.EXIT_PREEMPTED, output[-3000:]
   steps = [int(n) for n in os.listdir(workdir / 'checkpoints') if n.isdigit()]
   assert len(steps) == 1 and 3 <= steps[0] < STEPS, steps
   assert f'Preempted: checkpoint written at step {steps[0]}' in output
@@ -180,7 +180,7 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   the checkpoint's, leaf for leaf, and training continues (the data order then follows the new
   device count, so there is no uninterrupted run to compare with)."""
   eight = tmp_path / 'eight_to_four'
-  trained = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4,
+  trained = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=4,
                                                  checkpoint_every_steps=2), str(eight))
   lines = _line_count(eight)
   out = _run(_cmd(data_dir, eight, steps=4, every=2, eval_only=True), devices=4)
@@ -190,7 +190,7 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   assert _line_count(eight) == lines
   got = json.load(open(eight / 'eval_only_metrics.json'))
   assert got['step'] == 4
-  for head in train.HEADS:
+  for head in metrics.HEADS:
     assert got[f'eval/{head}_top1'] == trained.final_eval[f'eval/{head}_top1']
   assert got['eval/loss'] == pytest.approx(trained.final_eval['eval/loss'], rel=1e-5)
   out = _run(_cmd(data_dir, eight, steps=6, every=2), devices=4)
@@ -203,18 +203,18 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   assert out.returncode == 0, out.stderr[-3000:]
   saved = _final_params(four)
   capsys.readouterr()
-  again = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, eval_only=True),
+  again = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, eval_only=True),
                                    str(four))
   assert 'Resumed from checkpoint at step 4' in capsys.readouterr().out
   assert_leaves_close(leaves({'batch_stats': again.state.batch_stats,
                               'params': again.state.params}), saved)
   assert int(again.state.step) == 4 and again.setup.devices == 8
   four_eval = json.load(open(four / 'final_metrics.json'))  # Evaluated on 4 devices.
-  for head in train.HEADS:
+  for head in metrics.HEADS:
     assert again.final_eval[f'eval/{head}_top1'] == four_eval[f'eval/{head}_top1']
   assert again.final_eval['eval/loss'] == pytest.approx(four_eval['eval/loss'], rel=1e-5)
-  resumed = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=6), str(four))
-  assert int(resumed.state.step) == 6 and [h['step'] for h in resumed.history] == [6, 6]
+  resumed = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6), str(four))
+  assert int(resumed.state.step) == 6 and [h['step'] for h in resumed.records] == [6, 6]
 
 
 def test_pmap_executor_resumes_bit_identically(data_dir, tmp_path, capsys):
@@ -226,16 +226,16 @@ def test_pmap_executor_resumes_bit_identically(data_dir, tmp_path, capsys):
 
 def test_exit_codes_2_and_3_at_the_process_level(data_dir, tmp_path):
   out = _run(_cmd(data_dir, tmp_path / 'bad', batch_size=36))
-  assert out.returncode == checkpointing.EXIT_CONFIG, out.stderr[-3000:]
+  assert out.returncode == errors.EXIT_CONFIG, out.stderr[-3000:]
   assert 'ERROR:' in out.stderr and 'not divisible by the 8 devices' in out.stderr
   out = _run(_cmd(data_dir, tmp_path / 'nan', steps=6, every=0, base_lr=1e30))
-  assert out.returncode == checkpointing.EXIT_DIVERGED, out.stderr[-3000:]
+  assert out.returncode == errors.EXIT_DIVERGED, out.stderr[-3000:]
   assert 'ERROR:' in out.stderr and 'loss is' in out.stderr
 
 
 def _in_process(data_dir, workdir, **kw):
   config = tiny_config(data_dir, checkpoint_every_steps=3, **kw)
-  return train.train_and_evaluate(config, str(workdir))
+  return trainer.train_and_evaluate(config, str(workdir))
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous(data_dir, tmp_path, capsys):
@@ -250,7 +250,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(data_dir, tmp_path
   out = capsys.readouterr().out
   assert 'checkpoint 6' in out and 'falling back' in out
   assert 'Resumed from checkpoint at step 3' in out
-  assert result.history[0]['step'] > 3 and int(result.state.step) == 8
+  assert result.records[0]['step'] > 3 and int(result.state.step) == 8
 
 
 def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, capsys):
@@ -260,7 +260,7 @@ def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, 
   result = _in_process(data_dir, tmp_path, num_train_steps=8)
   out = capsys.readouterr().out
   assert 'checkpoint 6 is unreadable' in out and 'Resumed from checkpoint at step 3' in out
-  assert result.history[0]['step'] == 4 and int(result.state.step) == 8
+  assert result.records[0]['step'] == 4 and int(result.state.step) == 8
 
 
 @pytest.mark.parametrize('overrides,field', [
@@ -314,11 +314,11 @@ def test_checkpoint_every_minutes_saves_by_wall_clock(data_dir, tmp_path, monkey
 
 def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
   _in_process(data_dir, tmp_path, num_train_steps=3)
-  with pytest.raises(train.NonFiniteLossError):
+  with pytest.raises(errors.NonFiniteLossError):
     _in_process(data_dir, tmp_path, num_train_steps=9, base_lr=1e30, log_every_steps=1)
   steps = sorted(int(n) for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit())
   assert steps == [3]
-  _, variables, _ = checkpointing.load_checkpoint(str(tmp_path))
+  _, variables, _ = trainer.load_checkpoint(str(tmp_path))
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(variables))
 
 
@@ -326,7 +326,7 @@ def test_eval_only_and_load_checkpoint(data_dir, tmp_path):
   trained = _in_process(data_dir, tmp_path, num_train_steps=3)
   again = _in_process(data_dir, tmp_path, num_train_steps=3, eval_only=True)
   assert again.final_eval['eval/anp_top1'] == pytest.approx(trained.final_eval['eval/anp_top1'])
-  model, variables, config = checkpointing.load_checkpoint(str(tmp_path))
+  model, variables, config = trainer.load_checkpoint(str(tmp_path))
   x = np.zeros((2, 16, 16, 3), np.float32)
   assert model.apply(variables, x, train=False)['anp'].shape == (2, 8)
   assert config.model.name == 'resnet8'
@@ -367,7 +367,7 @@ def test_disk_full_while_saving_is_a_clear_error_and_keeps_older_checkpoints(dat
   os.remove(small_disk / 'filler')
   steps = sorted(int(n) for n in os.listdir(workdir / 'checkpoints') if n.isdigit())
   assert steps == [3]
-  _, variables, _ = checkpointing.load_checkpoint(str(workdir))
+  _, variables, _ = trainer.load_checkpoint(str(workdir))
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(variables))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from anp_jax import models, optim, train
+from anp_jax import models, optim, setup, steps, trainer
 from anp_jax.data import pipeline
 from conftest import leaves, tiny_config
 
@@ -31,27 +31,27 @@ def _set(config, field, value):
 def test_the_table_covers_every_enumerated_field():
   # The fields whose values select code paths; the table must name each (a new enumerated
   # field added to the config without a check shows up here).
-  assert set(train.CHOICES) >= {
+  assert set(setup.CHOICES) >= {
       'dataset', 'augment', 'model.name', 'model.dtype', 'model.conv_impl', 'bn_mode',
       'optimizer', 'lr_scaling', 'schedule', 'executor', 'method', 'async_sgd.staleness',
       'async_sgd.momentum'}
   config = tiny_config('/nonexistent')
-  for field, allowed in train.CHOICES.items():
+  for field, allowed in setup.CHOICES.items():
     node = config
     for part in field.split('.'):
       node = node[part]
     assert node in allowed, (field, node, allowed)  # The defaults are valid.
 
 
-@pytest.mark.parametrize('field', sorted(train.CHOICES))
+@pytest.mark.parametrize('field', sorted(setup.CHOICES))
 def test_unknown_enumerated_value_names_field_and_choices(field):
   config = tiny_config('/nonexistent')
   _set(config, field, 'bogus')
   with pytest.raises(ValueError) as err:
-    train.validate_config(config)
+    setup.validate_config(config)
   message = str(err.value)
   assert f'config.{field}=' in message and "'bogus'" in message
-  for value in train.CHOICES[field]:
+  for value in setup.CHOICES[field]:
     assert repr(value) in message, (field, value, message)
 
 
@@ -59,7 +59,7 @@ def test_unknown_augment_fails_in_build_before_anything_else(tmp_path):
   # Before the fix an unknown augment silently trained flip-only.
   config = tiny_config(tmp_path / 'never_created', augment='randaugment')
   with pytest.raises(ValueError, match=r"config.augment='randaugment'.*'inception'"):
-    train.build(config)
+    trainer.build(config)
   assert not (tmp_path / 'never_created').exists()  # Failed before the dataset was prepared.
 
 
@@ -67,7 +67,7 @@ def test_float16_is_refused_with_bfloat16_suggested():
   config = tiny_config('/nonexistent')
   config.model.dtype = 'float16'
   with pytest.raises(ValueError, match="config.model.dtype='float16'.*loss scaling.*'bfloat16'"):
-    train.validate_config(config)
+    setup.validate_config(config)
   assert 'float16' not in models.DTYPES
 
 
@@ -126,7 +126,7 @@ def test_staleness_aware_lr_divides_the_update_of_every_optimizer(name):
                                              'async_sgd.staleness_aware_lr': True})
   model = models.create_model(config, num_anps=8, num_adjectives=4, num_nouns=4)
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
-  state = train.init_state(model, tx, config.image_size, 0, history=5)
+  state = steps.init_state(model, tx, config.image_size, 0, history=5)
   # Step 4 with a history of five equal snapshots: tau = 1 and tau = 4 read the same parameters,
   # so both steps see the same gradient and differ only by the staleness-aware factor.
   state = state.replace(step=jnp.asarray(4, jnp.int32))
@@ -135,7 +135,7 @@ def test_staleness_aware_lr_divides_the_update_of_every_optimizer(name):
            'label_anp': jnp.asarray(rng.integers(0, 8, 8), jnp.int32),
            'label_adjective': jnp.asarray(rng.integers(0, 4, 8), jnp.int32),
            'label_noun': jnp.asarray(rng.integers(0, 4, 8), jnp.int32)}
-  step = jax.jit(functools.partial(train.per_device_train_step, model=model, tx=tx,
+  step = jax.jit(functools.partial(steps.per_device_train_step, model=model, tx=tx,
                                    config=config, accum_steps=1, num_devices=1, axis_name=None,
                                    staleness_aware_lr=True))
 

@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from anp_jax import checkpointing, durations, optim, reporting, train
+from anp_jax import checkpointing, durations, optim, reporting, trainer
+from anp_jax.setup import resolve_setup
 from anp_jax.configs import default
 from anp_jax.data import pipeline
 from conftest import TINY_SYNTHETIC, assert_resume_is_exact, tiny_config
@@ -47,7 +48,7 @@ def test_equal_epochs_see_the_same_examples_at_every_batch_size(epochs):
   seen = {}
   for batch in (32, 64, 128, 256, 512, 1024):
     c.batch_size = batch
-    setup = train.resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
+    setup = resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
     examples = setup.total_steps * batch
     assert 0 <= examples - epochs * 8000 < batch, (batch, examples)
     assert setup.steps_per_epoch * batch == pytest.approx(8000)
@@ -135,7 +136,7 @@ def test_trainer_resume_across_an_epoch_boundary_is_exact(data_dir, tmp_path, ca
 def test_logs_report_examples_seen_and_passes(data_dir, tmp_path):
   config = _per_device_config(data_dir, num_train_steps=-1, num_epochs=1.5,
                               eval_every_epochs=0.5, log_every_steps=4)
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.setup.total_steps == 16  # ceil(1.5 * 256 / 24): 384 examples, 1.5 passes.
   records = report.read_metrics(str(tmp_path))
   evals = [r for r in records if 'eval/anp_top1' in r]
@@ -242,9 +243,9 @@ def test_aggregate_names_seeds_that_never_reach_the_target():
 
 
 def test_resume_with_another_batch_size_is_refused_by_name(data_dir, tmp_path):
-  train.train_and_evaluate(tiny_config(data_dir, num_train_steps=2), str(tmp_path))
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=2), str(tmp_path))
   with pytest.raises(ValueError, match=r'batch_size: checkpoint 32 vs config 64'):
-    train.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, batch_size=64),
+    trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=4, batch_size=64),
                              str(tmp_path))
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch  # noqa: E402  (requirements-bench.txt, installed by test.sh: builds the references)
 from safetensors.numpy import save_file  # noqa: E402
 
-from anp_jax import models, pretrained, train  # noqa: E402
+from anp_jax import models, pretrained, trainer  # noqa: E402
 from conftest import assert_leaves_close, leaves, run_workers, tiny_config  # noqa: E402
 import torchvision_resnet as tvr  # noqa: E402
 
@@ -107,7 +107,7 @@ def _tv(name):
 def test_heads_reinitialised_and_exclusions_kept_fresh(data_dir, tiny_file):
   path, sd = tiny_file
   config = tiny_config(data_dir, init_from=path, init_exclude=('BasicBlock_0/Conv_0/.*',))
-  run = train.build(config)
+  run = trainer.build(config)
   loaded_state = run.init_state()
   fresh_state = run.executor.init()
   report = run.init.report
@@ -142,7 +142,7 @@ def test_freeze_keeps_loaded_leaves_and_their_bn_statistics(data_dir, tmp_path, 
   config = tiny_config(data_dir, init_from=path, freeze=FROZEN, num_train_steps=3,
                        bn_mode='per_device' if variant.get('executor') == 'pmap' else 'ghost',
                        **variant)
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = trainer.train_and_evaluate(config, str(tmp_path))
   assert np.isfinite(result.final_eval['eval/loss'])
   moved = 0
   for collection in ('params', 'batch_stats'):
@@ -163,7 +163,7 @@ def test_freeze_keeps_loaded_leaves_and_their_bn_statistics(data_dir, tmp_path, 
 
 
 def _one_step(config):
-  run = train.build(config)
+  run = trainer.build(config)
   state = run.init_state()
   before = pretrained.flatten(jax.device_get(run.fetch(state.params)))
   state, _ = run.train_step(state, next(run.train_batches()))
@@ -191,23 +191,23 @@ def test_checkpoint_in_workdir_wins_over_init_from(data_dir, tmp_path, tiny_file
                  tmp_path / 'copy.safetensors')
   make = lambda source: tiny_config(data_dir, init_from=source, num_train_steps=2,
                                     checkpoint_every_steps=2)
-  first = train.train_and_evaluate(make(other), str(tmp_path / 'work'))
+  first = trainer.train_and_evaluate(make(other), str(tmp_path / 'work'))
   assert 'anp_jax | init_from' in capsys.readouterr().out
   _write(sd, other)  # The file changes under the same name: a resume must not read its values.
-  again = train.train_and_evaluate(make(other), str(tmp_path / 'work'))
+  again = trainer.train_and_evaluate(make(other), str(tmp_path / 'work'))
   out = capsys.readouterr().out
   assert 'Resumed from checkpoint at step 2' in out and 'anp_jax | init_from' not in out
   for x, y in zip(leaves(first.state.params), leaves(again.state.params), strict=True):
     np.testing.assert_array_equal(x, y)
   with pytest.raises(ValueError, match='init_from'):  # Part of the checkpoint identity.
-    train.train_and_evaluate(make(path), str(tmp_path / 'work'))
+    trainer.train_and_evaluate(make(path), str(tmp_path / 'work'))
 
 
 def test_init_from_an_anp_jax_run(data_dir, tmp_path):
-  pre = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=2,
+  pre = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=2,
                                              checkpoint_every_steps=2), str(tmp_path / 'pre'))
   config = tiny_config(data_dir, init_from=str(tmp_path / 'pre'), init_exclude=('head_.*',))
-  run = train.build(config)
+  run = trainer.build(config)
   state = jax.device_get(run.init_state())
   for collection in ('params', 'batch_stats'):
     got = pretrained.flatten(getattr(state, collection))
@@ -247,11 +247,11 @@ def test_bad_inputs_are_clear_errors_before_compiling(data_dir, tmp_path, tiny_f
                      r"layer1.1.bn1.bias; .*looks like resnet20"))
   for source, message in cases:
     with pytest.raises(pretrained.InitFromError, match=message):
-      train.build(tiny_config(data_dir, init_from=source))
+      trainer.build(tiny_config(data_dir, init_from=source))
   with pytest.raises(ValueError, match='backbone_lr_multiplier'):
-    train.build(tiny_config(data_dir, backbone_lr_multiplier=0.1))
+    trainer.build(tiny_config(data_dir, backbone_lr_multiplier=0.1))
   with pytest.raises(ValueError, match='config.freeze'):
-    train.build(tiny_config(data_dir, freeze='(unclosed'))
+    trainer.build(tiny_config(data_dir, freeze='(unclosed'))
 
 
 def test_resnet18_weights_into_resnet50_name_the_first_mismatches(tmp_path):
@@ -310,9 +310,9 @@ def test_two_processes_loading_the_same_file_equal_one(data_dir, tmp_path, tiny_
   config = tiny_config(data_dir, num_train_steps=3, log_every_steps=1, bn_mode='global',
                        eval_every_epochs=0, init_from=path, freeze='conv_init/.*',
                        backbone_lr_multiplier=0.5)
-  single = train.train_and_evaluate(config, str(tmp_path / 'one'))
+  single = trainer.train_and_evaluate(config, str(tmp_path / 'one'))
   outs = run_workers(config, 2, tmp_path, workdir=tmp_path / 'two')
-  losses = [h['train/loss'] for h in single.history if 'train/loss' in h]
+  losses = [h['train/loss'] for h in single.records if 'train/loss' in h]
   for o in outs:  # Gloo sums in another order than XLA in-process: float rounding only.
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
     assert_leaves_close(o['leaves'], leaves((single.state.params, single.state.batch_stats)),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from anp_jax import checkpointing, train
+from anp_jax import trainer
 from conftest import (assert_leaves_close, assert_resume_is_exact, leaves, run_workers,
                       tiny_config)
 
@@ -29,12 +29,12 @@ def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes, 
   then nodes) instead of one, so results agree to float rounding: rtol 1e-5 on 5 steps.
   """
   sync = sync_baseline
-  local = train.train_and_evaluate(_local(data_dir, num_train_steps=5,
+  local = trainer.train_and_evaluate(_local(data_dir, num_train_steps=5,
                                           **{'local_sgd.nodes': nodes}), str(tmp_path / 'local'))
   assert_leaves_close(leaves((local.state.params, local.state.batch_stats)),
                       leaves((sync.state.params, sync.state.batch_stats)), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose([h['train/loss'] for h in local.history if 'train/loss' in h],
-                             [h['train/loss'] for h in sync.history if 'train/loss' in h],
+  np.testing.assert_allclose([h['train/loss'] for h in local.records if 'train/loss' in h],
+                             [h['train/loss'] for h in sync.records if 'train/loss' in h],
                              rtol=1e-5)
   assert local.final_eval['eval/anp_top1'] == pytest.approx(sync.final_eval['eval/anp_top1'])
 
@@ -42,7 +42,7 @@ def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes, 
 def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
   every, steps = 3, 7
   config = _local(data_dir, num_train_steps=steps, **{'local_sgd.sync_every': every})
-  run = train.build(config)
+  run = trainer.build(config)
   state = run.init_state()
   batches = run.train_batches()
   spread = []
@@ -57,7 +57,7 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
     else:
       assert s > 1e-6, (step, spread)
   # The averaged model differs from synchronous SGD's.
-  sync = train.build(tiny_config(data_dir, noise_scale=False, num_train_steps=steps))
+  sync = trainer.build(tiny_config(data_dir, noise_scale=False, num_train_steps=steps))
   sync_state = sync.init_state()
   sync_batches = sync.train_batches()
   for step in range(steps):
@@ -75,7 +75,7 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
 def test_average_opt_state_averages_momentum(data_dir):
   config = _local(data_dir, num_train_steps=2, **{'local_sgd.sync_every': 2,
                                                   'local_sgd.average_opt_state': True})
-  run = train.build(config)
+  run = trainer.build(config)
   state = run.init_state()
   batches = run.train_batches()
   for step in range(2):
@@ -90,10 +90,10 @@ def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_
   _, resumed = assert_resume_is_exact(lambda n: _local(data_dir, num_train_steps=n, **kw), 6, 3,
                                       tmp_path, capsys)
   with pytest.raises(ValueError, match=r'local_sgd\.nodes: checkpoint 2 vs config 4'):
-    train.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(kw, **{
+    trainer.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(kw, **{
         'local_sgd.nodes': 4})), str(tmp_path / 'split'))
   # load_checkpoint (IPython) returns the node average.
-  _, variables, _ = checkpointing.load_checkpoint(str(tmp_path / 'split'))
+  _, variables, _ = trainer.load_checkpoint(str(tmp_path / 'split'))
   assert_leaves_close(leaves(variables['params']), leaves(resumed.state.params), rtol=1e-6,
                       atol=1e-7)
 
@@ -104,11 +104,11 @@ def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path):
   replicas or leaves)."""
   overrides = {'method': 'local_sgd', 'local_sgd.sync_every': 2, 'num_train_steps': 5,
                'log_every_steps': 1, 'bn_mode': 'global', 'eval_every_epochs': 0}
-  single = train.train_and_evaluate(tiny_config(data_dir, **dict(overrides, **{
+  single = trainer.train_and_evaluate(tiny_config(data_dir, **dict(overrides, **{
       'local_sgd.nodes': 2})), str(tmp_path / 'single'))
   outs = run_workers(tiny_config(data_dir, **overrides), 2, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
-  losses = [h['train/loss'] for h in single.history if 'train/loss' in h]
+  losses = [h['train/loss'] for h in single.records if 'train/loss' in h]
   for o in outs:
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
     assert_leaves_close(o['leaves'], leaves((single.state.params, single.state.batch_stats)),
@@ -127,5 +127,5 @@ def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path):
 def test_bad_local_sgd_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = _local(data_dir, **overrides)
   with pytest.raises(ValueError, match=message):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'checkpoints')

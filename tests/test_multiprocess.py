@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from anp_jax import checkpointing, train
+from anp_jax import errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, direct_eval, free_port, launch, leaves,
                       main_cmd, multiprocess_env, run_workers, tiny_config)
 
@@ -28,7 +28,7 @@ def reference(data_dir, tmp_path_factory):
   """The same job in one process with 8 devices."""
   assert jax.device_count() == 8
   config = tiny_config(data_dir, **OVERRIDES)
-  return train.train_and_evaluate(config, str(tmp_path_factory.mktemp('single')))
+  return trainer.train_and_evaluate(config, str(tmp_path_factory.mktemp('single')))
 
 
 def _state_leaves(result):
@@ -44,7 +44,7 @@ def test_four_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, refer
   assert [o['process_count'] for o in outs] == [4] * 4
   assert all(o['devices'] == 8 and o['local_devices'] == 2 for o in outs)
   for o in outs:  # Every process holds the same replicated state and metrics.
-    np.testing.assert_allclose(o['losses'], _losses(reference.history), rtol=1e-4)
+    np.testing.assert_allclose(o['losses'], _losses(reference.records), rtol=1e-4)
     assert_leaves_close(o['leaves'], _state_leaves(reference), **TOL)
     assert o['final_eval']['eval/anp_top1'] == reference.final_eval['eval/anp_top1']
   # Each process read a different part of the global batch, together all of it.
@@ -60,7 +60,7 @@ def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_p
   the 2-process job's evaluation equals a direct count over the split, for an eval batch that
   divides the split per process (8: 13 batches of 4) and one that does not (32)."""
   workdir = tmp_path / 'work'
-  train.train_and_evaluate(tiny_config(data_dir, **dict(OVERRIDES, num_train_steps=2)),
+  trainer.train_and_evaluate(tiny_config(data_dir, **dict(OVERRIDES, num_train_steps=2)),
                            str(workdir))
   config = tiny_config(data_dir, **OVERRIDES)
   outs = run_workers(config, 2, tmp_path, workdir=workdir, MP_EVAL_BATCHES='8,32')
@@ -68,7 +68,7 @@ def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_p
   assert [o['process_count'] for o in outs] == [2, 2]
   ref_leaves = _state_leaves(reference)
   for o in outs:
-    np.testing.assert_allclose(o['losses'], _losses(reference.history)[2:], rtol=1e-4)
+    np.testing.assert_allclose(o['losses'], _losses(reference.records)[2:], rtol=1e-4)
     assert_leaves_close(o['leaves'], ref_leaves, **TOL)
   digests = [set(o['first_batch_digests']) for o in outs]
   assert all(len(d) == 16 for d in digests) and len(set.union(*digests)) == 32
@@ -79,7 +79,7 @@ def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_p
   assert 0 < direct['anp_hits'] < direct['count'] == 104
   for o in outs:
     for got in (o['final_eval'], *o['evals'].values()):
-      for head in train.HEADS:
+      for head in metrics.HEADS:
         assert got[f'eval/{head}_top1'] == direct[f'eval/{head}_top1'], (head, got)
       assert got['eval/loss'] == pytest.approx(direct['eval/loss'], rel=1e-5)
   assert set(outs[0]['evals']) == {'8', '32'}
@@ -96,7 +96,7 @@ def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_p
   assert steps == [2, 4, 5], steps
   shutil.rmtree(workdir / 'checkpoints' / '5')
   capsys.readouterr()
-  resumed = train.train_and_evaluate(config, str(workdir))
+  resumed = trainer.train_and_evaluate(config, str(workdir))
   assert 'Resumed from checkpoint at step 4' in capsys.readouterr().out
   assert_leaves_close(_state_leaves(resumed), ref_leaves, **TOL)
   assert int(resumed.state.step) == 5
@@ -131,7 +131,7 @@ def test_inconsistent_process_id_fails_fast_with_exit_code_2(tmp_path):
   env = multiprocess_env(2, 5, free_port(), 1)
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
                        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert out.returncode == checkpointing.EXIT_CONFIG, out.stderr[-2000:]
+  assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert 'inconsistent process counts' in out.stderr
 
 
@@ -140,7 +140,7 @@ def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
   t0 = time.time()
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
                        env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
-  assert out.returncode == checkpointing.EXIT_CONFIG, out.stderr[-2000:]
+  assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert time.time() - t0 < 60
   assert 'coordinator' in out.stderr and 'not reachable within 8 s' in out.stderr
 

@@ -5,9 +5,10 @@ import hashlib
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
-from anp_jax import train
+from anp_jax import executors, setup
+from anp_jax.executors.common import MeshHelper
 from anp_jax.data import pipeline
 from conftest import TINY_SYNTHETIC, tiny_config
 
@@ -38,11 +39,10 @@ def test_generated_dataset_is_deterministic_and_sized(data_dir, tmp_path):
 def test_train_batches_shard_on_the_data_axis(data_dir):
   config = tiny_config(data_dir)
   builder = pipeline.get_builder(config)
-  mesh = train.make_mesh()
-  sharding = NamedSharding(mesh, P('data'))
+  mesh = executors.make_mesh()
   ds = pipeline.train_dataset(builder, config, per_device_batch=4,
                               num_shards=8, shards=pipeline.local_shards(mesh))
-  batch = next(pipeline.global_batches(ds, sharding))
+  batch = next(pipeline.global_batches(ds, MeshHelper(mesh).to_device))
   assert batch['image'].shape == (32, 16, 16, 3)
   assert batch['image'].sharding.spec == P('data')
   assert len(batch['image'].addressable_shards) == 8
@@ -119,4 +119,4 @@ def test_exact_eval_counts_every_example_once(data_dir, processes):
 def test_missing_data_dir_for_anp_dataset(tmp_path):
   config = tiny_config(tmp_path / 'nope', dataset='anp')
   with pytest.raises(FileNotFoundError, match='does not exist'):
-    train.validate_config(config)
+    setup.validate_config(config)

@@ -191,11 +191,11 @@ def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path):
 
 def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   """The trainer's logs are what the planner reads: a tiny pilot to a reachable target."""
-  from anp_jax import train
+  from anp_jax import trainer
   from conftest import tiny_config
   config = tiny_config(data_dir, num_train_steps=16, log_every_steps=2, eval_every_epochs=1.0,
                        stop_at_metric='eval/anp_top5', stop_at_value=0.05)
-  train.train_and_evaluate(config, str(tmp_path / 'pilot'))
+  trainer.train_and_evaluate(config, str(tmp_path / 'pilot'))
   model = plan.load_pilot(str(tmp_path / 'pilot'))
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
   assert model.b_noise > 0 and model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])

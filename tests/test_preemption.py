@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from anp_jax import checkpointing, preemption, train
+from anp_jax import errors, executors, preemption, trainer
 from anp_jax.research import sweep
 from anp_jax.research import sync_async_mixed as sam
 from conftest import launch, tiny_config
@@ -42,7 +42,7 @@ def test_signal_is_acted_on_within_a_few_steps_whatever_the_log_cadence(data_dir
   went on to its end and exited 0)."""
   signal_after = 5
   outputs, seen = [], {}
-  make_executor = train.make_executor
+  make_executor = executors.make_executor
 
   def recording_executor(*args, **kwargs):
     executor = make_executor(*args, **kwargs)
@@ -66,16 +66,16 @@ def test_signal_is_acted_on_within_a_few_steps_whatever_the_log_cadence(data_dir
         return
       time.sleep(0.0005)
 
-  monkeypatch.setattr(train, 'make_executor', recording_executor)
+  monkeypatch.setattr(executors, 'make_executor', recording_executor)
   # Large batches: slow steps, so that the loop (before: unbounded) runs far ahead of the device.
   config = tiny_config(data_dir, num_train_steps=60, log_every_steps=1000, batch_size=256)
   thread = threading.Thread(target=watcher, daemon=True)
   thread.start()
-  with pytest.raises(checkpointing.Preempted) as info:
-    train.train_and_evaluate(config, str(tmp_path / 'work'))
+  with pytest.raises(errors.Preempted) as info:
+    trainer.train_and_evaluate(config, str(tmp_path / 'work'))
   thread.join()
   bound = seen['completed'] + preemption.MAX_IN_FLIGHT + 1
-  assert info.value.code == checkpointing.EXIT_PREEMPTED
+  assert info.value.code == errors.EXIT_PREEMPTED
   assert seen['completed'] <= info.value.step <= bound
   assert _checkpoint_steps(tmp_path / 'work') == [info.value.step]
 
@@ -83,12 +83,12 @@ def test_signal_is_acted_on_within_a_few_steps_whatever_the_log_cadence(data_dir
 def test_the_flag_survives_between_runs(data_dir, tmp_path):
   """A signal after a run's last step boundary stops the next run at its first step."""
   config = tiny_config(data_dir, num_train_steps=3)
-  train.train_and_evaluate(config, str(tmp_path / 'a'))
+  trainer.train_and_evaluate(config, str(tmp_path / 'a'))
   os.kill(os.getpid(), signal.SIGUSR1)
   time.sleep(0.1)
   assert preemption.requested() == signal.SIGUSR1
-  with pytest.raises(checkpointing.Preempted) as info:
-    train.train_and_evaluate(config, str(tmp_path / 'b'))
+  with pytest.raises(errors.Preempted) as info:
+    trainer.train_and_evaluate(config, str(tmp_path / 'b'))
   assert info.value.step == 1 and _checkpoint_steps(tmp_path / 'b') == [1]
 
 
@@ -164,16 +164,16 @@ def test_sweep_exits_75_on_a_late_signal_and_resumes_exactly(data_dir, tmp_path,
   out = tmp_path / 'sweep'
   sent = []
   if when == 'final_evaluation':
-    evaluate = train.evaluate
+    evaluate = trainer.Run.evaluate
 
-    def evaluate_and_signal(executor, state, builder, config, setup, split):
-      if not sent and int(executor.fetch(state.step)) == setup.total_steps:
+    def evaluate_and_signal(run, state, split=None):
+      if not sent and int(run.fetch(state.step)) == run.setup.total_steps:
         sent.append(True)
         os.kill(os.getpid(), signal.SIGTERM)
-      return evaluate(executor, state, builder, config, setup, split)
-    monkeypatch.setattr(train, 'evaluate', evaluate_and_signal)
+      return evaluate(run, state, split)
+    monkeypatch.setattr(trainer.Run, 'evaluate', evaluate_and_signal)
   else:
-    train_and_evaluate = train.train_and_evaluate
+    train_and_evaluate = trainer.train_and_evaluate
 
     def train_then_signal(config, workdir):
       result = train_and_evaluate(config, workdir)
@@ -181,10 +181,10 @@ def test_sweep_exits_75_on_a_late_signal_and_resumes_exactly(data_dir, tmp_path,
         sent.append(True)
         os.kill(os.getpid(), signal.SIGTERM)
       return result
-    monkeypatch.setattr(train, 'train_and_evaluate', train_then_signal)
+    monkeypatch.setattr(trainer, 'train_and_evaluate', train_then_signal)
   with pytest.raises(SystemExit) as info:
     sweep.main(_sweep_argv(out, data_dir))
-  assert info.value.code == checkpointing.EXIT_PREEMPTED and sent
+  assert info.value.code == errors.EXIT_PREEMPTED and sent
   finished = sorted(os.listdir(out / 'runs'))
   assert [os.path.exists(out / 'runs' / n / 'final_metrics.json') for n in finished] == [True]
   monkeypatch.undo()
@@ -199,7 +199,7 @@ def test_sync_async_mixed_exits_75_between_runs(data_dir, tmp_path):
   with pytest.raises(SystemExit) as info:
     sam.main(['--preset', 'tiny', '--out', str(tmp_path / 'sam'),
               f'--config.data_dir={data_dir}'])
-  assert info.value.code == checkpointing.EXIT_PREEMPTED
+  assert info.value.code == errors.EXIT_PREEMPTED
   assert not (tmp_path / 'sam' / 'runs').exists()  # Nothing was started.
 
 
@@ -233,7 +233,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
     for p in procs:
       p.kill()
   logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
-  assert codes == [checkpointing.EXIT_PREEMPTED] * 2, [log[-3000:] for log in logs]
+  assert codes == [errors.EXIT_PREEMPTED] * 2, [log[-3000:] for log in logs]
   stops = []
   for i, log in enumerate(logs):
     line = [l for l in log.splitlines() if f'Preempted: process {i} stops at step' in l]

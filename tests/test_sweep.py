@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import optim, train
+from anp_jax import optim
+from anp_jax.setup import resolve_setup
 from anp_jax.research import noise_scale, sweep
 from conftest import TINY_SYNTHETIC, run_experiment
 
@@ -257,7 +258,7 @@ def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
     spec = sweep.RunSpec(batch, rule, warmup, seed=3, lr_mult=1.0)
     c = sweep.make_run_config(base, spec, accum_steps=1)
     assert (c.batch_size, c.lr_scaling, c.seed) == (batch, rule, 3)
-    setup = train.resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
+    setup = resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
     assert setup.steps_per_epoch == pytest.approx(8000 / batch)  # An epoch is 8,000 examples.
     schedule = optim.create_lr_schedule(c, setup.steps_per_epoch, setup.total_steps)
     expected = {'linear': 0.2 * batch / 256, 'sqrt': 0.2 * math.sqrt(batch / 256),

@@ -70,17 +70,17 @@ def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
 def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
     data_dir, tmp_path, capsys, monkeypatch):
   """2 arms x 2 multipliers on the tiny preset; one grid point diverges (NaN loss, emulated)."""
-  from anp_jax import train
+  from anp_jax import errors, trainer
   out = tmp_path / 'sam'
   argv = ['--preset', 'tiny', '--out', str(out), '--nodes', '', '--lr_grid', '0.5,1',
           '--target_top1', '0.05', f'--config.data_dir={data_dir}']
-  real = train.train_and_evaluate
+  real = trainer.train_and_evaluate
 
   def nan_at_x1_async(config, workdir):
     if os.path.basename(workdir) == 'async-04':
-      raise train.NonFiniteLossError('loss is nan at step 1')
+      raise errors.NonFiniteLossError('loss is nan at step 1')
     return real(config, workdir)
-  monkeypatch.setattr(train, 'train_and_evaluate', nan_at_x1_async)
+  monkeypatch.setattr(trainer, 'train_and_evaluate', nan_at_x1_async)
   assert sam.main(argv) == 0
   grid = json.load(open(out / 'grid.json'))
   assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'sync',

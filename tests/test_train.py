@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import models, train
+from anp_jax import errors, metrics, models, steps, trainer
 from conftest import assert_leaves_close, direct_eval, leaves, tiny_config
 
 
 def _losses(result):
-  return [h['train/loss'] for h in result.history if 'train/loss' in h]
+  return [h['train/loss'] for h in result.records if 'train/loss' in h]
 
 
 @pytest.fixture(scope='module')
@@ -22,7 +22,7 @@ def trained(data_dir, tmp_path_factory):
   config = tiny_config(data_dir, num_train_steps=24, log_every_steps=4, base_lr=0.4,
                        eval_every_epochs=1.0)
   workdir = tmp_path_factory.mktemp('trained')
-  return config, workdir, train.train_and_evaluate(config, str(workdir))
+  return config, workdir, trainer.train_and_evaluate(config, str(workdir))
 
 
 def test_short_run_learns_and_writes_logs(trained):
@@ -46,7 +46,7 @@ def test_short_run_learns_and_writes_logs(trained):
 def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(data_dir, tmp_path, capsys):
   """bn_mode='global' on 8 devices: a device's gradient is not a b_small-example gradient."""
   config = tiny_config(data_dir, bn_mode='global', num_train_steps=2, log_every_steps=1)
-  train.train_and_evaluate(config, str(tmp_path))
+  trainer.train_and_evaluate(config, str(tmp_path))
   assert "WARNING: B_simple is not measured: bn_mode='global'" in capsys.readouterr().out
   lines = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
   assert any('train/loss' in l for l in lines)
@@ -59,11 +59,11 @@ def test_evaluation_equals_a_direct_count_over_the_split(trained, eval_batch_siz
   same hits (and loss) as applying the model to every example of the split at once."""
   config, _, result = trained
   config = tiny_config(config.data_dir, eval_batch_size=eval_batch_size)
-  run = train.build(config)
+  run = trainer.build(config)
   got = run.evaluate(result.state)
   direct = direct_eval(config, result.state.params, result.state.batch_stats)
   assert 0 < direct['anp_hits'] < direct['count'] == 104  # Neither all nor nothing right.
-  for head in train.HEADS:
+  for head in metrics.HEADS:
     assert got[f'eval/{head}_top1'] == direct[f'eval/{head}_top1'], head
   assert got['eval/loss'] == pytest.approx(direct['eval/loss'], rel=1e-5)
   if eval_batch_size == 32:  # The trainer's own final evaluation used this batch.
@@ -75,7 +75,7 @@ def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
   for executor in ('jit', 'pmap'):
     config = tiny_config(data_dir, executor=executor, bn_mode='global', num_train_steps=4,
                          log_every_steps=1)
-    runs[executor] = train.train_and_evaluate(config, str(tmp_path / executor))
+    runs[executor] = trainer.train_and_evaluate(config, str(tmp_path / executor))
   np.testing.assert_allclose(_losses(runs['jit']), _losses(runs['pmap']), rtol=2e-5)
   assert_leaves_close(leaves(runs['pmap'].state.params), leaves(runs['jit'].state.params),
                       rtol=1e-4, atol=1e-5)
@@ -89,7 +89,7 @@ def test_gradient_accumulation_with_ghost_groups_equals_one_large_batch(data_dir
     config = tiny_config(data_dir, batch_size=64, grad_accum_steps=accum, bn_mode='ghost',
                          bn_group_size=4, num_train_steps=3, log_every_steps=1,
                          noise_scale=False)
-    results.append(train.train_and_evaluate(config, str(tmp_path / f'k{accum}')))
+    results.append(trainer.train_and_evaluate(config, str(tmp_path / f'k{accum}')))
   assert results[1].setup.per_device_micro_batch == 4 and results[0].setup.per_device_batch == 8
   np.testing.assert_allclose(_losses(results[1]), _losses(results[0]), rtol=1e-5)
   state = lambda r: (r.state.params, r.state.batch_stats, r.state.opt_state)
@@ -103,7 +103,7 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
   for accum in (1, 4):
     config = tiny_config(data_dir, grad_accum_steps=accum, bn_mode='per_device',
                          num_train_steps=2, log_every_steps=1)
-    results.append(train.train_and_evaluate(config, str(tmp_path / f'k{accum}')))
+    results.append(trainer.train_and_evaluate(config, str(tmp_path / f'k{accum}')))
   assert abs(_losses(results[0])[-1] - _losses(results[1])[-1]) > 1e-6
 
 
@@ -128,14 +128,14 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
 def test_bad_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = tiny_config(data_dir, **overrides)
   with pytest.raises(ValueError, match=message):
-    train.train_and_evaluate(config, str(tmp_path))
+    trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'checkpoints')
 
 
 def test_nan_loss_stops_with_a_clear_message(data_dir, tmp_path):
   config = tiny_config(data_dir, base_lr=1e30, num_train_steps=6, log_every_steps=2)
-  with pytest.raises(train.NonFiniteLossError, match='loss is (nan|inf)'):
-    train.train_and_evaluate(config, str(tmp_path))
+  with pytest.raises(errors.NonFiniteLossError, match='loss is (nan|inf)'):
+    trainer.train_and_evaluate(config, str(tmp_path))
 
 
 def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopped(
@@ -143,17 +143,17 @@ def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopp
   # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2) stops the run.
   config = tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25,
                        stop_at_metric='eval/anp_top5', stop_at_value=0.05)
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = trainer.train_and_evaluate(config, str(tmp_path))
   final = json.load(open(tmp_path / 'final_metrics.json'))
   assert final['step'] == 2 and final['stopped_at_target'] is True
   assert result.final_eval['eval/anp_top5'] >= 0.05
   assert int(jax.device_get(result.state.step)) == 2
   # Resuming the stopped run neither trains on nor loses the stopping point.
-  again = train.train_and_evaluate(config, str(tmp_path))
+  again = trainer.train_and_evaluate(config, str(tmp_path))
   assert int(jax.device_get(again.state.step)) == 2
   assert json.load(open(tmp_path / 'final_metrics.json'))['stopped_at_target'] is True
   # Without the target the same config trains its whole budget.
-  full = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25),
+  full = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25),
                                   str(tmp_path / 'full'))
   assert int(jax.device_get(full.state.step)) == 16
 
@@ -175,7 +175,7 @@ def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp
   (groups of 1) makes each example's gradient its own. One step: the EMA holds one value."""
   config = tiny_config(data_dir, num_train_steps=1, log_every_steps=1, grad_accum_steps=accum,
                        bn_group_size=1)
-  run = train.build(config)
+  run = trainer.build(config)
   batch = jax.tree.map(np.asarray, next(run.train_batches()))  # The trainer's first batch.
   state0 = jax.device_get(run.init_state())
   model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
@@ -185,10 +185,10 @@ def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp
     one = jax.tree.map(lambda x: x[None], example)
     logits, _ = model.apply({'params': params, 'batch_stats': state0.batch_stats}, one['image'],
                             train=True, mutable=['batch_stats'])
-    return train.head_metrics(logits, one, config)[0]
+    return steps.head_metrics(logits, one, config)[0]
 
   per_example = jax.jit(jax.vmap(jax.grad(example_loss), in_axes=(None, 0)))(
-      state0.params, {k: batch[k] for k in ('image', *train.LABEL_OF.values())})
+      state0.params, {k: batch[k] for k in ('image', *metrics.LABEL_OF.values())})
   flat = np.concatenate([np.asarray(g).reshape(32, -1) for g in jax.tree.leaves(per_example)],
                         axis=1).astype(np.float64)
   b_small, b_big = 4 // accum, 32
@@ -199,15 +199,15 @@ def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp
   trace = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
   assert trace > 0 and abs(g2) > 0  # One step's |G|^2 estimate may be negative (it is noisy).
 
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = trainer.train_and_evaluate(config, str(tmp_path))
   got_g2, got_trace = _trainer_noise_estimates(result.state)
   assert got_g2 == pytest.approx(g2, rel=2e-3)
   assert got_trace == pytest.approx(trace, rel=2e-3)
   if g2 > 0:
-    assert result.history[0]['train/noise_scale_b_simple'] == pytest.approx(trace / g2, rel=4e-3)
+    assert result.records[0]['train/noise_scale_b_simple'] == pytest.approx(trace / g2, rel=4e-3)
   else:  # B_simple is only logged once the |G|^2 EMA is positive.
-    assert 'train/noise_scale_b_simple' not in result.history[0]
-  assert result.history[0]['train/grad_norm'] == pytest.approx(np.sqrt(big_sq), rel=1e-4)
+    assert 'train/noise_scale_b_simple' not in result.records[0]
+  assert result.records[0]['train/grad_norm'] == pytest.approx(np.sqrt(big_sq), rel=1e-4)
 
 
 def test_label_smoothing_enters_the_loss(data_dir):
@@ -216,7 +216,7 @@ def test_label_smoothing_enters_the_loss(data_dir):
   batch = {'label_anp': jnp.asarray([1])}
   for eps in (0.0, 0.2):
     config = tiny_config(data_dir, label_smoothing=eps)
-    loss, _ = train.head_metrics(logits, batch, config)
+    loss, _ = steps.head_metrics(logits, batch, config)
     logp = np.asarray(jax.nn.log_softmax(logits['anp'][0]))
     target = (1 - eps) * np.eye(4)[1] + eps / 4
     assert float(loss) == pytest.approx(-np.sum(target * logp), rel=1e-6)

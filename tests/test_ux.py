@@ -27,9 +27,9 @@ def _env(**extra):
 
 
 def _train(data_dir, workdir, **overrides):
-  from anp_jax import train
+  from anp_jax import trainer
   config = tiny_config(data_dir, **overrides)
-  return train.train_and_evaluate(config, str(workdir))
+  return trainer.train_and_evaluate(config, str(workdir))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,12 +76,12 @@ def _snapshot(workdir):
 
 
 def test_refused_resume_leaves_the_workdir_untouched(data_dir, trained):
-  from anp_jax import checkpointing
+  from anp_jax import trainer
   before = _snapshot(trained)
   with pytest.raises(ValueError, match=r'model\.width'):
     _train(data_dir, trained, num_train_steps=6, **{'model.width': 1.0})
   assert _snapshot(trained) == before
-  model, variables, _ = checkpointing.load_checkpoint(str(trained))
+  model, variables, _ = trainer.load_checkpoint(str(trained))
   model.apply(variables, np.zeros((1, 16, 16, 3), np.float32), train=False)
 
 
@@ -120,11 +120,11 @@ def test_workdir_that_is_a_file_says_so(data_dir, tmp_path):
 
 
 def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
-  from anp_jax import checkpointing
+  from anp_jax import trainer
   monkeypatch.chdir(trained.parent)
-  checkpointing.load_checkpoint(trained.name)
+  trainer.load_checkpoint(trained.name)
   monkeypatch.setenv('HOME', str(trained.parent))
-  checkpointing.load_checkpoint(os.path.join('~', trained.name))
+  trainer.load_checkpoint(os.path.join('~', trained.name))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_split = 'validation'
   c.image_size = 32
   # 'cifar' (pad + crop + flip), 'inception' (random-resized crop + flip, any image encoding),
-  # 'flip', 'none'. Every enumerated field's choices: anp_jax.train.CHOICES.
+  # 'flip', 'none'. Every enumerated field's choices: anp_jax.setup.CHOICES.
   c.augment = 'cifar'
   c.crop_padding = 4
   c.crop_fraction = 0.875
@@ -85,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.noise_scale = True  # Log the gradient noise scale B_simple (McCandlish et al. 2018).
   c.noise_scale_ema = 0.95
 
-  # Training method (see anp_jax/methods.py and the README section "Sync, async and mixed").
+  # Training method (see anp_jax/executors/ and the README section "Sync, async and mixed").
   # 'sync': synchronous data parallelism (gradients all-reduced every step).
   # 'async': simulated asynchronous SGD: each update applies a gradient computed on parameters
   #   tau steps old. The global batch of one step plays ONE worker's mini-batch: to simulate N
@@ -99,7 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
       # Parameter snapshots kept: memory (max_tau + 1) x parameter bytes per device. 'uniform'
       # draws 0..max_tau; larger 'geometric'/'simulated' draws are clipped to it (reported).
       max_tau=8,
-      workers=4,  # N for 'simulated' (anp_jax.research.perfmodel.staleness_sampler): mean tau = N - 1.
+      workers=4,  # N for 'simulated' (anp_jax.research.async_sim.staleness_sampler): mean tau = N - 1.
       compute_cv=0.1,  # Coefficient of variation of a worker's step time for 'simulated'.
       staleness_aware_lr=False,  # Zhang et al. 2016: divide the step by max(tau, 1).
       # 'keep' | 'compensate' (Mitliagkas et al. 2016: asynchrony adds implicit momentum

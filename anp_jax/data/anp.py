@@ -759,8 +759,7 @@ def load_info(data_dir: str, config_name: Optional[str] = None) -> tfds.core.Dat
 
 def builder_from_config(config, data_dir: str) -> tfds.core.DatasetBuilder:
   """The training pipeline's entry point: ``config.anp.config_name`` under `data_dir`."""
-  anp_config = config.get('anp') or {}
-  return load_builder(data_dir, anp_config.get('config_name') or None)
+  return load_builder(data_dir, config.anp.config_name or None)
 
 
 def read_report(data_dir: str, config_name: Optional[str] = None) -> Dict[str, Any]:

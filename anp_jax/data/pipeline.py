@@ -24,12 +24,9 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-# TensorFlow must not grab accelerator memory that JAX needs.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-import tensorflow as tf  # noqa: E402
-import tensorflow_datasets as tfds  # noqa: E402
-
-tf.config.set_visible_devices([], 'GPU')
+# TensorFlow never sees a GPU (`anp_jax.runtime.configure`, called by every entry point).
+import tensorflow as tf
+import tensorflow_datasets as tfds
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
 DATASETS = ('synthetic_anp', 'anp')
@@ -123,7 +120,7 @@ def _prepare_once(builder, data_dir: str):
 def dataset_meta(builder, config) -> DatasetMeta:
   info = builder.info
   feats = info.features
-  eval_split = config.get('eval_split', 'validation')
+  eval_split = config.eval_split
   if eval_split not in info.splits:
     raise ValueError(f'Dataset {builder.name} has no split {eval_split!r}; it has '
                      f'{list(info.splits)}.')
@@ -200,20 +197,20 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
   fixed-size images are only resized when it differs from ``config.image_size``.
   """
   size = config.image_size
-  augment = config.get('augment', 'cifar')
+  augment = config.augment
   if augment not in AUGMENTS:
     raise ValueError(f'config.augment={augment!r} is unknown; choose one of {AUGMENTS}.')
   image_bytes = example['image']
   if augment == 'inception':
     image = (_inception_crop(image_bytes, size, seed) if train
-             else _center_crop(image_bytes, size, config.get('crop_fraction', 0.875)))
+             else _center_crop(image_bytes, size, config.crop_fraction))
   else:
     image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
     if stored_size != size:
       image = tf.image.resize(image, [size, size])
     image.set_shape([size, size, 3])
     if train and augment == 'cifar':
-      pad = config.get('crop_padding', 4)
+      pad = config.crop_padding
       padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode='REFLECT')
       image = tf.image.stateless_random_crop(padded, [size, size, 3], seed=seed)
   if train and augment != 'none':
@@ -320,13 +317,13 @@ def _epoch_reader(builder, config, split: str, size: int, seed: int, d: int):
   before the buffer; such a shard is not cached (it is larger than the buffer, and a cache would
   fix the file order).
   """
-  buffer = min(size, int(config.get('shuffle_buffer', 16384)))
+  buffer = min(size, int(config.shuffle_buffer))
   epoch_seed = lambda e: seed * 1_000_003 + 7_919 * d + e  # noqa: E731
   instructions = builder.info.splits[split].file_instructions
   if buffer >= size or len(instructions) < 2:
     base = builder.as_dataset(split=split, shuffle_files=False,
                               decoders={'image': tfds.decode.SkipDecoding()})
-    if config.get('cache', True):
+    if config.cache:
       base = base.cache()
     read = lambda e: base  # noqa: E731
   else:
@@ -392,16 +389,9 @@ def _split_size(builder, split) -> int:
 # Host → device.
 
 
-def global_batches(ds: Any, sharding: jax.sharding.Sharding, prefetch: int = 2,
-                   to_device=None) -> Iterator[Dict[str, jax.Array]]:
-  """Turns per-process numpy batches into global `jax.Array`s, keeping `prefetch` in flight.
-
-  ``to_device`` overrides the host → device transfer (the pmap executor passes its own).
-  """
-  if to_device is None:
-    def to_device(batch):
-      return jax.tree.map(
-          lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+def global_batches(ds: Any, to_device, prefetch: int = 2) -> Iterator[Dict[str, jax.Array]]:
+  """Turns per-process numpy batches into device arrays with `to_device` (the executor's
+  host → device transfer), keeping `prefetch` transfers in flight."""
   it = iter(tfds.as_numpy(ds))
   queue = []
   for batch in it:

@@ -18,6 +18,8 @@ import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence
 
+from anp_jax import runtime
+
 # TensorFlow (~6 s to import, with start-up noise) is imported only once the arguments are
 # known to be good, so `--help` and usage errors are immediate.
 anp = tfds = None
@@ -28,10 +30,9 @@ def _import_tensorflow():
   global anp, tfds
   if anp is not None:
     return
-  import tensorflow as tf
+  runtime.hide_gpus_from_tensorflow()  # Preparation never needs an accelerator.
   import tensorflow_datasets
   from anp_jax.data import anp as anp_module
-  tf.config.set_visible_devices([], 'GPU')  # Preparation never needs an accelerator.
   anp, tfds = anp_module, tensorflow_datasets
 
 

@@ -25,7 +25,7 @@ def dtype_error(dtype) -> str:
           + (f' {hint}' if hint else ''))
 
 
-def bn_settings(config, per_device_micro_batch: Optional[int], axis_name: Optional[str]):
+def bn_settings(config, axis_name: Optional[str]):
   """(group_size, axis_name) of every BatchNorm for config.bn_mode, inside a per-device step."""
   mode = config.bn_mode
   if mode == 'global':
@@ -48,15 +48,15 @@ def create_model(config, num_anps: int, num_adjectives: int = 0, num_nouns: int 
   m = config.model
   if m.dtype not in DTYPES:
     raise ValueError(dtype_error(m.dtype))
-  group_size, bn_axis = bn_settings(config, None, axis_name)
+  group_size, bn_axis = bn_settings(config, axis_name)
   conv_impl = None
-  if m.get('conv_impl', 'xla') != 'xla':
+  if m.conv_impl != 'xla':
     from anp_jax.models import conv
     conv_impl = conv.get_conv_impl(m.conv_impl)
   return build_resnet(
       m.name, num_anps=num_anps,
-      num_adjectives=num_adjectives if m.get('adjective_head', True) else 0,
-      num_nouns=num_nouns if m.get('noun_head', True) else 0,
+      num_adjectives=num_adjectives if m.adjective_head else 0,
+      num_nouns=num_nouns if m.noun_head else 0,
       width=m.width, dtype=DTYPES[m.dtype], zero_init_last_bn=m.zero_init_last_bn,
       bn_group_size=group_size, bn_axis_name=bn_axis, bn_momentum=config.bn_momentum,
       conv_impl=conv_impl)

@@ -31,12 +31,14 @@ epochs-to-accuracy, from experiments, times the epoch time predicted here).
 """
 
 import dataclasses
-import heapq
 import math
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from anp_jax.research.async_sim import (AsyncSimResult, require_non_negative,  # noqa: F401
+                                        require_positive, simulate_async, staleness_sampler)
 
 # ImageNet-1k training images; the default dataset size of the ImageNet-style presets.
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -46,26 +48,6 @@ CIFAR10_TRAIN_IMAGES = 50_000
 MUSA2_TRAIN_IMAGES = 307_406
 
 METHODS = ('sync', 'async', 'mixed')
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation helpers: every error names the offending field.
-
-def _require_positive(owner: str, field: str, value, integer: bool = False):
-  if integer:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise ValueError(f'{owner}.{field} must be a positive integer, got {value!r}.')
-  elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-    raise ValueError(f'{owner}.{field} must be a positive number, got {value!r}.')
-  if not value > 0 or not math.isfinite(value):
-    raise ValueError(f'{owner}.{field} must be positive (and finite), got {value!r}.')
-
-
-def _require_non_negative(owner: str, field: str, value):
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-    raise ValueError(f'{owner}.{field} must be a non-negative number, got {value!r}.')
-  if not value >= 0 or not math.isfinite(value):
-    raise ValueError(f'{owner}.{field} must be non-negative (and finite), got {value!r}.')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,22 +78,22 @@ class Device:
 
   def __post_init__(self):
     owner = f'Device({self.name!r})'
-    _require_non_negative(owner, 'memory_bytes', self.memory_bytes)
-    _require_non_negative(owner, 'step_overhead_s', self.step_overhead_s)
+    require_non_negative(owner, 'memory_bytes', self.memory_bytes)
+    require_non_negative(owner, 'step_overhead_s', self.step_overhead_s)
     if self.step_time_s is None:
       if self.peak_flops is None or self.efficiency is None:
         raise ValueError(f'{owner}: give either peak_flops and efficiency, or a measured '
                          'step_time_s with measured_batch.')
-      _require_positive(owner, 'peak_flops', self.peak_flops)
-      _require_positive(owner, 'efficiency', self.efficiency)
+      require_positive(owner, 'peak_flops', self.peak_flops)
+      require_positive(owner, 'efficiency', self.efficiency)
       if self.efficiency > 1:
         raise ValueError(f'{owner}.efficiency is the achieved fraction of peak_flops and must be '
                          f'in (0, 1], got {self.efficiency!r}.')
     else:
-      _require_positive(owner, 'step_time_s', self.step_time_s)
+      require_positive(owner, 'step_time_s', self.step_time_s)
       if self.measured_batch is None:
         raise ValueError(f'{owner}.measured_batch is required with step_time_s.')
-      _require_positive(owner, 'measured_batch', self.measured_batch, integer=True)
+      require_positive(owner, 'measured_batch', self.measured_batch, integer=True)
       if self.step_overhead_s >= self.step_time_s:
         raise ValueError(f'{owner}.step_overhead_s={self.step_overhead_s!r} must be smaller than '
                          f'step_time_s={self.step_time_s!r}.')
@@ -139,10 +121,10 @@ class Interconnect:
   inter_node_latency: float
 
   def __post_init__(self):
-    _require_positive('Interconnect', 'intra_node_bandwidth', self.intra_node_bandwidth)
-    _require_positive('Interconnect', 'inter_node_bandwidth', self.inter_node_bandwidth)
-    _require_non_negative('Interconnect', 'intra_node_latency', self.intra_node_latency)
-    _require_non_negative('Interconnect', 'inter_node_latency', self.inter_node_latency)
+    require_positive('Interconnect', 'intra_node_bandwidth', self.intra_node_bandwidth)
+    require_positive('Interconnect', 'inter_node_bandwidth', self.inter_node_bandwidth)
+    require_non_negative('Interconnect', 'intra_node_latency', self.intra_node_latency)
+    require_non_negative('Interconnect', 'inter_node_latency', self.inter_node_latency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +151,12 @@ class Cluster:
   devices_per_compute_pool: int = 1
 
   def __post_init__(self):
-    _require_positive('Cluster', 'nodes', self.nodes, integer=True)
-    _require_positive('Cluster', 'devices_per_node', self.devices_per_node, integer=True)
-    _require_positive('Cluster', 'devices_per_compute_pool', self.devices_per_compute_pool,
+    require_positive('Cluster', 'nodes', self.nodes, integer=True)
+    require_positive('Cluster', 'devices_per_node', self.devices_per_node, integer=True)
+    require_positive('Cluster', 'devices_per_compute_pool', self.devices_per_compute_pool,
                       integer=True)
     if self.max_devices_per_node is not None:
-      _require_positive('Cluster', 'max_devices_per_node', self.max_devices_per_node,
+      require_positive('Cluster', 'max_devices_per_node', self.max_devices_per_node,
                         integer=True)
       if self.devices_per_node > self.max_devices_per_node:
         raise ValueError(
@@ -226,14 +208,14 @@ class Workload:
 
   def __post_init__(self):
     owner = f'Workload({self.name!r})'
-    _require_positive(owner, 'flops_per_image_fwd', self.flops_per_image_fwd)
-    _require_positive(owner, 'param_bytes', self.param_bytes)
-    _require_positive(owner, 'dataset_size', self.dataset_size, integer=True)
-    _require_positive(owner, 'train_flops_factor', self.train_flops_factor)
+    require_positive(owner, 'flops_per_image_fwd', self.flops_per_image_fwd)
+    require_positive(owner, 'param_bytes', self.param_bytes)
+    require_positive(owner, 'dataset_size', self.dataset_size, integer=True)
+    require_positive(owner, 'train_flops_factor', self.train_flops_factor)
     if self.gradient_bytes is not None:
-      _require_positive(owner, 'gradient_bytes', self.gradient_bytes)
-    _require_non_negative(owner, 'activation_bytes_per_image', self.activation_bytes_per_image)
-    _require_positive(owner, 'training_state_factor', self.training_state_factor)
+      require_positive(owner, 'gradient_bytes', self.gradient_bytes)
+    require_non_negative(owner, 'activation_bytes_per_image', self.activation_bytes_per_image)
+    require_positive(owner, 'training_state_factor', self.training_state_factor)
 
   @property
   def flops_per_image_train(self) -> float:
@@ -374,10 +356,10 @@ CLUSTER_DATASETS = {'minotauro': (MUSA2_TRAIN_IMAGES,
 # Communication and computation costs.
 
 def _check_transfer_args(nbytes, n, bandwidth, latency):
-  _require_non_negative('allreduce', 'bytes', nbytes)
-  _require_positive('allreduce', 'n', n, integer=True)
-  _require_positive('allreduce', 'bandwidth', bandwidth)
-  _require_non_negative('allreduce', 'latency', latency)
+  require_non_negative('allreduce', 'bytes', nbytes)
+  require_positive('allreduce', 'n', n, integer=True)
+  require_positive('allreduce', 'bandwidth', bandwidth)
+  require_non_negative('allreduce', 'latency', latency)
 
 
 def ring_allreduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:
@@ -426,14 +408,14 @@ def node_axis_allreduce_time(nbytes: float, nodes: int, devices_per_node: int,
                              interconnect: Interconnect) -> float:
   """All-reduce over the node axis of replicated buffers: what local SGD's averaging does.
 
-  Every device of a node holds the node's whole replica, and `anp_jax.train`'s local-SGD step
+  Every device of a node holds the node's whole replica, and the local-SGD executor's step (`anp_jax.executors.local_sgd`)
   averages it with ``pmean`` over the ``node`` mesh axis: d concurrent ring all-reduces of the
   full ``nbytes``, one per device position, each over the N nodes. There is no intra-node
   reduce-scatter first (unlike `hierarchical_allreduce_time`); the d rings share the node's one
   network interface, which therefore moves d x 2(N-1)/N x nbytes; their latencies overlap. So
   it costs a ring all-reduce of d x nbytes over the nodes (zero for one node).
   """
-  _require_positive('node_axis_allreduce', 'devices_per_node', devices_per_node, integer=True)
+  require_positive('node_axis_allreduce', 'devices_per_node', devices_per_node, integer=True)
   ic = interconnect
   return ring_allreduce_time(devices_per_node * nbytes, nodes, ic.inter_node_bandwidth,
                              ic.inter_node_latency)
@@ -446,7 +428,7 @@ def check_memory(workload: Workload, device: Device, per_device_batch: int):
   ``per_device_batch`` images; workspace and fragmentation are not counted, so passing is
   necessary, not sufficient. Skipped when the device memory or activation size is unknown (0).
   """
-  _require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
+  require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
   if not device.memory_bytes or not workload.activation_bytes_per_image:
     return
   need = (workload.training_state_factor * workload.param_bytes +
@@ -481,217 +463,6 @@ def device_step_time(cluster: Cluster, workload: Workload, per_device_batch: int
   """
   check_memory(workload, cluster.device, per_device_batch)
   return compute_time(workload, cluster.device, cluster.pool_sharing * per_device_batch)
-
-
-# ----------------------------------------------------------------------------------------------
-# Discrete-event simulation of asynchronous SGD with parameter servers.
-
-@dataclasses.dataclass
-class AsyncSimResult:
-  """Samples recorded by `simulate_async` after its warm-up.
-
-  ``staleness[i]``: updates the server applied between the moment the worker of the i-th recorded
-  gradient read its parameters and the update that applies that gradient. ``effective_batch[j]``:
-  images in the j-th recorded update (worker batch x gradients merged into it).
-  """
-  staleness: np.ndarray
-  worker: np.ndarray
-  apply_time: np.ndarray
-  effective_batch: np.ndarray
-  elapsed: float
-  num_workers: int
-  worker_batch: int
-
-  @property
-  def mean_staleness(self) -> float:
-    return float(self.staleness.mean())
-
-  @property
-  def gradients_per_s(self) -> float:
-    return len(self.staleness) / self.elapsed if self.elapsed > 0 else math.inf
-
-  @property
-  def updates_per_s(self) -> float:
-    return len(self.effective_batch) / self.elapsed if self.elapsed > 0 else math.inf
-
-  @property
-  def images_per_s(self) -> float:
-    return self.gradients_per_s * self.worker_batch
-
-  def staleness_pmf(self) -> Dict[int, float]:
-    return _pmf(self.staleness)
-
-  def effective_batch_pmf(self) -> Dict[int, float]:
-    return _pmf(self.effective_batch)
-
-
-def _pmf(samples: np.ndarray) -> Dict[int, float]:
-  values, counts = np.unique(samples, return_counts=True)
-  return {int(v): float(c) / len(samples) for v, c in zip(values, counts)}
-
-
-class _UnitSampler:
-  """Buffered unit-mean step-time multipliers with a given coefficient of variation."""
-
-  def __init__(self, cv: float, distribution: str, rng: np.random.Generator, block: int = 8192):
-    if distribution not in ('gamma', 'lognormal'):
-      raise ValueError(f"distribution={distribution!r}; choose 'gamma' or 'lognormal'.")
-    self.cv, self.distribution, self.rng, self.block = cv, distribution, rng, block
-    self._buf, self._i = np.empty(0), 0
-
-  def __call__(self) -> float:
-    if self.cv == 0:
-      return 1.0
-    if self._i == len(self._buf):
-      if self.distribution == 'gamma':
-        shape = 1.0 / self.cv**2
-        self._buf = self.rng.gamma(shape, 1.0 / shape, self.block)
-      else:
-        sigma2 = math.log1p(self.cv**2)
-        self._buf = self.rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), self.block)
-      self._i = 0
-    self._i += 1
-    return float(self._buf[self._i - 1])
-
-
-def simulate_async(num_workers: int, compute_time_mean: Union[float, Sequence[float]],
-                   compute_time_cv: float = 0.0, comm_time: float = 0.0,
-                   num_updates: int = 10_000, seed: int = 0, *, server_time: float = 0.0,
-                   apply_time: float = 0.0, push_fraction: float = 0.5,
-                   distribution: str = 'gamma', merge: bool = False, worker_batch: int = 1,
-                   warmup: Optional[int] = None) -> AsyncSimResult:
-  """Simulate N workers training asynchronously against a parameter server; record staleness.
-
-  Each worker loops: compute a gradient (``compute_time_mean`` seconds on average, one value or
-  one per worker; gamma- or lognormal-distributed with coefficient of variation
-  ``compute_time_cv``), push it, and read the new parameters back. The time line of one push:
-
-  * the server's links are a FIFO resource occupied ``server_time`` seconds per gradient (the
-    serialised part: gradient bytes over the servers' aggregate bandwidth);
-  * the worker's own link needs ``push_fraction * comm_time`` seconds; the gradient reaches the
-    server when both are done;
-  * the server applies updates one at a time, ``apply_time`` seconds each. With ``merge`` it sums
-    every gradient that arrived while it was busy into the next update (SPRINT's server, whose
-    effective mini-batch then varies); without, each gradient is its own update (TensorFlow's
-    asynchronous parameter servers, as in the seed paper).
-
-  The worker reads the parameters as they are right after its update and spends the remaining
-  ``(1 - push_fraction) * comm_time`` receiving them. Staleness = updates applied between that
-  read and the update that applies the worker's next gradient. For N identical workers, each
-  other worker's updates fall into every such interval once on average: mean staleness N-1
-  whatever the step-time distribution (without merging).
-
-  The first ``warmup`` gradients (default 10 per worker; all workers start in lock-step) are
-  dropped; ``num_updates`` gradients are recorded after it.
-  """
-  _require_positive('simulate_async', 'num_workers', num_workers, integer=True)
-  _require_positive('simulate_async', 'num_updates', num_updates, integer=True)
-  _require_positive('simulate_async', 'worker_batch', worker_batch, integer=True)
-  _require_non_negative('simulate_async', 'compute_time_cv', compute_time_cv)
-  for field, value in (('comm_time', comm_time), ('server_time', server_time),
-                       ('apply_time', apply_time)):
-    _require_non_negative('simulate_async', field, value)
-  if not 0 <= push_fraction <= 1:
-    raise ValueError(f'simulate_async.push_fraction must be in [0, 1], got {push_fraction!r}.')
-  means = np.broadcast_to(np.asarray(compute_time_mean, dtype=float), (num_workers,)).copy()
-  if np.any(~np.isfinite(means)) or np.any(means <= 0):
-    raise ValueError('simulate_async.compute_time_mean must be positive, got '
-                     f'{compute_time_mean!r}.')
-  if warmup is None:
-    warmup = 10 * num_workers
-  _require_non_negative('simulate_async', 'warmup', warmup)
-
-  rng = np.random.default_rng(seed)
-  draw = _UnitSampler(compute_time_cv, distribution, rng)
-  push_time = push_fraction * comm_time
-  pull_time = comm_time - push_time
-
-  # Events: (time, sequence, kind, payload); the sequence number keeps ties in FIFO order.
-  REQUEST, ARRIVE, APPLIED = 0, 1, 2
-  events: List[Tuple[float, int, int, object]] = []
-  seq = 0
-
-  def schedule(t, kind, payload):
-    nonlocal seq
-    heapq.heappush(events, (t, seq, kind, payload))
-    seq += 1
-
-  read_version = np.zeros(num_workers, dtype=np.int64)
-  for w in range(num_workers):
-    schedule(means[w] * draw(), REQUEST, w)
-
-  link_free = 0.0
-  version = 0
-  busy = False
-  queue: List[int] = []
-  staleness, workers, times, eff_batch = [], [], [], []
-  seen = 0
-  last_applied = 0.0  # time of the latest update; the recording window opens at one
-  t_start = None
-  target = warmup + num_updates
-
-  def start_update(t):
-    nonlocal busy, queue
-    if merge:
-      batch, queue = queue, []
-    else:
-      batch = [queue.pop(0)]
-    busy = True
-    schedule(t + apply_time, APPLIED, batch)
-
-  while seen < target:
-    t, _, kind, payload = heapq.heappop(events)
-    if kind == REQUEST:
-      start = max(t, link_free)
-      link_free = start + server_time
-      schedule(max(link_free, t + push_time), ARRIVE, payload)
-    elif kind == ARRIVE:
-      queue.append(payload)
-      if not busy:
-        start_update(t)
-    else:
-      busy = False
-      if seen + len(payload) > warmup:
-        if t_start is None:
-          t_start = last_applied
-        eff_batch.append(len(payload) * worker_batch)
-      for w in payload:
-        if seen >= warmup:
-          staleness.append(version - read_version[w])
-          workers.append(w)
-          times.append(t)
-        seen += 1
-        read_version[w] = version + 1
-        schedule(t + pull_time + means[w] * draw(), REQUEST, w)
-      version += 1
-      last_applied = t
-      if queue:
-        start_update(t)
-  # A merged last update may overshoot the target: keep exactly num_updates gradients.
-  staleness, workers, times = staleness[:num_updates], workers[:num_updates], times[:num_updates]
-  return AsyncSimResult(staleness=np.asarray(staleness, dtype=np.int64),
-                        worker=np.asarray(workers, dtype=np.int64),
-                        apply_time=np.asarray(times, dtype=float),
-                        effective_batch=np.asarray(eff_batch, dtype=np.int64),
-                        elapsed=float(times[-1] - t_start), num_workers=num_workers,
-                        worker_batch=worker_batch)
-
-
-def staleness_sampler(num_workers: int, num_samples: int, *, compute_time_cv: float = 0.1,
-                      comm_to_compute: float = 0.0, server_to_compute: float = 0.0,
-                      distribution: str = 'gamma', merge: bool = False,
-                      seed: int = 0) -> np.ndarray:
-  """``num_samples`` staleness values (int64) of asynchronous SGD with ``num_workers`` workers.
-
-  For a simulated asynchronous SGD that needs realistic delays: the values come from
-  `simulate_async` in the order the server applies the gradients (so their temporal correlation
-  is kept), with times in units of the mean compute time: ``comm_to_compute`` is the worker-side
-  push+pull time and ``server_to_compute`` the serialised server time per gradient, both relative
-  to one compute step. The mean is num_workers - 1 unless the server saturates with ``merge``.
-  """
-  result = simulate_async(num_workers, 1.0, compute_time_cv, comm_to_compute, num_samples, seed,
-                          server_time=server_to_compute, distribution=distribution, merge=merge)
-  return result.staleness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -734,12 +505,12 @@ def analytic_async(num_workers: int, compute_time_mean: float, compute_time_cv: 
   servers below saturation. A saturated server queues the gradients and serves them nearly
   round-robin, which narrows the distribution: there the simulation is the reference.
   """
-  _require_positive('analytic_async', 'num_workers', num_workers, integer=True)
-  _require_positive('analytic_async', 'compute_time_mean', compute_time_mean)
-  _require_positive('analytic_async', 'worker_batch', worker_batch, integer=True)
+  require_positive('analytic_async', 'num_workers', num_workers, integer=True)
+  require_positive('analytic_async', 'compute_time_mean', compute_time_mean)
+  require_positive('analytic_async', 'worker_batch', worker_batch, integer=True)
   for field, value in (('compute_time_cv', compute_time_cv), ('comm_time', comm_time),
                        ('server_time', server_time)):
-    _require_non_negative('analytic_async', field, value)
+    require_non_negative('analytic_async', field, value)
   if not 0 <= push_fraction <= 1:
     raise ValueError(f'analytic_async.push_fraction must be in [0, 1], got {push_fraction!r}.')
   n = num_workers
@@ -976,7 +747,7 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
     ``local_steps`` > 1 lets a node take that many synchronous steps between pushes.
     ``mixed_mode='local_sgd'``: synchronous inside each node, and every ``local_steps`` steps a
     synchronous all-reduce averages the parameters across nodes (local SGD / periodic model
-    averaging), costed as `anp_jax.train` does it (`node_axis_allreduce_time`: every device's
+    averaging), costed as `anp_jax.executors.local_sgd` does it (`node_axis_allreduce_time`: every device's
     full replica over the node axis); there is no staleness, and the reported 'staleness' is
     the local steps since the last average.
   """
@@ -986,15 +757,15 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
     raise ValueError(f'cluster must be a Cluster, got {type(cluster).__name__}.')
   if not isinstance(workload, Workload):
     raise ValueError(f'workload must be a Workload, got {type(workload).__name__}.')
-  _require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
-  _require_non_negative('predict', 'overlap', overlap)
+  require_positive('predict', 'per_device_batch', per_device_batch, integer=True)
+  require_non_negative('predict', 'overlap', overlap)
   if overlap > 1:
     raise ValueError(f'predict.overlap is a fraction in [0, 1], got {overlap!r}.')
-  _require_positive('predict', 'num_ps', num_ps, integer=True)
-  _require_positive('predict', 'local_steps', local_steps, integer=True)
-  _require_non_negative('predict', 'ps_apply_time', ps_apply_time)
-  _require_non_negative('predict', 'compute_cv', compute_cv)
-  _require_positive('predict', 'sim_updates', sim_updates, integer=True)
+  require_positive('predict', 'num_ps', num_ps, integer=True)
+  require_positive('predict', 'local_steps', local_steps, integer=True)
+  require_non_negative('predict', 'ps_apply_time', ps_apply_time)
+  require_non_negative('predict', 'compute_cv', compute_cv)
+  require_positive('predict', 'sim_updates', sim_updates, integer=True)
   if async_worker not in ('device', 'node'):
     raise ValueError(f"predict.async_worker={async_worker!r}; choose 'device' or 'node'.")
   if mixed_mode not in ('async', 'local_sgd'):
@@ -1048,7 +819,7 @@ def rank_configurations(cluster_options: Union[Cluster, Iterable[Cluster]], work
   reaches the target). Configurations whose batch does not fit in device memory are skipped.
   ``predict_kwargs`` (method, overlap, ...) go to `predict`.
   """
-  _require_positive('best_configuration', 'target_global_batch', target_global_batch,
+  require_positive('best_configuration', 'target_global_batch', target_global_batch,
                     integer=True)
   if match not in ('exact', 'at_least'):
     raise ValueError(f"best_configuration.match={match!r}; choose 'exact' or 'at_least'.")
@@ -1170,9 +941,9 @@ def flax_workload(arch: str, image_size: int = 224, width: float = 1.0, num_clas
   if arch not in models.ARCHS:
     raise ValueError(f'--flax-model {arch!r} is unknown; choose one of '
                      f'{sorted(models.ARCHS)}.')
-  _require_positive('--flax-model', 'image_size', image_size, integer=True)
-  _require_positive('--flax-model', 'width', width)
-  _require_positive('--flax-model', 'num_classes', num_classes, integer=True)
+  require_positive('--flax-model', 'image_size', image_size, integer=True)
+  require_positive('--flax-model', 'width', width)
+  require_positive('--flax-model', 'num_classes', num_classes, integer=True)
   model = models.build_resnet(arch, num_anps=num_classes, width=width)
   name = arch + (f'_w{width:g}' if width != 1 else '')
   return workload_from_flax(model, image_size, name=name, **kwargs)

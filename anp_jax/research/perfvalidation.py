@@ -6,7 +6,7 @@ writes the report:
 1. **Measuring** (`measure_in_this_process`, run in a subprocess as
    ``python -m anp_jax.research.perfvalidation SPEC_JSON OUT_JSON``, since
    ``--xla_force_host_platform_device_count`` must be set before JAX starts). Real trainer steps
-   (`train.build(config)`, then `Run.train_step` on an in-memory synthetic batch, timed after
+   (`trainer.build(config)`, then `Run.train_step` on an in-memory synthetic batch, timed after
    warm-up, median of several steps) for several global batch sizes on this process's devices
    (simulated XLA CPU devices, or one device in each of several `jax.distributed` processes),
    plus a ``psum`` micro-benchmark over them at several sizes.
@@ -116,7 +116,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from anp_jax import models, train
+  from anp_jax import executors, models, trainer
 
   config = measurement_config(spec)
   ndev, nproc = jax.device_count(), jax.process_count()
@@ -125,7 +125,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
   for b in spec.batches:
     config.batch_size = int(b)
     config.eval_batch_size = ndev * 2
-    run = train.build(config)
+    run = trainer.build(config)
     if workload is None and nproc == 1:  # The FLOP count needs no second process.
       model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
                                   run.meta.num_nouns)
@@ -169,14 +169,14 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
 
   allreduce = []
   if ndev > 1:
-    mesh = train.make_mesh()
-    sharding = NamedSharding(mesh, P(train.AXIS))
+    mesh = executors.make_mesh()
+    sharding = NamedSharding(mesh, P(executors.AXIS))
     for nbytes in spec.allreduce_bytes:
       n = max(1, int(nbytes) // 4)
       local = np.ones((jax.local_device_count(), n), np.float32)
       x = jax.make_array_from_process_local_data(sharding, local)
-      f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, train.AXIS), mesh=mesh,
-                                in_specs=P(train.AXIS), out_specs=P(train.AXIS)))
+      f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, executors.AXIS), mesh=mesh,
+                                in_specs=P(executors.AXIS), out_specs=P(executors.AXIS)))
       jax.block_until_ready(f(x))
       jax.block_until_ready(f(x))
       t = _best_time(lambda: jax.block_until_ready(f(x)), spec.allreduce_repeats)
@@ -473,4 +473,6 @@ def paper_comparison(sim_updates: int = 20_000, num_ps: int = 1, fit_method: str
 
 
 if __name__ == '__main__':
+  from anp_jax import runtime
+  runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
   worker_main(sys.argv)

@@ -37,10 +37,11 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from anp_jax import checkpointing, cli, distributed, optim, preemption, reporting, train
+from anp_jax import checkpointing, cli, distributed, errors, optim, preemption, reporting, trainer
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.research import noise_scale, plan
+from anp_jax.setup import resolve_setup, validate_config
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            'configs')
@@ -234,7 +235,7 @@ class GridRun:
   """One training run of a grid: its directory name, config, sizes, and a record to keep."""
   name: str
   config: ml_collections.ConfigDict
-  setup: object  # anp_jax.train.Setup
+  setup: object  # anp_jax.setup.Setup
   info: Optional[Dict] = None  # Written to run_dir/sweep_run.json before training.
 
 
@@ -243,7 +244,7 @@ def run_grid(runs: Sequence[GridRun], out: str, is_main: bool):
 
   Finished runs are skipped; an interrupted one continues from its checkpoints. A NaN/Inf loss
   is recorded as the run's outcome (``final_metrics.json`` with ``diverged``) and not retried.
-  Preemption (`checkpointing.Preempted`, or a signal between runs) propagates: exit 75.
+  Preemption (`errors.Preempted`, or a signal between runs) propagates: exit 75.
   """
   count = len(runs)
   for i, run in enumerate(runs, 1):
@@ -265,15 +266,15 @@ def run_grid(runs: Sequence[GridRun], out: str, is_main: bool):
       print(f'{tag}: {"resuming" if resuming else "training"} — {run.setup.describe()}',
             flush=True)
     try:
-      result = train.train_and_evaluate(run.config, run_dir)
-    except train.NonFiniteLossError as e:
+      result = trainer.train_and_evaluate(run.config, run_dir)
+    except errors.NonFiniteLossError as e:
       if is_main:
         step = max((r['step'] for r in plan.read_metrics(run_dir)), default=0)
         reporting.write_json_atomic(os.path.join(run_dir, 'final_metrics.json'),
                                     {'diverged': True, 'step': step, 'error': str(e)})
         print(f'{tag}: diverged ({e})', flush=True)
       continue
-    except checkpointing.Preempted:
+    except errors.Preempted:
       if is_main:
         print(f'{tag}: preempted; rerun the same command to continue.', flush=True)
       raise
@@ -421,7 +422,7 @@ class Plan:
   """A grid point made concrete: its config and the sizes the trainer will derive."""
   spec: RunSpec
   config: ml_collections.ConfigDict
-  setup: object  # anp_jax.train.Setup
+  setup: object  # anp_jax.setup.Setup
 
 
 @dataclasses.dataclass
@@ -567,7 +568,7 @@ def batch_problems(batch_sizes: Sequence[int], devices: int, max_micro: int, bn_
                    bn_group: int, fixed_accum: int = 1) -> Dict[int, str]:
   """Batch size → why it cannot be split over `devices` x micro-batches x BN groups.
 
-  Every bad batch size at once, before any run (`train.resolve_setup` then checks each run's
+  Every bad batch size at once, before any run (`setup.resolve_setup` then checks each run's
   full setup, including the dataset, and stops at its first problem).
   """
   group = bn_group if bn_mode == 'ghost' else 1
@@ -612,7 +613,7 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
   base = sw.base
   devices = jax.device_count() if devices is None else devices
   try:
-    train.validate_config(base)
+    validate_config(base)
   except (ValueError, FileNotFoundError) as e:
     raise SweepError(f'The preset config with your overrides is invalid: {e}') from e
   batches = sorted({s.batch for s in sw.grid})
@@ -637,7 +638,7 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
       accum = int(base.grad_accum_steps)
     config = make_run_config(base, spec, accum)
     try:
-      setup = train.resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
+      setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       unfit[spec.batch] = str(e)
       continue

@@ -33,7 +33,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from anp_jax import cli, distributed, optim, plotting, preemption, reporting, train
+from anp_jax import cli, distributed, optim, plotting, preemption, reporting
+from anp_jax.setup import resolve_setup, validate_config
 from anp_jax.research import perfmodel as pm, plan
 from anp_jax.research import sweep
 
@@ -229,8 +230,8 @@ def plan_runs(ex: Experiment, devices: int):
   for point in ex.points:
     config = run_config(ex.base, point.arm, point.lr_mult)
     try:
-      train.validate_config(config)
-      setup = train.resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
+      validate_config(config)
+      setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       raise ExperimentError(f'Run {point.name}: {e}') from None
     config.checkpoint_every_steps = setup.steps(1.0, minimum=1)

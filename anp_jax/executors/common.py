@@ -1,0 +1,148 @@
+"""What every executor shares: the `Executor` record, the meshes, and the mesh helper.
+
+One `Mesh` over every device of the job, in JAX's global device order: a single ``data`` axis
+(`make_mesh`), or, for local SGD, (``node``, ``device``) over the same devices in the same order
+(`make_node_mesh`). `MeshHelper` holds, for one mesh and one state layout (replicated ``P()`` or
+one replica per node ``P('node')``), everything the jit executors would otherwise each rebuild:
+the shardings, the compiled `shard_map` of a per-device step (state buffers donated) and of the
+evaluation step, the host→device transfer of a batch (`jax.make_array_from_process_local_data`:
+works unchanged across processes), the device→host `fetch`, and the checkpoint restore target.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, Optional
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from anp_jax import steps
+
+AXIS = steps.AXIS  # 'data': the batch axis of the 1-D mesh.
+NODE, DEVICE = 'node', 'device'  # The local-SGD mesh axes.
+
+
+@dataclasses.dataclass
+class Executor:
+  """Compiled train/eval steps, host↔device transfers and state conversions of one run.
+
+  ``name`` is how the per-device step is compiled (``'jit'``: `jax.jit` of `jax.shard_map` over
+  the mesh; ``'pmap'``), ``method`` what it does across devices and steps (``'sync'``,
+  ``'async'``, ``'local_sgd'``). The loop and the checkpointer need neither: the executor turns its
+  state into a plain pytree for a checkpoint (`to_checkpoint`), gives the target a checkpoint is
+  restored into (`restore_target`, with the shardings of this run's mesh) and turns the restored
+  pytree back into its state (`from_checkpoint`).
+  """
+  name: str
+  method: str
+  init: Callable[[], Any]
+  train_step: Callable
+  eval_step: Callable
+  to_device: Callable  # A host batch (this process's examples) → device arrays.
+  fetch: Callable  # A replicated device value → numpy on this host.
+  unreplicate: Callable  # Executor state → TrainState with one copy of every leaf.
+  restore_target: Callable  # State → its abstract pytree (shape, dtype, sharding per leaf).
+  to_checkpoint: Callable = lambda state: state
+  from_checkpoint: Callable = lambda tree: tree
+  # Extra arguments of `train_step` for the (0-based) step about to run: () for sync, (tau,) for
+  # async, (average?,) for local SGD. Host-side and a pure function of the step: exact resume.
+  step_args: Callable[[int], tuple] = lambda step: ()
+  describe: str = ''  # Method-specific start-up line (staleness, memory, nodes).
+  identity: Optional[Dict[str, Any]] = None  # Checkpoint identity beyond the config fields.
+
+
+def make_mesh(devices=None) -> jax.sharding.Mesh:
+  """The one mesh of the job: every device, in JAX's global order, on the ``data`` axis."""
+  devices = jax.devices() if devices is None else devices
+  return jax.make_mesh((len(devices),), (AXIS,), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def make_node_mesh(nodes: int, devices=None) -> jax.sharding.Mesh:
+  """The local-SGD mesh: (``node``, ``device``), the devices of `make_mesh` in the same order.
+
+  Node-major: node i holds the devices i*d .. (i+1)*d - 1 of the 1-D order, so a batch sharded
+  ``P(('node', 'device'))`` puts the same examples on every device as ``P('data')`` does, and
+  with one node per process a node is exactly one process's devices.
+  """
+  devices = jax.devices() if devices is None else devices
+  shape = (nodes, len(devices) // nodes)
+  mesh = jax.make_mesh(shape, (NODE, DEVICE), devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  if list(mesh.devices.flat) != list(devices):  # make_mesh may reorder for a physical topology.
+    mesh = jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(shape), (NODE, DEVICE),
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return mesh
+
+
+def per_device_functions(config, model, tx, setup, **train_kwargs):
+  """(train_fn, eval_fn, init_fn): the steps of `anp_jax.steps` bound to this run."""
+  bound = dict(model=model, tx=tx, config=config, accum_steps=setup.accum_steps,
+               num_devices=setup.devices)
+  train_fn = functools.partial(steps.per_device_train_step, **dict(bound, **train_kwargs))
+  eval_fn = functools.partial(steps.per_device_eval_step, model=model, config=config)
+  init_fn = functools.partial(steps.init_state, model, tx, config.image_size, config.seed)
+  return train_fn, eval_fn, init_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshHelper:
+  """Shardings, compiled steps and transfers for a state laid out as `state_spec` on `mesh`."""
+  mesh: jax.sharding.Mesh
+  batch_spec: P = P(AXIS)
+  state_spec: P = P()  # P(): replicated; P(NODE): one replica per node (leading node axis).
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, P())
+
+  @property
+  def data(self) -> NamedSharding:
+    return NamedSharding(self.mesh, self.batch_spec)
+
+  @property
+  def state(self) -> NamedSharding:
+    return NamedSharding(self.mesh, self.state_spec)
+
+  def jit_init(self, init_fn):
+    return jax.jit(init_fn, out_shardings=self.state)
+
+  def jit_train_step(self, step_fn, num_scalar_args: int = 0):
+    """`step_fn(state, batch, *scalars)` per device → jitted over the mesh, state donated;
+    the scalars (e.g. tau) are replicated global arrays."""
+    sm = jax.shard_map(step_fn, mesh=self.mesh,
+                       in_specs=(self.state_spec, self.batch_spec) + (P(),) * num_scalar_args,
+                       out_specs=(self.state_spec, P()))
+    return jax.jit(sm, in_shardings=(self.state, self.data) + (self.replicated,) * num_scalar_args,
+                   out_shardings=(self.state, self.replicated), donate_argnums=(0,))
+
+  def jit_eval_step(self, eval_fn):
+    """`eval_fn(state, batch)` per device (metric sums psum'd inside) → jitted over the mesh."""
+    sm = jax.shard_map(eval_fn, mesh=self.mesh, in_specs=(self.state_spec, self.batch_spec),
+                       out_specs=P())
+    return jax.jit(sm, in_shardings=(self.state, self.data), out_shardings=self.replicated)
+
+  def to_device(self, batch):
+    """This process's part of a global batch → global arrays sharded over the batch axis."""
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(self.data, x), batch)
+
+  def fetch(self, tree):
+    """Device values → numpy on this host: a replicated leaf's local copy, and the first
+    node's replica of a node-sharded one (metric sums are replicated)."""
+    def one(a):
+      value = np.asarray(a.addressable_data(0))
+      spec = getattr(a.sharding, 'spec', ())
+      return value[0] if len(spec) and spec[0] == NODE else value
+    return jax.tree.map(one, tree)
+
+  def restore_target(self, state):
+    """The abstract state a checkpoint is restored into: this mesh's shardings, so a state
+    saved on other devices (8 → 4) lands where this run keeps it."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.state),
+                        state)
+
+
+def is_int(value) -> bool:
+  """An integer config value (numpy integers too; True/False are not)."""
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -1,0 +1,121 @@
+"""Local SGD (``config.method='local_sgd'``): synchronous inside a node, averaged across nodes.
+
+A 2-D mesh (``node``, ``device``) over the same devices in the same order as the 1-D mesh
+(`anp_jax.executors.common.make_node_mesh`). Each node keeps its own replica (every state leaf
+has a leading node axis, sharded ``P('node')``); gradients are averaged over ``device`` only
+(global BatchNorm too: over a node's batch); every ``sync_every`` steps a second compiled step
+also averages parameters and BN statistics (optionally the optimizer state) over ``node``. The
+host picks the step function by step number (`Executor.step_args`), so no collective sits inside
+a conditional. `resolve_nodes` turns ``local_sgd.nodes`` into a node count.
+"""
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from anp_jax import steps
+from anp_jax.executors.common import (DEVICE, NODE, Executor, MeshHelper, is_int,
+                                      per_device_functions)
+
+
+def validate(config, devices: Optional[int] = None, processes: Optional[int] = None) -> None:
+  """Checks config.local_sgd; with the job's ``devices``/``processes``, the node count too."""
+  s = config.local_sgd
+  if not is_int(s.sync_every) or s.sync_every < 1:
+    raise ValueError(f'config.local_sgd.sync_every must be an integer >= 1 (steps between '
+                     f'parameter averages; 1 = synchronous SGD), got {s.sync_every!r}.')
+  if not is_int(s.nodes) or s.nodes < 0:
+    raise ValueError(f'config.local_sgd.nodes must be an integer >= 0 (0 = one node per JAX '
+                     f'process), got {s.nodes!r}.')
+  if devices is not None:
+    resolve_nodes(config, devices, processes or 1)
+
+
+def resolve_nodes(config, devices: int, processes: int) -> int:
+  """The local-SGD node count: ``local_sgd.nodes``, or one node per process when it is 0."""
+  nodes = int(config.local_sgd.nodes) or processes
+  if devices % nodes:
+    raise ValueError(f'config.local_sgd.nodes={nodes} does not divide the {devices} devices of '
+                     f'this job; use a divisor of {devices} '
+                     f'({[n for n in range(1, devices + 1) if devices % n == 0]}).')
+  per_node = devices // nodes
+  local = devices // processes
+  if processes > 1 and (per_node % local and local % per_node):
+    raise ValueError(f'With {processes} processes of {local} devices, a node of {per_node} '
+                     'devices would straddle processes unevenly; choose config.local_sgd.nodes '
+                     'so that each node is a whole number of processes or each process a whole '
+                     'number of nodes.')
+  return nodes
+
+
+def _is_float(x) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def average_replicas(tree):
+  """One model from the nodes' replicas (leading node axis): float leaves averaged, others
+  (step counters) taken from node 0."""
+  return jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype) if _is_float(x) else x[0],
+                      tree)
+
+
+def make(config, model, tx, setup, mesh) -> Executor:
+  """Local SGD over the (node, device) `mesh`; state leaves carry a leading node axis."""
+  nodes, per_node = mesh.shape[NODE], mesh.shape[DEVICE]
+  every = int(config.local_sgd.sync_every)
+  average_opt = bool(config.local_sgd.average_opt_state)
+  both = (NODE, DEVICE)
+  helper = MeshHelper(mesh, batch_spec=P(both), state_spec=P(NODE))
+  train_fn, _, init_fn = per_device_functions(config, model, tx, setup, num_devices=per_node,
+                                              axis_name=DEVICE, in_shard_map=True)
+
+  def node_mean(tree):
+    return jax.tree.map(lambda x: jax.lax.pmean(x, NODE) if _is_float(x) else x, tree)
+
+  def step(state, batch, average: bool):
+    local = jax.tree.map(lambda x: x[0], state)  # This node's replica.
+    new, sums = train_fn(local, batch)
+    if average:
+      new = new.replace(params=node_mean(new.params), batch_stats=node_mean(new.batch_stats))
+      if average_opt:
+        new = new.replace(opt_state=node_mean(new.opt_state))
+    grad_norm = sums.pop('_grad_norm')
+    sums = jax.lax.psum(sums, NODE)  # Metric sums over the whole global batch.
+    sums['_grad_norm'] = jax.lax.pmean(grad_norm, NODE)
+    return jax.tree.map(lambda x: x[None], new), sums
+
+  def eval_step(state, batch):
+    # The node-averaged model (what a final average would give).
+    local = jax.tree.map(lambda x: x[0], state)
+    local = local.replace(params=node_mean(local.params),
+                          batch_stats=node_mean(local.batch_stats))
+    return steps.per_device_eval_step(local, batch, model=model, config=config, axis_name=both)
+
+  compiled = {average: helper.jit_train_step(functools.partial(step, average=average))
+              for average in (False, True)}
+
+  def train_step(state, batch, average: bool = False):
+    return compiled[bool(average)](state, batch)
+
+  def init():
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (nodes,) + x.shape), init_fn())
+
+  return Executor(
+      name='jit', method='local_sgd',
+      init=helper.jit_init(init),
+      train_step=train_step,
+      eval_step=helper.jit_eval_step(eval_step),
+      to_device=helper.to_device, fetch=helper.fetch,
+      unreplicate=jax.jit(average_replicas, out_shardings=helper.replicated),
+      restore_target=helper.restore_target,
+      step_args=lambda step: ((step + 1) % every == 0,),
+      describe=(f'local SGD: {nodes} node(s) x {per_node} device(s), parameters'
+                f'{" and optimizer state" if average_opt else ""} and BN statistics averaged '
+                f'across nodes every {every} step(s)'
+                + ("; bn_mode='global' averages over a node's batch" if
+                   config.bn_mode == 'global' else '')),
+      identity={'method': 'local_sgd', 'local_sgd.nodes': nodes})

@@ -1,0 +1,45 @@
+"""Synchronous data parallelism on `jax.pmap` over the local devices, kept for comparison.
+
+pmap is in maintenance mode; the ``jit`` executor (`anp_jax.executors.sync`) is the default and
+the only one of the other methods. The state carries a leading local-device axis; checkpoints
+hold one host copy of it (`to_checkpoint` / `from_checkpoint`), so they are interchangeable with
+the jit executor's.
+"""
+
+import jax
+import numpy as np
+
+from anp_jax.executors.common import AXIS, Executor, per_device_functions
+
+
+def make(config, model, tx, setup, mesh) -> Executor:
+  del mesh  # pmap maps over this process's devices.
+  train_fn, eval_fn, init_fn = per_device_functions(config, model, tx, setup)
+  n_local = jax.local_device_count()
+
+  def replicate(tree):
+    stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n_local,) + x.shape), tree)
+    return jax.pmap(lambda t: t)(stacked)
+
+  def to_device(batch):
+    return jax.tree.map(lambda x: x.reshape((n_local, -1) + x.shape[1:]), batch)
+
+  def unreplicate(state):
+    return jax.tree.map(lambda a: a[0], state)
+
+  def to_checkpoint(state):
+    return jax.device_get(unreplicate(state))
+
+  def restore_target(state):  # Host arrays: restored on the host, then replicated.
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        to_checkpoint(state))
+
+  return Executor(
+      name='pmap', method='sync',
+      init=lambda: replicate(jax.device_get(jax.jit(init_fn)())),
+      train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
+      eval_step=jax.pmap(eval_fn, axis_name=AXIS),
+      to_device=to_device,
+      fetch=lambda x: jax.tree.map(lambda a: np.asarray(a[0]), x),
+      unreplicate=unreplicate, restore_target=restore_target,
+      to_checkpoint=to_checkpoint, from_checkpoint=replicate)

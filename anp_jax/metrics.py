@@ -1,0 +1,88 @@
+"""What a run logs, how it is written, and how it is read back.
+
+* **Names.** The model's heads (`HEADS`) and the batch field of each head's labels (`LABEL_OF`):
+  every logged metric is ``train/<head>_<metric>`` or ``eval/<head>_<metric>`` (plus ``loss``).
+* **Summaries.** The steps return metric *sums* (``count`` examples, summed losses and hits), so
+  that they add exactly over devices, micro-batches, logged steps and evaluation batches;
+  `summarize` divides once at the end. A key starting with ``_`` is already a value (e.g. the
+  gradient norm), not a sum, and is logged without the underscore.
+* **Writers.** `MetricWriter`: TensorBoard event files (clu's default writer) and one JSON line
+  per write in ``workdir/metrics.jsonl``, on process 0 only.
+* **Reader.** `read_metrics(workdir)`: the records of ``metrics.jsonl`` as the trainer meant
+  them (a resumed run's repeated steps replace the earlier ones; a line cut short is skipped).
+"""
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+import jax
+from clu import metric_writers
+
+HEADS = ('anp', 'adjective', 'noun')
+LABEL_OF = {'anp': 'label_anp', 'adjective': 'label_adjective', 'noun': 'label_noun'}
+METRICS_FILE = 'metrics.jsonl'
+
+
+def summarize(sums: Dict[str, Any], prefix: str) -> Dict[str, float]:
+  """Metric sums → means (``loss``, ``anp_top1``, ...), with ``prefix/``."""
+  sums = {k: float(v) for k, v in sums.items()}
+  count = max(sums.pop('count'), 1.0)
+  out = {f'{prefix}/{k}': v / count for k, v in sums.items() if not k.startswith('_')}
+  for k, v in sums.items():
+    if k.startswith('_'):  # Already a value, not a sum (e.g. the noise scale).
+      out[f'{prefix}/{k[1:]}'] = v
+  return out
+
+
+class MetricWriter:
+  """TensorBoard event files + ``metrics.jsonl`` in the workdir, on process 0 only."""
+
+  def __init__(self, workdir: str, enabled: Optional[bool] = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._tb = metric_writers.create_default_writer(
+        workdir, just_logging=not self.enabled, asynchronous=False)
+    self._jsonl = open(os.path.join(workdir, METRICS_FILE), 'a') if self.enabled else None
+
+  def write(self, step: int, metrics: Mapping[str, float]):
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in metrics.items()}
+    self._tb.write_scalars(step, scalars)
+    self._jsonl.write(json.dumps({'step': int(step), 'time': time.time(), **scalars}) + '\n')
+    self._jsonl.flush()
+
+  def close(self):
+    if self.enabled:
+      self._tb.flush()
+      self._jsonl.close()
+    self._tb.close()
+
+
+def record_kind(record: Mapping[str, Any]) -> str:
+  """``'eval'`` for an evaluation record (any ``eval/`` key), else ``'train'``."""
+  return 'eval' if any(k.startswith('eval/') for k in record) else 'train'
+
+
+def read_metrics(workdir: str, kind: Optional[str] = None) -> List[Dict[str, Any]]:
+  """The records of ``workdir/metrics.jsonl``, one per (step, kind), sorted by step (train
+  before eval at the same step); only those of `kind` (``'train'`` / ``'eval'``) if given.
+
+  A run resumed from a checkpoint logs the steps after that checkpoint again (the writer
+  appends; resume is exact), so the later record replaces the earlier one. A line cut short by a
+  kill is skipped. No file: no records.
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  latest = {}
+  with open(path) as f:
+    for line in filter(None, map(str.strip, f)):
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      latest[(int(record['step']), record_kind(record) == 'eval')] = record
+  return [latest[key] for key in sorted(latest)
+          if kind is None or record_kind(latest[key]) == kind]

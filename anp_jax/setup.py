@@ -1,0 +1,190 @@
+"""From a config and the job's devices to a checked plan of the run: `validate_config`, `Setup`.
+
+`validate_config` fails fast, before any data is read or anything compiled, with what to change
+(every enumerated field through `CHOICES`, then the numbers, the method's section through
+`anp_jax.executors.validate`, the fine-tuning source and the data directory); the trainer calls
+it once per run. `resolve_setup` derives every batch size and duration of the run from the config,
+the dataset sizes and the job's devices, and checks that they divide: durations are converted to
+steps by `anp_jax.durations`, so the rest of the code only deals with steps.
+"""
+
+import dataclasses
+from typing import Dict, Optional
+
+import jax
+
+from anp_jax import durations, executors, models, optim, pretrained
+from anp_jax.data import pipeline
+from anp_jax.errors import ConfigError
+from anp_jax.executors import asynchronous, local_sgd
+from anp_jax.metrics import HEADS
+from anp_jax.models import conv as conv_lowerings
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Every size the run derives from the config and the job's devices (logged at start-up)."""
+  process_count: int
+  local_devices: int
+  devices: int
+  batch_size: int  # Global examples per optimizer step.
+  per_process_batch: int
+  per_device_batch: int
+  accum_steps: int
+  per_device_micro_batch: int
+  eval_per_process_batch: int
+  num_eval_batches: int
+  steps_per_epoch: float  # train_size / batch_size: an epoch is train_size examples.
+  total_steps: int
+  eval_every_steps: int
+  train_size: int
+
+  def steps(self, epochs: float, rounding: str = 'round', minimum: int = 0) -> int:
+    """A duration in epochs (of train_size examples) in this run's steps."""
+    return durations.to_steps(steps_per_epoch=self.steps_per_epoch, epochs=epochs,
+                              rounding=rounding, minimum=minimum)
+
+  def progress(self, step: int, prefix: str) -> Dict[str, float]:
+    """``prefix/examples_seen``, ``prefix/passes`` (and ``prefix/epoch`` = passes) at `step`."""
+    seen = durations.examples_seen(step, self.batch_size)
+    passes = durations.passes(step, self.batch_size, self.train_size)
+    return {f'{prefix}/examples_seen': float(seen), f'{prefix}/passes': passes,
+            f'{prefix}/epoch': passes}
+
+  def describe(self) -> str:
+    micro = (f', {self.accum_steps} micro-batches of {self.per_device_micro_batch}/device'
+             if self.accum_steps > 1 else '')
+    return (f'{self.process_count} process(es) x {self.local_devices} device(s) = '
+            f'{self.devices} devices; global batch {self.batch_size} -> '
+            f'{self.per_process_batch}/process -> {self.per_device_batch}/device{micro}; '
+            f'{self.steps_per_epoch:.4g} steps/epoch, {self.total_steps} steps = '
+            f'{self.total_steps * self.batch_size} examples '
+            f'({self.total_steps * self.batch_size / self.train_size:.3g} passes); eval '
+            f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
+
+
+# Every enumerated config field (dotted path) and its allowed values: `validate_config` checks
+# them all in one loop, before anything is read or compiled. The tuples live next to the code
+# that dispatches on them.
+CHOICES = {
+    'dataset': pipeline.DATASETS,
+    'augment': pipeline.AUGMENTS,
+    'model.name': tuple(sorted(models.ARCHS)),
+    'model.dtype': tuple(models.DTYPES),
+    'model.conv_impl': conv_lowerings.IMPLS,
+    'bn_mode': models.BN_MODES,
+    'optimizer': optim.OPTIMIZERS,
+    'lr_scaling': optim.SCALING_RULES,
+    'schedule': optim.SCHEDULES,
+    'executor': executors.EXECUTORS,
+    'method': executors.METHODS,
+    'async_sgd.staleness': asynchronous.STALENESS,
+    'async_sgd.momentum': asynchronous.MOMENTUM_MODES,
+}
+# Why a value someone may expect is refused (appended to the message).
+_CHOICE_HINTS = {'model.dtype': models.DTYPE_HINTS}
+
+
+def _check_choices(config) -> None:
+  for field, allowed in CHOICES.items():
+    node = config
+    for part in field.split('.'):
+      if part not in node:  # A config without the section keeps the code's default.
+        break
+      node = node[part]
+    else:
+      if node not in allowed:
+        hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
+        raise ConfigError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
+                         + (f' {hint}' if hint else ''))
+
+
+def validate_config(config) -> None:
+  """Fails fast, before any data is read or anything compiled, with what to change."""
+  _check_choices(config)
+  stem = models.ARCHS[config.model.name][2]
+  min_size = models.MIN_IMAGE_SIZE[stem]
+  if config.image_size < min_size:
+    raise ConfigError(f'config.image_size={config.image_size} is too small for '
+                     f'{config.model.name} (needs >= {min_size} px); raise image_size or pick a '
+                     'CIFAR-style model (resnet20/32/56).')
+  for name in ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'base_batch_size'):
+    if int(config[name]) <= 0:
+      raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
+  if config.num_train_steps == 0 or (config.num_train_steps < 0 and config.num_epochs <= 0):
+    raise ConfigError('Nothing to train: set config.num_epochs > 0 or config.num_train_steps > 0 '
+                     f'(got num_epochs={config.num_epochs}, '
+                     f'num_train_steps={config.num_train_steps}).')
+  if config.base_lr <= 0:
+    raise ConfigError(f'config.base_lr must be > 0, got {config.base_lr}.')
+  stop_metric = config.stop_at_metric
+  if stop_metric:
+    head = stop_metric.split('/', 1)[-1]
+    if not (stop_metric.startswith('eval/') and head.rsplit('_', 1)[0] in HEADS
+            and head.rsplit('_', 1)[-1] in ('top1', 'top5')):
+      raise ConfigError(f'config.stop_at_metric={stop_metric!r}: use an evaluation accuracy, e.g. '
+                       "'eval/anp_top1', 'eval/noun_top5' (or '' to train the whole budget).")
+    if not 0.0 < float(config.stop_at_value) <= 1.0:
+      raise ConfigError(f'config.stop_at_value={config.stop_at_value} is an unreachable target '
+                       'for an accuracy: use a fraction in (0, 1].')
+    if config.eval_every_epochs <= 0:
+      raise ConfigError('config.stop_at_metric needs periodic evaluation: set '
+                       'config.eval_every_epochs > 0.')
+  executors.validate(config)
+  pretrained.validate(config)
+  pipeline.check_data_dir(config)
+
+
+def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,
+                  local_devices: Optional[int] = None,
+                  process_count: Optional[int] = None) -> Setup:
+  """Derives and checks every batch size; raises with what to change."""
+  devices = jax.device_count() if devices is None else devices
+  local_devices = jax.local_device_count() if local_devices is None else local_devices
+  process_count = jax.process_count() if process_count is None else process_count
+  if config.method == 'local_sgd':
+    local_sgd.resolve_nodes(config, devices, process_count)  # Divides the job's devices?
+  b, k = int(config.batch_size), int(config.grad_accum_steps)
+  if b % devices:
+    raise ConfigError(f'config.batch_size={b} (the global batch) is not divisible by the '
+                     f'{devices} devices of this job; use a multiple of {devices}, e.g. '
+                     f'{max(devices, b // devices * devices)}.')
+  per_device = b // devices
+  if per_device % k:
+    raise ConfigError(f'The per-device batch {per_device} (= batch_size {b} / {devices} devices) '
+                     f'is not divisible by config.grad_accum_steps={k}.')
+  micro = per_device // k
+  if config.bn_mode == 'ghost' and micro % config.bn_group_size:
+    raise ConfigError(f'Ghost BatchNorm needs the per-device micro-batch ({micro}) to be a '
+                     f'multiple of config.bn_group_size={config.bn_group_size}; change '
+                     'batch_size, grad_accum_steps or bn_group_size.')
+  eb = int(config.eval_batch_size)
+  if eb % devices:
+    raise ConfigError(f'config.eval_batch_size={eb} is not divisible by the {devices} devices; '
+                     f'use a multiple of {devices}.')
+  per_process = b // process_count
+  if train_size // devices < per_device:
+    raise ConfigError(f'The training split has {train_size} examples: fewer than one per-device '
+                     f'batch ({per_device}) for each of the {devices} devices. Lower '
+                     'batch_size or use more data.')
+  if eval_size < process_count:
+    raise ConfigError(f'The evaluation split has {eval_size} examples, fewer than the '
+                     f'{process_count} processes.')
+  # Durations are in examples: an epoch is train_size examples at any batch size (the stream
+  # crosses epoch boundaries, nothing is dropped), converted to steps by `anp_jax.durations`.
+  steps_per_epoch = train_size / b
+  if config.num_train_steps > 0:
+    total = int(config.num_train_steps)
+  else:
+    total = durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=config.num_epochs,
+                               rounding='ceil', minimum=1)
+  eval_every = durations.to_steps(steps_per_epoch=steps_per_epoch,
+                                  epochs=config.eval_every_epochs, minimum=1) if (
+      config.eval_every_epochs > 0) else total
+  eval_pp = eb // process_count
+  return Setup(process_count=process_count, local_devices=local_devices, devices=devices,
+               batch_size=b, per_process_batch=per_process, per_device_batch=per_device,
+               accum_steps=k, per_device_micro_batch=micro, eval_per_process_batch=eval_pp,
+               num_eval_batches=pipeline.num_eval_batches(eval_size, process_count, eval_pp),
+               steps_per_epoch=steps_per_epoch, total_steps=total, eval_every_steps=eval_every,
+               train_size=train_size)

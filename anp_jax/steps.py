@@ -1,0 +1,178 @@
+"""The training and evaluation step of one device, written once for every executor and method.
+
+`per_device_train_step` is the whole optimizer step on this device's shard of the global batch:
+forward/backward (optionally in ``accum_steps`` micro-batches), gradients averaged with `pmean`
+over `axis_name`, the same optax update on every device, the gradient-noise-scale EMAs, and the
+metric *sums* (`anp_jax.metrics.summarize` turns them into means). The executors
+(`anp_jax.executors`) run it under `jax.shard_map` or `jax.pmap`; because the per-device
+computation is explicit, BatchNorm semantics are explicit too: ``global`` averages statistics
+over `axis_name`, ``per_device`` and ``ghost`` do not communicate.
+"""
+
+from typing import Any, Dict, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from anp_jax import optim, pretrained
+from anp_jax.metrics import LABEL_OF
+from anp_jax.research import noise_scale
+
+AXIS = 'data'  # The mesh axis of the batch (every device of the job).
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array
+  params: Any
+  batch_stats: Any
+  opt_state: Any
+  # EMAs of the two terms of the gradient-noise-scale estimator (McCandlish et al. 2018).
+  noise_ema: Dict[str, jax.Array]
+  # method='async' only: the last max_tau + 1 parameter snapshots, step t in slot t % (max_tau+1).
+  history: Any = None
+
+
+def init_state(model, tx, image_size: int, seed: int, history: int = 0) -> TrainState:
+  """Initial state (host-independent: every process computes the same values).
+
+  ``history`` > 0 adds the asynchronous-SGD parameter history (that many snapshots, all equal
+  to the initial parameters; slots before step 0 are never read).
+  """
+  x = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  variables = model.init(jax.random.key(seed), x, train=False)
+  params = variables['params']
+  zero = jnp.zeros((), jnp.float32)
+  snapshots = None
+  if history:
+    snapshots = jax.tree.map(lambda p: jnp.broadcast_to(p, (history,) + p.shape), params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
+                    noise_ema={'g2': zero, 'trace': zero, 'weight': zero}, history=snapshots)
+
+
+def cross_entropy(logits, labels, label_smoothing: float = 0.0):
+  n = logits.shape[-1]
+  onehot = jax.nn.one_hot(labels, n)
+  if label_smoothing:
+    onehot = optax.smooth_labels(onehot, label_smoothing)
+  return optax.softmax_cross_entropy(logits, onehot)
+
+
+def head_metrics(logits: Dict[str, jax.Array], batch, config, mask=None):
+  """Weighted multi-task loss (mean over unmasked examples) and metric *sums* per head."""
+  mask = jnp.ones(batch['label_anp'].shape, jnp.float32) if mask is None else mask
+  count = jnp.sum(mask)
+  total_loss = 0.0
+  sums = {'count': count}
+  for head, head_logits in logits.items():
+    labels = batch[LABEL_OF[head]]
+    ce = cross_entropy(head_logits, labels, config.label_smoothing)
+    total_loss = total_loss + config.loss_weights[head] * jnp.sum(ce * mask)
+    k = min(5, head_logits.shape[-1])
+    topk = jax.lax.top_k(head_logits, k)[1]
+    hit = topk == labels[:, None]
+    sums[f'{head}_loss'] = jnp.sum(ce * mask)
+    sums[f'{head}_top1'] = jnp.sum(hit[:, 0] * mask)
+    sums[f'{head}_top5'] = jnp.sum(jnp.any(hit, axis=-1) * mask)
+  sums['loss'] = total_loss
+  return total_loss / jnp.maximum(count, 1.0), sums
+
+
+def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_steps: int,
+                          num_devices: int, axis_name: Optional[str] = AXIS,
+                          in_shard_map: bool = False, tau: Optional[jax.Array] = None,
+                          staleness_aware_lr: bool = False):
+  """One optimizer step on this device's shard; collectives over `axis_name`.
+
+  Under `shard_map` the replicated parameters are first cast to 'varying' so that `jax.grad`
+  returns this device's gradient (otherwise shard_map's AD would already sum it over devices);
+  the explicit `pmean` below then averages, exactly as under `pmap`.
+
+  With ``tau`` (simulated asynchronous SGD; needs ``state.history``) the current parameters are
+  first written to the history slot of this step, then the gradient is computed on the snapshot
+  of ``tau`` steps ago (tau = 0: the current parameters, bit for bit) with the current BN
+  statistics, and applied to the *current* parameters. ``staleness_aware_lr`` divides the
+  optimizer's update (the step, weight decay included) by max(tau, 1), i.e. the learning rate
+  (Zhang et al. 2016). Dividing the gradient instead would do nothing for adamw, lamb and lars,
+  whose updates do not depend on the gradient's scale; the optimizer state (momentum, moments)
+  still accumulates the undivided gradient.
+  """
+
+  def grads_of(params, batch_stats, mb):
+    def loss_fn(p):
+      logits, mutated = model.apply({'params': p, 'batch_stats': batch_stats}, mb['image'],
+                                    train=True, mutable=['batch_stats'])
+      loss, sums = head_metrics(logits, mb, config)
+      return loss, (sums, mutated['batch_stats'])
+    (_, (sums, new_stats)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return g, sums, new_stats
+
+  params = state.params
+  history = state.history
+  if tau is not None:
+    slots = jax.tree.leaves(history)[0].shape[0]
+    write = state.step % slots
+    read = (state.step - tau) % slots  # The host guarantees 0 <= tau <= min(step, max_tau).
+    history = jax.tree.map(lambda h, p: h.at[write].set(p), history, params)
+    params = jax.tree.map(lambda h: h[read], history)
+  if in_shard_map and axis_name is not None:
+    params = jax.lax.pcast(params, axis_name, to='varying')
+  if accum_steps == 1:
+    grads, sums, new_stats = grads_of(params, state.batch_stats, batch)
+    small_sq = optim.global_norm_sq(grads)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
+
+    def body(carry, mb):
+      g_acc, s_acc, bs_acc, sq_acc = carry
+      # Every micro-batch starts from the same running statistics, and their updates are
+      # averaged: with ghost BN this equals one step on the whole batch.
+      g, s, bs = grads_of(params, state.batch_stats, mb)
+      add = lambda a, b: jax.tree.map(jnp.add, a, b)
+      return (add(g_acc, g), add(s_acc, s), add(bs_acc, bs),
+              sq_acc + optim.global_norm_sq(g)), None
+
+    # The first micro-batch seeds the carry (it has the right types, also under shard_map).
+    g0, s0, bs0 = grads_of(params, state.batch_stats, jax.tree.map(lambda x: x[0], micro))
+    (grads, sums, new_stats, sq), _ = jax.lax.scan(
+        body, (g0, s0, bs0, optim.global_norm_sq(g0)), jax.tree.map(lambda x: x[1:], micro))
+    grads = jax.tree.map(lambda g: g / accum_steps, grads)
+    new_stats = jax.tree.map(lambda s: s / accum_steps, new_stats)
+    small_sq = sq / accum_steps
+
+  b_small = batch['label_anp'].shape[0] // accum_steps
+  if axis_name is not None:
+    grads = jax.lax.pmean(grads, axis_name)
+    sums = jax.lax.psum(sums, axis_name)
+    new_stats = jax.lax.pmean(new_stats, axis_name)
+    small_sq = jax.lax.pmean(small_sq, axis_name)
+  new_stats = pretrained.keep_frozen_stats(config, state.batch_stats, new_stats)
+  big_sq = optim.global_norm_sq(grads)
+  b_big = b_small * accum_steps * num_devices
+
+  noise_ema = state.noise_ema
+  if (config.noise_scale and b_big > b_small
+      and not noise_scale.unmeasurable_reason(config.bn_mode, num_devices)):
+    noise_ema = noise_scale.update_ema_state(noise_ema, small_sq, big_sq, b_small, b_big,
+                                             config.noise_scale_ema)
+  sums = dict(sums)
+  sums['_grad_norm'] = jnp.sqrt(big_sq)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  if tau is not None and staleness_aware_lr:
+    # The update, not the gradient: adaptive / trust-ratio optimizers (adamw, lamb, lars)
+    # normalise the gradient's scale away.
+    updates = jax.tree.map(lambda u: u / jnp.maximum(tau, 1).astype(u.dtype), updates)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
+                            opt_state=opt_state, noise_ema=noise_ema, history=history)
+  return new_state, sums
+
+
+def per_device_eval_step(state: TrainState, batch, *, model, config,
+                         axis_name: Optional[str] = AXIS):
+  logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
+                       batch['image'], train=False)
+  _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
+  return jax.lax.psum(sums, axis_name) if axis_name is not None else sums

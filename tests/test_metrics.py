@@ -1,0 +1,38 @@
+"""metrics.jsonl read back as the trainer meant it; the process set-up is explicit."""
+
+import json
+import os
+import subprocess
+import sys
+
+from anp_jax import metrics, xla_flags
+from conftest import ROOT
+
+
+def test_read_metrics_keeps_the_last_record_per_step_and_kind(tmp_path):
+  lines = [{'step': 2, 'train/loss': 3.0}, {'step': 4, 'train/loss': 2.0},
+           {'step': 4, 'eval/anp_top1': 0.1},
+           # Resumed from the checkpoint of step 2: steps 3-4 are logged again (exact resume).
+           {'step': 4, 'train/loss': 2.5}, {'step': 4, 'eval/anp_top1': 0.2}]
+  text = ''.join(json.dumps(l) + '\n' for l in lines) + '{"step": 6, "train/lo'  # Killed.
+  (tmp_path / metrics.METRICS_FILE).write_text(text + '\n\n')
+  records = metrics.read_metrics(str(tmp_path))
+  assert records == [lines[0], lines[3], lines[4]]
+  assert metrics.read_metrics(str(tmp_path), kind='eval') == [lines[4]]
+  assert metrics.read_metrics(str(tmp_path), kind='train') == [lines[0], lines[3]]
+  assert metrics.read_metrics(str(tmp_path / 'nothing')) == []
+
+
+def test_importing_anp_jax_leaves_xla_flags_alone_and_configure_sets_them():
+  code = ('import os, anp_jax.trainer, anp_jax.runtime; before = os.environ["XLA_FLAGS"]; '
+          'anp_jax.runtime.configure(); print(repr(before)); print(repr(os.environ["XLA_FLAGS"]))')
+  env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env.pop(xla_flags.OPT_OUT, None)
+  out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  before, after = out.stdout.split('\n')[:2]
+  assert before == repr('--xla_force_host_platform_device_count=2')
+  assert after == repr(xla_flags.apply_cpu_defaults(
+      {'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}))
+  assert after != before  # This jaxlib is a tested one: the defaults are added.
