@@ -251,7 +251,8 @@ def make_workdir(workdir: str, is_main: bool) -> None:
 
 
 def restore_state(workdir: str, step: Optional[int] = None):
-  """(config, state) of a workdir's checkpoint (the latest, or `step`), on the default device.
+  """(config, state) of a workdir's checkpoint (the latest, or `step`), on this process's first
+  device, also when other devices or processes saved it.
 
   The state is the plain pytree that was saved (nested dicts of arrays, no executor layout);
   the config is ``workdir/config.json``.
@@ -263,10 +264,18 @@ def restore_state(workdir: str, step: Optional[int] = None):
   directory = os.path.join(workdir, 'checkpoints')
   with ocp.CheckpointManager(directory) as manager:
     step = manager.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f'No checkpoint in {directory}.')
-    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  return config, restored['state']
+  if step is None:
+    raise FileNotFoundError(f'No checkpoint in {directory}.')
+  # Onto this process's first device, whatever devices saved it: the shardings recorded in the
+  # checkpoint name the saving job's devices (8 simulated ones, or other processes' GPUs), which
+  # orbax refuses to restore into ("Topology mismatch") where they do not exist.
+  path = os.path.join(directory, str(step), 'state')
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  with ocp.StandardCheckpointer() as checkpointer:
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          checkpointer.metadata(path).item_metadata)
+    state = checkpointer.restore(path, target)
+  return config, state
 
 
 def remove_incomplete(directory: str):

@@ -23,10 +23,10 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 import slurm_cluster
+from anp_jax import checkpointing
 from conftest import ROOT, assert_leaves_close, config_flags, tiny_config
 
 POLL_S = 0.25
@@ -98,17 +98,12 @@ def _losses(workdir):
 
 def _final_state(workdir):
   """The whole train state (parameters, BatchNorm statistics, optimizer state, step) of the
-  latest checkpoint in `workdir`, restored onto this process's first device. (The job saved it
-  sharded over two processes' devices, which do not exist here, so the target names the device;
-  `checkpointing.load_checkpoint` refuses such a checkpoint with "Topology mismatch".)"""
+  latest checkpoint in `workdir`, restored onto this process's first device (the job saved it
+  sharded over two processes' devices, which do not exist here)."""
   directory = workdir / 'checkpoints'
   step = max(int(n) for n in os.listdir(directory) if n.isdigit())
-  path = directory / str(step) / 'state'
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        checkpointer.metadata(path).item_metadata)
-  return step, [np.asarray(x) for x in jax.tree.leaves(checkpointer.restore(path, target))]
+  _, state = checkpointing.restore_state(str(workdir), step)
+  return step, [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
 def _steps_in(log, text):

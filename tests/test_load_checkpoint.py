@@ -1,0 +1,46 @@
+"""`trainer.load_checkpoint` (the IPython handle) on a machine other than the one that trained.
+
+A checkpoint records each array's sharding (device ids of the job that saved it). Loading it for
+inspection must not need those devices: a run saved by 8 devices (or by several processes, as
+every SLURM job is) loads in a process that has one device, leaf for leaf equal.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+
+from anp_jax import trainer
+from conftest import ROOT, leaves, main_cmd, subprocess_env
+
+LOAD = '''
+import sys
+import numpy as np
+import jax
+from anp_jax import runtime
+runtime.configure(tensorflow=False)
+from anp_jax import trainer
+assert jax.device_count() == 1, jax.devices()
+model, variables, config = trainer.load_checkpoint(sys.argv[1])
+model.apply(variables, np.zeros((1, 16, 16, 3), np.float32), train=False)
+np.savez(sys.argv[2], *[np.asarray(x) for x in jax.tree.leaves(variables)])
+'''
+
+
+def test_a_checkpoint_saved_on_8_devices_loads_on_one(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  out = subprocess.run(main_cmd(data_dir, workdir, num_train_steps=3, checkpoint_every_steps=3),
+                       env=subprocess_env(8), capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  _, here, _ = trainer.load_checkpoint(str(workdir))  # This process: 8 devices.
+  saved = tmp_path / 'leaves.npz'
+  out = subprocess.run([sys.executable, '-c', LOAD, str(workdir), str(saved)],
+                       env=subprocess_env(1), capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  there = np.load(saved)
+  expected = leaves(here)
+  assert len(there.files) == len(expected) > 0
+  for i, x in enumerate(expected):
+    np.testing.assert_array_equal(there[f'arr_{i}'], np.asarray(x))
