@@ -107,7 +107,7 @@ def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
   assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.
 
   # Rerun: every grid point is finished (the diverged one too): nothing is trained.
-  monkeypatch.setattr(train, 'train_and_evaluate', real)
+  monkeypatch.setattr(trainer, 'train_and_evaluate', real)
   capsys.readouterr()
   assert sam.main(argv) == 0
   assert capsys.readouterr().out.count('finished earlier, skipped') == 4
