@@ -318,7 +318,8 @@ def test_cli_workload_from_a_flax_model():
 
 
 def test_local_sgd_average_is_costed_as_the_trainer_does_it():
-  # The local-SGD executor (executors/local_sgd.py) averages with pmean over 'node' of every device's full replica:
+  # The local-SGD executor (executors/local_sgd.py) averages with pmean over 'node' of every
+  # device's full replica:
   # d concurrent rings of the whole parameter buffer over the N nodes, sharing the node's NIC,
   # and no intra-node reduce-scatter (which the hierarchical all-reduce would do).
   ic = pm.minotauro_interconnect()
