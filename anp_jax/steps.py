@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from anp_jax import optim, pretrained
+from anp_jax import collectives, optim, pretrained
 from anp_jax.metrics import LABEL_OF
 from anp_jax.research import noise_scale
 
@@ -144,10 +144,12 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
 
   b_small = batch['label_anp'].shape[0] // accum_steps
   if axis_name is not None:
-    grads = jax.lax.pmean(grads, axis_name)
-    sums = jax.lax.psum(sums, axis_name)
-    new_stats = jax.lax.pmean(new_stats, axis_name)
-    small_sq = jax.lax.pmean(small_sq, axis_name)
+    # One all-reduce for everything the devices share (see `anp_jax.collectives`): the
+    # gradient, BN statistics and |g|^2 averaged, the metric sums summed.
+    (grads, new_stats, small_sq), sums = collectives.psum(
+        ((grads, new_stats, small_sq), sums), axis_name)
+    n = jax.lax.axis_size(axis_name)
+    grads, new_stats, small_sq = jax.tree.map(lambda x: x / n, (grads, new_stats, small_sq))
   new_stats = pretrained.keep_frozen_stats(config, state.batch_stats, new_stats)
   big_sq = optim.global_norm_sq(grads)
   b_big = b_small * accum_steps * num_devices
@@ -175,4 +177,4 @@ def per_device_eval_step(state: TrainState, batch, *, model, config,
   logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
                        batch['image'], train=False)
   _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
-  return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
+  return collectives.psum(sums, axis_name) if axis_name is not None else sums
