@@ -107,20 +107,28 @@ class _FakeStore:
     return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))
 
 
-@pytest.mark.parametrize('lag', [0, 1, 3])
-def test_processes_agree_on_one_stop_and_save_step(lag, monkeypatch):
-  """Process 1 (running `lag` steps behind process 0, the most the bounded run-ahead allows is
-  MAX_IN_FLIGHT + 1) gets the signal at its step 8; process 0's clock asks for a save at its
-  step 3. Both save at the same steps and stop at the same step."""
-  assert lag <= preemption.MAX_IN_FLIGHT + 1
+@pytest.mark.parametrize('signal_step', [8, 9, 10, 11])  # Every phase of READ_EVERY = 4.
+@pytest.mark.parametrize('lag', [-3, 0, 1, 3])
+def test_processes_agree_on_one_stop_and_save_step(lag, signal_step, monkeypatch):
+  """Process 1 (running `lag` steps behind process 0 or ahead of it; the most the bounded
+  run-ahead allows is MAX_IN_FLIGHT + 1) gets the signal at its step `signal_step`; process 0's
+  clock asks for a save at its step 3. Both save at the same steps and stop at the same step,
+  although each reads the store only every READ_EVERY steps."""
+  assert abs(lag) <= preemption.MAX_IN_FLIGHT + 1
+  assert preemption.READ_EVERY > 1  # The phases above matter.
   store = _FakeStore()
-  procs = [preemption.StepAgreement(store, i, 2, run_id=f'lag{lag}') for i in range(2)]
+  reads = []
+  get = store.key_value_dir_get
+  store.key_value_dir_get = lambda prefix: reads.append(prefix) or get(prefix)
+  procs = [preemption.StepAgreement(store, i, 2, run_id=f'lag{lag}_{signal_step}')
+           for i in range(2)]
   decisions = [{}, {}]
   for t in range(1, 40):
     for i, step in ((0, t), (1, t - lag)):
       if step < 1 or 'stop' in decisions[i]:
         continue
-      monkeypatch.setattr(preemption, '_signal', signal.SIGTERM if i == 1 and step >= 8 else None)
+      monkeypatch.setattr(preemption, '_signal',
+                          signal.SIGTERM if i == 1 and step >= signal_step else None)
       # Process 0's timer is due from step 3 until the save is taken (then it restarts).
       timer_due = 3 <= step <= 3 + preemption.STOP_MARGIN
       save, stop = procs[i].due(step, local_save=timer_due)
@@ -129,8 +137,10 @@ def test_processes_agree_on_one_stop_and_save_step(lag, monkeypatch):
       if stop:
         decisions[i]['stop'] = step
   assert decisions[0] == decisions[1]
-  assert decisions[0]['stop'] == 8 + preemption.STOP_MARGIN
+  assert decisions[0]['stop'] == signal_step + preemption.STOP_MARGIN
   assert decisions[0]['saves'] == [3 + preemption.STOP_MARGIN, decisions[0]['stop']]
+  # One store read per READ_EVERY steps and process, not one per step.
+  assert len(reads) == 2 * (decisions[0]['stop'] // preemption.READ_EVERY)
 
 
 # ----------------------------------------------------------------------------------------------
