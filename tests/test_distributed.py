@@ -129,8 +129,11 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
   monkeypatch.setattr(jax.config, 'update', lambda *a, **k: None)
   monkeypatch.setattr(distributed, '_initialized', False)
+  shares = []  # The core census needs the real coordination service: recorded only.
+  monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: shares.append(a))
   topo = distributed.initialize('127.0.0.1:1234', 2, 0)
   assert topo.mode == 'explicit'
+  assert shares == [(0, 2)]  # Right after jax.distributed.initialize.
   assert calls[-1]['heartbeat_timeout_seconds'] == 30
   assert calls[-1]['initialization_timeout'] == 120
   assert (calls[-1]['coordinator_address'], calls[-1]['num_processes'],
@@ -150,3 +153,33 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
     monkeypatch.delenv(name)
   distributed.initialize()
   assert len(calls) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Several processes of a job on one host share its cores (`core_share`, pure).
+
+def test_processes_on_one_host_split_its_cores_in_process_order():
+  hosts = {i: ('a', tuple(range(8))) for i in range(3)}
+  shares = [distributed.core_share(i, hosts) for i in range(3)]
+  assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]  # Disjoint, nearly equal, all cores used.
+
+
+def test_cores_are_shared_per_host_and_per_launch_affinity():
+  hosts = {0: ('a', (0, 1, 2, 3)), 1: ('b', (0, 1, 2, 3)), 2: ('a', (0, 1, 2, 3)),
+           3: ('b', (0, 1, 2, 3))}
+  assert [distributed.core_share(i, hosts) for i in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+  # A launcher that already gave the tasks their own cores (SLURM --cpus-per-task, taskset).
+  bound = {0: ('a', (0, 1)), 1: ('a', (2, 3))}
+  assert distributed.core_share(0, bound) is None and distributed.core_share(1, bound) is None
+  # Alone on its host (one process per node): nothing to share.
+  assert distributed.core_share(1, {0: ('a', (0, 1)), 1: ('b', (0, 1))}) is None
+
+
+def test_fewer_cores_than_processes_changes_nothing():
+  hosts = {i: ('a', (0, 1)) for i in range(4)}
+  assert all(distributed.core_share(i, hosts) is None for i in range(4))
+
+
+def test_pinning_can_be_turned_off(monkeypatch):
+  monkeypatch.setenv('ANP_PIN_CORES', '0')
+  assert distributed.share_host_cores(0, 2) is None  # Returns before any JAX call.

@@ -153,3 +153,11 @@ def test_first_run_on_an_empty_data_dir_prepares_the_dataset_once(tmp_path):
   outs = run_workers(tiny_config(data_dir, **dict(OVERRIDES, num_train_steps=2)), 2, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
   assert outs[0]['final_eval']['eval/anp_top1'] == outs[1]['final_eval']['eval/anp_top1']
+  # The two processes share this host's cores (anp_jax.distributed.share_host_cores): disjoint
+  # halves of what they were started with, or, with fewer cores than processes, all of them.
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) >= 2:
+    assert outs[0]['cores'] == cores[:len(cores) // 2], (outs[0]['cores'], cores)
+    assert outs[1]['cores'] == cores[len(cores) // 2:], (outs[1]['cores'], cores)
+  else:
+    assert outs[0]['cores'] == outs[1]['cores'] == cores
