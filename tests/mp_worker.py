@@ -40,7 +40,8 @@ def main():
   out = {'process_index': jax.process_index(), 'process_count': jax.process_count(),
          'devices': jax.device_count(), 'local_devices': jax.local_device_count(),
          'losses': [h['train/loss'] for h in result.records if 'train/loss' in h],
-         'final_eval': result.final_eval, 'evals': evals, 'first_batch_digests': digests}
+         'final_eval': result.final_eval, 'evals': evals, 'first_batch_digests': digests,
+         'cores': sorted(os.sched_getaffinity(0))}  # After anp_jax.distributed's core split.
   leaves = [np.asarray(x.addressable_data(0)) for x in
             jax.tree.leaves((result.state.params, result.state.batch_stats))]
   np.savez(os.environ['MP_OUT'] + '.npz', *leaves)
