@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from anp_jax.metrics_io import read_metrics
 from anp_jax.research import noise_scale
 from anp_jax.research import perfmodel as pm
 
@@ -51,31 +52,6 @@ class PlanError(ValueError):
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
-
-
-def read_metrics(run_dir: str) -> List[Dict]:
-  """The records of ``run_dir/metrics.jsonl``, one per (kind, step), sorted by step.
-
-  A run that was interrupted and resumed from a checkpoint logs the steps after that checkpoint
-  again (the writer appends); resume is exact, so the later record simply replaces the earlier
-  one. A line cut short by a kill is skipped. Kind is ``eval`` or ``train`` by the keys' prefix.
-  """
-  path = os.path.join(run_dir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  by_key = {}
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      kind = 'eval' if any(k.startswith('eval/') for k in record) else 'train'
-      by_key[(int(record['step']), kind)] = record
-  return [by_key[k] for k in sorted(by_key, key=lambda sk: (sk[0], sk[1] == 'eval'))]
 
 
 def steps_to_target(records: Sequence[Dict], metric: str, target: float) -> Optional[int]:
