@@ -1,5 +1,5 @@
 """What importing a module pulls in, checked in a fresh interpreter: the log reader and the
-planner need no JAX."""
+planner need no JAX, and setup checks configs without the executors (imports go one way)."""
 
 import ast
 import os
@@ -23,3 +23,7 @@ def test_the_log_reader_the_planner_and_the_reports_import_without_jax():
   assert _loaded('anp_jax.metrics_io, anp_jax.research.plan, anp_jax.research.sweep_report',
                  ('jax', 'tensorflow', 'clu', 'flax')) == []
 
+
+def test_setup_checks_configs_without_importing_the_executors():
+  assert _loaded('anp_jax.methods', ('jax',)) == []
+  assert _loaded('anp_jax.setup', ('anp_jax.executors',)) == []
