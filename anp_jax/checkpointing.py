@@ -23,9 +23,9 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 import jax
-import ml_collections
 
 from anp_jax import preemption, reporting
+from anp_jax.configs import default as default_config
 
 # Config fields that must match for a checkpoint to be restorable into this run. The data
 # position is a function of the step and the batch size (see `anp_jax.data.pipeline`), so a
@@ -255,12 +255,12 @@ def restore_state(workdir: str, step: Optional[int] = None):
   device, also when other devices or processes saved it.
 
   The state is the plain pytree that was saved (nested dicts of arrays, no executor layout);
-  the config is ``workdir/config.json``.
+  the config is ``workdir/config.json`` (`default.read_run_config`: older versions' configs
+  get the fields added since).
   """
   import orbax.checkpoint as ocp
   workdir = os.path.abspath(os.path.expanduser(workdir))  # orbax needs absolute paths.
-  with open(os.path.join(workdir, 'config.json')) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = default_config.read_run_config(workdir)
   directory = os.path.join(workdir, 'checkpoints')
   with ocp.CheckpointManager(directory) as manager:
     step = manager.latest_step() if step is None else step

@@ -1,4 +1,4 @@
-"""What a run logs, how it is written, and how it is read back.
+"""What a run logs and how it is written (read back by `anp_jax.metrics_io`).
 
 * **Names.** The model's heads (`HEADS`) and the batch field of each head's labels (`LABEL_OF`):
   every logged metric is ``train/<head>_<metric>`` or ``eval/<head>_<metric>`` (plus ``loss``).
@@ -8,21 +8,22 @@
   gradient norm), not a sum, and is logged without the underscore.
 * **Writers.** `MetricWriter`: TensorBoard event files (clu's default writer) and one JSON line
   per write in ``workdir/metrics.jsonl``, on process 0 only.
-* **Reader.** `read_metrics(workdir)`: the records of ``metrics.jsonl`` as the trainer meant
-  them (a resumed run's repeated steps replace the earlier ones; a line cut short is skipped).
+* **Reader.** `anp_jax.metrics_io.read_metrics(workdir)` (no JAX there, so that the planner and
+  the reports read logs without it): the records of ``metrics.jsonl`` as the trainer meant them.
 """
 
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import jax
 from clu import metric_writers
 
+from anp_jax.metrics_io import METRICS_FILE
+
 HEADS = ('anp', 'adjective', 'noun')
 LABEL_OF = {'anp': 'label_anp', 'adjective': 'label_adjective', 'noun': 'label_noun'}
-METRICS_FILE = 'metrics.jsonl'
 
 
 def summarize(sums: Dict[str, Any], prefix: str) -> Dict[str, float]:
@@ -58,31 +59,3 @@ class MetricWriter:
       self._tb.flush()
       self._jsonl.close()
     self._tb.close()
-
-
-def record_kind(record: Mapping[str, Any]) -> str:
-  """``'eval'`` for an evaluation record (any ``eval/`` key), else ``'train'``."""
-  return 'eval' if any(k.startswith('eval/') for k in record) else 'train'
-
-
-def read_metrics(workdir: str, kind: Optional[str] = None) -> List[Dict[str, Any]]:
-  """The records of ``workdir/metrics.jsonl``, one per (step, kind), sorted by step (train
-  before eval at the same step); only those of `kind` (``'train'`` / ``'eval'``) if given.
-
-  A run resumed from a checkpoint logs the steps after that checkpoint again (the writer
-  appends; resume is exact), so the later record replaces the earlier one. A line cut short by a
-  kill is skipped. No file: no records.
-  """
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  latest = {}
-  with open(path) as f:
-    for line in filter(None, map(str.strip, f)):
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      latest[(int(record['step']), record_kind(record) == 'eval')] = record
-  return [latest[key] for key in sorted(latest)
-          if kind is None or record_kind(latest[key]) == kind]

@@ -101,16 +101,16 @@ def matches(patterns, name: str) -> bool:
 
 def validate(config) -> None:
   """Cheap checks of the fine-tuning fields (no file is read; exit code 2 on failure)."""
-  _compile('init_exclude', _patterns(config.get('init_exclude', ())))
-  if not isinstance(config.get('freeze', ''), str):
+  _compile('init_exclude', _patterns(config.init_exclude))
+  if not isinstance(config.freeze, str):
     raise InitFromError(f"config.freeze={config.freeze!r}: use one regex string (alternatives "
                         "with '|', e.g. 'conv_init/.*|bn_init/.*'); '' freezes nothing.")
-  _compile('freeze', _patterns(config.get('freeze', '')))
-  mult = config.get('backbone_lr_multiplier', 1.0)
+  _compile('freeze', _patterns(config.freeze))
+  mult = config.backbone_lr_multiplier
   if not (isinstance(mult, (int, float)) and mult >= 0):
     raise InitFromError(f'config.backbone_lr_multiplier={mult!r}: use a number >= 0 (the '
                         'fraction of the learning rate for loaded parameters).')
-  source = config.get('init_from', '')
+  source = config.init_from
   if mult != 1.0 and not source:
     raise InitFromError('config.backbone_lr_multiplier applies to parameters loaded from '
                         'config.init_from, which is empty; set init_from or leave the '
@@ -360,7 +360,7 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
   for collection in ('params', 'batch_stats'):
     for name, leaf in flatten(target.get(collection, {})).items():
       flat_target[f'{collection}/{name}'] = leaf
-  exclude = _compile('init_exclude', _patterns(config.get('init_exclude', ())))
+  exclude = _compile('init_exclude', _patterns(config.init_exclude))
 
   values, reinit, excluded, used = {}, [], [], set()
   mismatched, missing = [], []
@@ -505,8 +505,8 @@ FROZEN, BACKBONE, FULL = 'frozen', 'backbone', 'full'
 
 def param_labels(config, loaded: Optional[LoadedWeights] = None) -> Callable:
   """params -> a tree of FROZEN / BACKBONE (loaded, scaled rate) / FULL labels."""
-  freeze = _compile('freeze', _patterns(config.get('freeze', '')))
-  mult = float(config.get('backbone_lr_multiplier', 1.0))
+  freeze = _compile('freeze', _patterns(config.freeze))
+  mult = float(config.backbone_lr_multiplier)
   backbone = loaded.loaded_params if (loaded is not None and mult != 1.0) else set()
 
   def labels(params):
@@ -523,8 +523,8 @@ def create_optimizer(config, schedule: optax.Schedule,
                      loaded: Optional[LoadedWeights] = None) -> optax.GradientTransformation:
   """`optim.create_optimizer`, partitioned by `param_labels` when freeze / a multiplier is set
   (otherwise exactly it, with the same optimizer-state layout)."""
-  mult = float(config.get('backbone_lr_multiplier', 1.0))
-  if not config.get('freeze', '') and (mult == 1.0 or loaded is None):
+  mult = float(config.backbone_lr_multiplier)
+  if not config.freeze and (mult == 1.0 or loaded is None):
     return optim.create_optimizer(config, schedule)
   transforms = {FULL: optim.create_optimizer(config, schedule),
                 FROZEN: optax.set_to_zero(),
@@ -535,7 +535,7 @@ def create_optimizer(config, schedule: optax.Schedule,
 def keep_frozen_stats(config, old_stats, new_stats):
   """BN running statistics of layers whose ``scale`` matches config.freeze stay as they were
   (a frozen layer is frozen in eval mode too). Static: decided from names at trace time."""
-  freeze = _compile('freeze', _patterns(config.get('freeze', '')))
+  freeze = _compile('freeze', _patterns(config.freeze))
   if not freeze:
     return new_stats
 

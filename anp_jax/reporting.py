@@ -1,6 +1,7 @@
 """What the user sees of a run: terminal lines, the progress bar, curves and atomic JSON files.
 
-Process 0 writes; the metric writers and the metrics.jsonl reader are in `anp_jax.metrics`.
+Process 0 writes; the metric writers are in `anp_jax.metrics`, the metrics.jsonl reader in
+`anp_jax.metrics_io`.
 `say` is the one way the library writes a line for the user: it is logged (absl logging, every
 process) and, on process 0, printed to stdout, where the progress bar (stderr) leaves room for
 it. Diagnostics that the user need not read go to logging alone.

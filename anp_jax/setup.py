@@ -2,7 +2,7 @@
 
 `validate_config` fails fast, before any data is read or anything compiled, with what to change
 (every enumerated field through `CHOICES`, then the numbers, the method's section through
-`anp_jax.executors.validate`, the fine-tuning source and the data directory); the trainer calls
+`anp_jax.methods.validate`, the fine-tuning source and the data directory); the trainer calls
 it once per run. `resolve_setup` derives every batch size and duration of the run from the config,
 the dataset sizes and the job's devices, and checks that they divide: durations are converted to
 steps by `anp_jax.durations`, so the rest of the code only deals with steps.
@@ -13,10 +13,9 @@ from typing import Dict, Optional
 
 import jax
 
-from anp_jax import durations, executors, models, optim, pretrained
+from anp_jax import durations, methods, models, optim, pretrained
 from anp_jax.data import pipeline
 from anp_jax.errors import ConfigError
-from anp_jax.executors import asynchronous, local_sgd
 from anp_jax.metrics import HEADS
 from anp_jax.models import conv as conv_lowerings
 
@@ -76,10 +75,10 @@ CHOICES = {
     'optimizer': optim.OPTIMIZERS,
     'lr_scaling': optim.SCALING_RULES,
     'schedule': optim.SCHEDULES,
-    'executor': executors.EXECUTORS,
-    'method': executors.METHODS,
-    'async_sgd.staleness': asynchronous.STALENESS,
-    'async_sgd.momentum': asynchronous.MOMENTUM_MODES,
+    'executor': methods.EXECUTORS,
+    'method': methods.METHODS,
+    'async_sgd.staleness': methods.STALENESS,
+    'async_sgd.momentum': methods.MOMENTUM_MODES,
 }
 # Why a value someone may expect is refused (appended to the message).
 _CHOICE_HINTS = {'model.dtype': models.DTYPE_HINTS}
@@ -130,7 +129,7 @@ def validate_config(config) -> None:
     if config.eval_every_epochs <= 0:
       raise ConfigError('config.stop_at_metric needs periodic evaluation: set '
                        'config.eval_every_epochs > 0.')
-  executors.validate(config)
+  methods.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
 
@@ -143,7 +142,7 @@ def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int
   local_devices = jax.local_device_count() if local_devices is None else local_devices
   process_count = jax.process_count() if process_count is None else process_count
   if config.method == 'local_sgd':
-    local_sgd.resolve_nodes(config, devices, process_count)  # Divides the job's devices?
+    methods.resolve_nodes(config, devices, process_count)  # Divides the job's devices?
   b, k = int(config.batch_size), int(config.grad_accum_steps)
   if b % devices:
     raise ConfigError(f'config.batch_size={b} (the global batch) is not divisible by the '

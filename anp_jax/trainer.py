@@ -151,22 +151,13 @@ class TrainResult:
   wall_time_s: float
 
 
-# Fields that `load_checkpoint` reads and that were added after the first runs were written, with
-# the value those runs used: a config.json without them is read with these.
-ADDED_FIELDS = {'method': 'sync', 'eval_split': 'validation', 'model.conv_impl': 'xla',
-                'model.adjective_head': True, 'model.noun_head': True}
-
-
 def load_checkpoint(workdir: str, step: Optional[int] = None):
   """For IPython: ``model, variables, config = load_checkpoint(workdir)``.
 
   Rebuilds the model from ``workdir/config.json`` and restores params + BN statistics on the
   default device (no mesh needed); a local-SGD run's node replicas are averaged.
   """
-  config, state = checkpointing.restore_state(workdir, step)
-  for field, value in ADDED_FIELDS.items():  # A config.json of an older version.
-    if checkpointing.get_field(config, field) is None:
-      config.update_from_flattened_dict({field: value})
+  config, state = checkpointing.restore_state(workdir, step)  # With default.ADDED_FIELDS.
   meta = pipeline.dataset_meta(pipeline.get_builder(config), config)
   model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
   variables = {'params': state['params'], 'batch_stats': state['batch_stats']}

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from anp_jax import metrics, xla_flags
+from anp_jax import metrics_io, xla_flags
 from conftest import ROOT
 
 
@@ -15,12 +15,24 @@ def test_read_metrics_keeps_the_last_record_per_step_and_kind(tmp_path):
            # Resumed from the checkpoint of step 2: steps 3-4 are logged again (exact resume).
            {'step': 4, 'train/loss': 2.5}, {'step': 4, 'eval/anp_top1': 0.2}]
   text = ''.join(json.dumps(l) + '\n' for l in lines) + '{"step": 6, "train/lo'  # Killed.
-  (tmp_path / metrics.METRICS_FILE).write_text(text + '\n\n')
-  records = metrics.read_metrics(str(tmp_path))
+  (tmp_path / metrics_io.METRICS_FILE).write_text(text + '\n\n')
+  records = metrics_io.read_metrics(str(tmp_path))
   assert records == [lines[0], lines[3], lines[4]]
-  assert metrics.read_metrics(str(tmp_path), kind='eval') == [lines[4]]
-  assert metrics.read_metrics(str(tmp_path), kind='train') == [lines[0], lines[3]]
-  assert metrics.read_metrics(str(tmp_path / 'nothing')) == []
+  assert metrics_io.read_metrics(str(tmp_path), kind='eval') == [lines[4]]
+  assert metrics_io.read_metrics(str(tmp_path), kind='train') == [lines[0], lines[3]]
+  assert metrics_io.read_metrics(str(tmp_path / 'nothing')) == []
+
+
+def test_read_metrics_orders_by_step_then_train_before_eval(tmp_path):
+  """Whatever order the lines came in, and with the last line cut mid-write (no newline)."""
+  lines = [{'step': 8, 'eval/anp_top1': 0.3, 'time': 5.0}, {'step': 8, 'train/loss': 1.0},
+           {'step': 3, 'eval/anp_top1': 0.2}, {'step': 3, 'train/loss': 2.0},
+           {'step': 1, 'train/loss': 4.0}]
+  text = ''.join(json.dumps(l) + '\n' for l in lines) + '{"step": 9, "train/loss": 0.'
+  (tmp_path / metrics_io.METRICS_FILE).write_text(text)
+  assert metrics_io.read_metrics(str(tmp_path)) == [lines[4], lines[3], lines[2], lines[1],
+                                                    lines[0]]
+  assert [metrics_io.record_kind(r) for r in lines] == ['eval', 'train', 'eval', 'train', 'train']
 
 
 def test_importing_anp_jax_leaves_xla_flags_alone_and_configure_sets_them():

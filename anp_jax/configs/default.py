@@ -3,9 +3,11 @@
   ./run.sh                                 # = python -m anp_jax.main --config=anp_jax/configs/default.py
   ./run.sh --config.batch_size=256 --config.num_epochs=2
 
-Every other config imports this one and overrides a few fields.
+Every other config imports this one and overrides a few fields. A finished run's recorded
+config is read back with `read_run_config` (fields added since then get `ADDED_FIELDS`).
 """
 
+import json
 import os
 
 import ml_collections
@@ -17,6 +19,32 @@ DATA_DIR_ENV = 'ANP_DATA_DIR'
 
 def default_data_dir() -> str:
   return os.environ.get(DATA_DIR_ENV) or '~/tensorflow_datasets'
+
+
+# Fields added to the config after runs were recorded, with the value those runs used: a run's
+# config.json without them is read with these (`read_run_config`). A new field whose default is
+# not what older runs did gets its old behaviour here, not its default.
+ADDED_FIELDS = {'method': 'sync', 'eval_split': 'validation', 'model.conv_impl': 'xla',
+                'model.adjective_head': True, 'model.noun_head': True,
+                'stop_at_metric': '', 'stop_at_value': 0.0}
+
+
+def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run recorded (``workdir/config.json``), with the `ADDED_FIELDS` it lacks.
+
+  For what reads finished runs (`trainer.load_checkpoint`, the planner's pilot): plain
+  attribute access then works on configs of every version. No JAX.
+  """
+  with open(os.path.join(workdir, 'config.json')) as f:
+    recorded = json.load(f)
+  for field, value in ADDED_FIELDS.items():
+    *parents, name = field.split('.')
+    node = recorded
+    for part in parents:
+      node = node.setdefault(part, {})
+    if node.get(name) is None:
+      node[name] = value
+  return ml_collections.ConfigDict(recorded)
 
 
 def get_config() -> ml_collections.ConfigDict:

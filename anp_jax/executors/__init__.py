@@ -9,40 +9,24 @@ Two choices, kept apart:
   or ``'local_sgd'`` (synchronous inside a node, averaged across nodes, `local_sgd`). The other
   methods run on the jit executor only.
 
-`make_executor` returns an `Executor` (see `common`); `validate` checks the method's section of
-the config; `make_run_mesh` gives the mesh a method runs on; `optimizer_config` the config the
-optimizer is built from.
+`make_executor` returns an `Executor` (see `common`); `make_run_mesh` gives the mesh a method runs
+on; `optimizer_config` the config the optimizer is built from. The names and checks of
+``config.executor``, ``config.method`` and their sections are in `anp_jax.methods` (used by
+`anp_jax.setup` before anything runs).
 """
 
 from typing import Optional
 
+from anp_jax import methods
 from anp_jax.executors import asynchronous, local_sgd, pmap, sync
 from anp_jax.executors.common import (AXIS, DEVICE, NODE, Executor, make_mesh,  # noqa: F401
                                       make_node_mesh)
-
-EXECUTORS = ('jit', 'pmap')
-METHODS = ('sync', 'async', 'local_sgd')
-
-
-def validate(config) -> None:
-  """Checks config.method and its section; ValueError with what to change (no devices used).
-
-  The enumerated values (executor, method, staleness, ...) are checked by
-  `anp_jax.setup.CHOICES` before this runs."""
-  if config.method != 'sync' and config.executor != 'jit':
-    raise ValueError(f"config.method={config.method!r} runs on the 'jit' executor only (the pmap "
-                     f"executor is kept for comparison with synchronous training); set "
-                     f"config.executor='jit'.")
-  if config.method == 'async':
-    asynchronous.validate(config)
-  elif config.method == 'local_sgd':
-    local_sgd.validate(config)
 
 
 def make_run_mesh(config, devices: int, processes: int, device_list: Optional[list] = None):
   """The mesh `config.method` runs on: (node, device) for local SGD, else the 1-D data mesh."""
   if config.method == 'local_sgd':
-    return make_node_mesh(local_sgd.resolve_nodes(config, devices, processes), device_list)
+    return make_node_mesh(methods.resolve_nodes(config, devices, processes), device_list)
   return make_mesh(device_list)
 
 

@@ -23,47 +23,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from anp_jax.executors.common import Executor, MeshHelper, is_int, per_device_functions
+from anp_jax.executors.common import Executor, MeshHelper, per_device_functions
+from anp_jax.methods import STALENESS
 from anp_jax.research.async_sim import staleness_sampler
-
-STALENESS = ('constant', 'uniform', 'geometric', 'simulated')
-MOMENTUM_MODES = ('keep', 'compensate')
-# Optimizers with an explicit momentum that 'compensate' can lower.
-MOMENTUM_OPTIMIZERS = ('sgd', 'nesterov', 'lars')
-
-
-def validate(config) -> None:
-  """Checks config.async_sgd (its enumerations are checked by `anp_jax.setup.CHOICES`)."""
-  a = config.async_sgd
-  if not is_int(a.max_tau) or a.max_tau < 0:
-    raise ValueError(f'config.async_sgd.max_tau must be an integer >= 0 (the parameter history '
-                     f'kept), got {a.max_tau!r}.')
-  if a.staleness in ('constant', 'geometric'):
-    if a.staleness == 'constant' and (not is_int(a.tau) or a.tau < 0):
-      raise ValueError(f'config.async_sgd.tau must be an integer >= 0 (steps of staleness), '
-                       f'got {a.tau!r}.')
-    if a.staleness == 'geometric' and not (isinstance(a.tau, (int, float)) and a.tau >= 0):
-      raise ValueError(f'config.async_sgd.tau (the mean of the geometric staleness) must be '
-                       f'>= 0, got {a.tau!r}.')
-    if a.tau > a.max_tau:
-      raise ValueError(f'config.async_sgd.tau={a.tau} is larger than the kept parameter history '
-                       f'(config.async_sgd.max_tau={a.max_tau}): raise max_tau to at least '
-                       f'{math.ceil(a.tau) if a.staleness == "constant" else 3 * math.ceil(a.tau)}'
-                       f' (memory: (max_tau + 1) x the parameters per device) or lower tau.')
-  if a.staleness == 'simulated':
-    if not is_int(a.workers) or a.workers < 1:
-      raise ValueError(f'config.async_sgd.workers must be an integer >= 1, got {a.workers!r}.')
-    if not (isinstance(a.compute_cv, (int, float)) and a.compute_cv >= 0):
-      raise ValueError(f'config.async_sgd.compute_cv must be >= 0, got {a.compute_cv!r}.')
-    if a.workers - 1 > a.max_tau:
-      raise ValueError(f'config.async_sgd.workers={a.workers} gives a mean staleness of '
-                       f'{a.workers - 1}, larger than the kept parameter history '
-                       f'(config.async_sgd.max_tau={a.max_tau}); set max_tau to at least '
-                       f'{2 * a.workers} (memory: (max_tau + 1) x the parameters per device).')
-  if a.momentum == 'compensate' and config.optimizer not in MOMENTUM_OPTIMIZERS:
-    raise ValueError(f"config.async_sgd.momentum='compensate' lowers the explicit momentum of "
-                     f'{MOMENTUM_OPTIMIZERS}; config.optimizer={config.optimizer!r} has none. '
-                     "Use momentum='keep'.")
 
 
 def expected_staleness(config) -> float:

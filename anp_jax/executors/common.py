@@ -141,8 +141,3 @@ class MeshHelper:
     saved on other devices (8 → 4) lands where this run keeps it."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.state),
                         state)
-
-
-def is_int(value) -> bool:
-  """An integer config value (numpy integers too; True/False are not)."""
-  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

@@ -6,50 +6,17 @@ has a leading node axis, sharded ``P('node')``); gradients are averaged over ``d
 (global BatchNorm too: over a node's batch); every ``sync_every`` steps a second compiled step
 also averages parameters and BN statistics (optionally the optimizer state) over ``node``. The
 host picks the step function by step number (`Executor.step_args`), so no collective sits inside
-a conditional. `resolve_nodes` turns ``local_sgd.nodes`` into a node count.
+a conditional. `anp_jax.methods.resolve_nodes` turns ``local_sgd.nodes`` into a node count.
 """
 
 import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from anp_jax import steps
-from anp_jax.executors.common import (DEVICE, NODE, Executor, MeshHelper, is_int,
-                                      per_device_functions)
-
-
-def validate(config, devices: Optional[int] = None, processes: Optional[int] = None) -> None:
-  """Checks config.local_sgd; with the job's ``devices``/``processes``, the node count too."""
-  s = config.local_sgd
-  if not is_int(s.sync_every) or s.sync_every < 1:
-    raise ValueError(f'config.local_sgd.sync_every must be an integer >= 1 (steps between '
-                     f'parameter averages; 1 = synchronous SGD), got {s.sync_every!r}.')
-  if not is_int(s.nodes) or s.nodes < 0:
-    raise ValueError(f'config.local_sgd.nodes must be an integer >= 0 (0 = one node per JAX '
-                     f'process), got {s.nodes!r}.')
-  if devices is not None:
-    resolve_nodes(config, devices, processes or 1)
-
-
-def resolve_nodes(config, devices: int, processes: int) -> int:
-  """The local-SGD node count: ``local_sgd.nodes``, or one node per process when it is 0."""
-  nodes = int(config.local_sgd.nodes) or processes
-  if devices % nodes:
-    raise ValueError(f'config.local_sgd.nodes={nodes} does not divide the {devices} devices of '
-                     f'this job; use a divisor of {devices} '
-                     f'({[n for n in range(1, devices + 1) if devices % n == 0]}).')
-  per_node = devices // nodes
-  local = devices // processes
-  if processes > 1 and (per_node % local and local % per_node):
-    raise ValueError(f'With {processes} processes of {local} devices, a node of {per_node} '
-                     'devices would straddle processes unevenly; choose config.local_sgd.nodes '
-                     'so that each node is a whole number of processes or each process a whole '
-                     'number of nodes.')
-  return nodes
+from anp_jax.executors.common import DEVICE, NODE, Executor, MeshHelper, per_device_functions
 
 
 def _is_float(x) -> bool:

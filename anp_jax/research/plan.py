@@ -39,6 +39,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from anp_jax.configs import default as default_config
+from anp_jax.metrics_io import read_metrics
 from anp_jax.research import noise_scale
 from anp_jax.research import perfmodel as pm
 
@@ -51,31 +53,6 @@ class PlanError(ValueError):
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
-
-
-def read_metrics(run_dir: str) -> List[Dict]:
-  """The records of ``run_dir/metrics.jsonl``, one per (kind, step), sorted by step.
-
-  A run that was interrupted and resumed from a checkpoint logs the steps after that checkpoint
-  again (the writer appends); resume is exact, so the later record simply replaces the earlier
-  one. A line cut short by a kill is skipped. Kind is ``eval`` or ``train`` by the keys' prefix.
-  """
-  path = os.path.join(run_dir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  by_key = {}
-  with open(path) as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      kind = 'eval' if any(k.startswith('eval/') for k in record) else 'train'
-      by_key[(int(record['step']), kind)] = record
-  return [by_key[k] for k in sorted(by_key, key=lambda sk: (sk[0], sk[1] == 'eval'))]
 
 
 def steps_to_target(records: Sequence[Dict], metric: str, target: float) -> Optional[int]:
@@ -166,12 +143,11 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
   cfg_path = os.path.join(workdir, 'config.json')
   if not records or not os.path.exists(cfg_path):
     raise PlanError(f'{workdir!r} is not a trainer workdir (no metrics.jsonl / config.json).')
-  with open(cfg_path) as f:
-    config = json.load(f)
+  config = default_config.read_run_config(workdir)
   if target is None:
-    if not config.get('stop_at_metric'):
+    if not config.stop_at_metric:
       raise PlanError('Give --target (the pilot has no config.stop_at_metric to take it from).')
-    metric, target = config['stop_at_metric'], float(config['stop_at_value'])
+    metric, target = config.stop_at_metric, float(config.stop_at_value)
   s0 = steps_to_target(records, metric, target)
   if s0 is None:
     best = max((r[metric] for r in records if metric in r), default=None)
@@ -787,14 +763,12 @@ def workload_for(name: str, dataset_size: int, pilot: Optional[str] = None) -> p
   if name in pm.WORKLOADS:
     return pm.WORKLOADS[name](dataset_size=dataset_size)
   if name == 'pilot' and pilot:
-    with open(os.path.join(pilot, 'config.json')) as f:
-      config = json.load(f)
+    config = default_config.read_run_config(pilot)
     from anp_jax import models
     # The head's size barely changes the FLOPs; the generated dataset records its class count.
-    classes = (config.get('synthetic') or {}).get('num_pairs') or 553
-    model = models.build_resnet(config['model']['name'], num_anps=classes,
-                                width=config['model'].get('width', 1.0))
-    return pm.workload_from_flax(model, config['image_size'], name=config['model']['name'],
+    classes = config.synthetic.num_pairs or 553
+    model = models.build_resnet(config.model.name, num_anps=classes, width=config.model.width)
+    return pm.workload_from_flax(model, config.image_size, name=config.model.name,
                                  dataset_size=dataset_size)
   raise PlanError(f'--workload {name!r}: choose one of {sorted(pm.WORKLOADS)} or '
                   '"pilot" (with --pilot).')

@@ -37,10 +37,11 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from anp_jax import checkpointing, cli, distributed, errors, optim, preemption, reporting, trainer
+from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, preemption,
+                     reporting, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.research import noise_scale, plan
+from anp_jax.research import noise_scale
 from anp_jax.setup import resolve_setup, validate_config
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -269,7 +270,7 @@ def run_grid(runs: Sequence[GridRun], out: str, is_main: bool):
       result = trainer.train_and_evaluate(run.config, run_dir)
     except errors.NonFiniteLossError as e:
       if is_main:
-        step = max((r['step'] for r in plan.read_metrics(run_dir)), default=0)
+        step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
         reporting.write_json_atomic(os.path.join(run_dir, 'final_metrics.json'),
                                     {'diverged': True, 'step': step, 'error': str(e)})
         print(f'{tag}: diverged ({e})', flush=True)
@@ -689,7 +690,7 @@ def summarize_run(run_dir: str, target: float) -> Optional[Dict]:
   if is_finished(run_dir):
     with open(os.path.join(run_dir, 'final_metrics.json')) as f:
       final = json.load(f)
-  records = plan.read_metrics(run_dir)
+  records = metrics_io.read_metrics(run_dir)
   evals = [r for r in records if 'eval/anp_top1' in r]
   total = info['total_steps']
   # Steps are interpolated between the evaluations around the crossing (`target_crossing`).

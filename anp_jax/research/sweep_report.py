@@ -28,14 +28,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from anp_jax import plotting  # numpy and matplotlib only; no JAX
+from anp_jax.metrics_io import read_metrics
 from anp_jax.research import plan
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
-
-
-# One reader of the trainer's log, shared with the planner.
-read_metrics = plan.read_metrics
 
 
 def load_results(out_dir: str) -> List[Dict]:
