@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from anp_jax import xla_flags
+from anp_jax import metrics_io, xla_flags
 
 # ----------------------------------------------------------------------------------------------
 # Timing primitives.
@@ -323,12 +323,7 @@ def build_reference_step(config, seed: int = 0):
 
 def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
   """Steady-state images/s of a finished run from its metrics.jsonl time stamps."""
-  rows = []
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    for line in f:
-      row = json.loads(line)
-      if 'train/loss' in row:
-        rows.append(row)
+  rows = [r for r in metrics_io.read_metrics(workdir, kind='train') if 'train/loss' in r]
   if len(rows) < 2:
     raise ValueError('The training loop logged fewer than two train lines; raise --steps or '
                      'lower --config.log_every_steps.')
