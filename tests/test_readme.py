@@ -17,7 +17,7 @@ def _snippet():
   return match.group(1)
 
 
-@pytest.mark.slow(30)
+@pytest.mark.slow(40)
 def test_readme_ipython_snippet_runs(tmp_path):
   env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
   env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'

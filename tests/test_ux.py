@@ -363,6 +363,7 @@ def test_package_builds_with_every_module(tmp_path):
   assert ours <= names, sorted(ours - names)
 
 
+@pytest.mark.slow(30)
 def test_experiment_scripts_run_from_another_directory(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('PYTHONPATH', None)
