@@ -217,7 +217,7 @@ def test_sync_async_mixed_exits_75_between_runs(data_dir, tmp_path):
 # Several processes: SIGTERM to one of them.
 
 
-@pytest.mark.slow(60)
+@pytest.mark.slow(120)
 def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
   workdir = tmp_path / 'work'
 
