@@ -151,6 +151,43 @@ def assert_leaves_close(got, want, **tol):
       np.testing.assert_array_equal(x, y, err_msg=f'leaf {i}')
 
 
+# ----------------------------------------------------------------------------------------------
+# Spreading the suite over pytest-xdist workers (test.sh: --dist loadfile --no-loadscope-reorder).
+#
+# A worker takes a whole test file at a time (its module fixtures are built once), in the order
+# of the collection, which this hook sets heaviest file first (longest-processing-time order):
+# the tail is then a light file, not the one with the multi-process or SLURM jobs (xdist's own
+# order, by number of tests, sent those last). A file's weight is the sum of its tests'
+# `@pytest.mark.slow(seconds)`: about what the test takes alone on 2 idle cores (unmarked: 1).
+# A file heavier than a fair share of the suite is split in two (e.g. test_checkpoint.py and
+# test_checkpoint_kill.py). (xdist_group marks cannot split a file: with pytest 9 the loadgroup
+# mode of xdist 3.8 no longer renames node ids, and every test becomes its own unit.)
+
+UNMARKED_SECONDS = 1.0
+
+
+def _seconds(item) -> float:
+  mark = item.get_closest_marker('slow')
+  if mark is None:
+    return UNMARKED_SECONDS
+  return float(mark.args[0] if mark.args else mark.kwargs.get('seconds', 60))
+
+
+def pytest_collection_modifyitems(items):
+  """Orders the test files heaviest first, each one's tests in their collected order."""
+  weight, first = {}, {}
+  for i, item in enumerate(items):
+    path = item.nodeid.split('::', 1)[0]
+    weight[path] = weight.get(path, 0.0) + _seconds(item)
+    first.setdefault(path, i)
+  order = {id(item): i for i, item in enumerate(items)}
+
+  def key(item):
+    path = item.nodeid.split('::', 1)[0]
+    return -weight[path], first[path], order[id(item)]
+  items.sort(key=key)
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
   """A prepared tiny synthetic_anp dataset (generated once per test session)."""

@@ -21,8 +21,6 @@ import numpy as np  # noqa: E402
 
 from anp_jax import trainer  # noqa: E402
 
-from anp_jax import trainer  # noqa: E402
-
 
 def main():
   config = ml_collections.ConfigDict(json.loads(os.environ['MP_CONFIG']))

@@ -21,6 +21,7 @@ TORCH_MISSING = ('torch is not installed: pip install -r requirements-bench.txt 
                  '.ci/run install it)')
 
 
+@pytest.mark.slow(40)
 def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   config = tiny_config(data_dir, num_train_steps=4)
   result = benchmarking.run_benchmark(config, warmup_steps=1, windows=2, steps_per_window=1,

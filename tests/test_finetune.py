@@ -17,11 +17,8 @@ import torch  # noqa: E402  (requirements-bench.txt, installed by test.sh: build
 from safetensors.numpy import save_file  # noqa: E402
 
 from anp_jax import models, pretrained, trainer  # noqa: E402
-from conftest import assert_leaves_close, leaves, run_workers, tiny_config  # noqa: E402
+from conftest import ROOT, assert_leaves_close, leaves, run_workers, tiny_config  # noqa: E402
 import torchvision_resnet as tvr  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 def _state_dict(net):
@@ -53,6 +50,7 @@ def _variables(values):
 # not depend on the input size (every stride-2 layer still sees an even size, the case where
 # 'SAME' padding and torchvision's padding=1 differ), and 224 px ResNet-50 forwards in both
 # frameworks cost ~1 min on the 2 shared CPU cores of CI. ResNet-18 runs at the full 224 px.
+@pytest.mark.slow(15)
 @pytest.mark.parametrize('name,size', [('resnet18', 224), ('resnet50', 64)])
 @pytest.mark.parametrize('ext', ['.safetensors', '.pth'])
 def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size, ext):
@@ -305,6 +303,7 @@ def test_main_exits_2_on_a_missing_file(data_dir, tmp_path):
 # Multi-process: every process reads the same file.
 
 
+@pytest.mark.slow(105)
 def test_two_processes_loading_the_same_file_equal_one(data_dir, tmp_path, tiny_file):
   path, _ = tiny_file
   config = tiny_config(data_dir, num_train_steps=3, log_every_steps=1, bn_mode='global',

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from anp_jax import trainer
 from conftest import ROOT, leaves, main_cmd, subprocess_env
@@ -16,6 +17,7 @@ from conftest import ROOT, leaves, main_cmd, subprocess_env
 LOAD = '''
 import sys
 import numpy as np
+import pytest
 import jax
 from anp_jax import runtime
 runtime.configure(tensorflow=False)
@@ -27,6 +29,7 @@ np.savez(sys.argv[2], *[np.asarray(x) for x in jax.tree.leaves(variables)])
 '''
 
 
+@pytest.mark.slow(20)
 def test_a_checkpoint_saved_on_8_devices_loads_on_one(data_dir, tmp_path):
   workdir = tmp_path / 'run'
   out = subprocess.run(main_cmd(data_dir, workdir, num_train_steps=3, checkpoint_every_steps=3),

@@ -98,6 +98,7 @@ def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_
                       atol=1e-7)
 
 
+@pytest.mark.slow(60)
 def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path):
   """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2: the
   node-averaged parameters and BN statistics agree leaf by leaf (a sum would not see swapped

@@ -39,6 +39,7 @@ def _losses(history):
   return [h['train/loss'] for h in history if 'train/loss' in h]
 
 
+@pytest.mark.slow(90)
 def test_four_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, reference):
   outs = run_workers(tiny_config(data_dir, **OVERRIDES), 4, tmp_path)
   assert [o['process_count'] for o in outs] == [4] * 4
@@ -53,6 +54,7 @@ def test_four_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, refer
   assert len(set.union(*digests)) == 32
 
 
+@pytest.mark.slow(100)
 def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_path, reference,
                                                                   capsys):
   """1 -> 2: a 1-process checkpoint at step 2 resumed by a 2-process job (which saves step 4);
@@ -102,6 +104,7 @@ def test_restore_from_one_process_onto_two_and_from_two_onto_one(data_dir, tmp_p
   assert int(resumed.state.step) == 5
 
 
+@pytest.mark.slow(60)
 def test_a_dead_process_makes_the_others_exit_within_the_heartbeat_timeout(data_dir, tmp_path):
   """kill -9 of one process: the survivor exits non-zero after about ANP_HEARTBEAT_TIMEOUT
   seconds (set to 5 here, against the default 30), not at some later time-out."""
@@ -145,6 +148,7 @@ def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
   assert 'coordinator' in out.stderr and 'not reachable within 8 s' in out.stderr
 
 
+@pytest.mark.slow(60)
 def test_first_run_on_an_empty_data_dir_prepares_the_dataset_once(tmp_path):
   """Two processes on a fresh data_dir: process 0 generates synthetic_anp, the other waits at a
   barrier and then reads it (before: the second one read a half-written dataset and failed)."""

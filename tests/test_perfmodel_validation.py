@@ -70,6 +70,7 @@ def test_paper_comparison_fit_is_reported_as_a_fit():
     pv.paper_comparison(sim_updates=1_000, fit_method='hogwild')
 
 
+@pytest.mark.slow(120)
 def test_quick_run_end_to_end(tmp_path):
   """Real subprocesses (1 simulated device, 2 gloo processes), report, JSON and plots."""
   out = tmp_path / 'val'

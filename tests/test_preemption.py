@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -15,7 +14,7 @@ import pytest
 from anp_jax import errors, executors, preemption, trainer
 from anp_jax.research import sweep
 from anp_jax.research import sync_async_mixed as sam
-from conftest import launch, tiny_config
+from conftest import launch, main_cmd, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -168,6 +167,7 @@ def reference_sweep(data_dir, tmp_path_factory):
   return _rows(out)
 
 
+@pytest.mark.slow(30)
 @pytest.mark.parametrize('when', ['final_evaluation', 'between_runs'])
 def test_sweep_exits_75_on_a_late_signal_and_resumes_exactly(data_dir, tmp_path, monkeypatch,
                                                              reference_sweep, when):
@@ -217,17 +217,12 @@ def test_sync_async_mixed_exits_75_between_runs(data_dir, tmp_path):
 # Several processes: SIGTERM to one of them.
 
 
+@pytest.mark.slow(120)
 def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
   workdir = tmp_path / 'work'
 
-  def cmd(steps):
-    c = [sys.executable, '-m', 'anp_jax.main', f'--workdir={workdir}',
-         f'--config.data_dir={data_dir}', f'--config.num_train_steps={steps}',
-         '--config.model.name=resnet8', '--config.model.width=0.25', '--config.image_size=16',
-         '--config.batch_size=8', '--config.bn_group_size=4', '--config.progress_bar=False',
-         '--config.checkpoint_every_steps=0', '--config.checkpoint_every_minutes=0',
-         '--config.log_every_steps=1', '--config.eval_every_epochs=0']
-    return c + [f'--config.synthetic.{k}={v}' for k, v in tiny_config(data_dir).synthetic.items()]
+  def cmd(steps):  # 2 processes x 1 device, 4 examples each (one ghost-BN group).
+    return main_cmd(data_dir, workdir, num_train_steps=steps, batch_size=8, log_every_steps=1)
 
   procs = launch(cmd(100000), 2, 1, tmp_path)
   metrics = workdir / 'metrics.jsonl'

@@ -5,7 +5,9 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import pytest
+
+from conftest import ROOT
 
 
 def _snippet():
@@ -15,6 +17,7 @@ def _snippet():
   return match.group(1)
 
 
+@pytest.mark.slow(40)
 def test_readme_ipython_snippet_runs(tmp_path):
   env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
   env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'

@@ -1,8 +1,11 @@
 """SLURM preemption end to end on a real one-node cluster (conftest's `slurm` fixture).
 
 The shipped experiments/slurm/train.sbatch, submitted with sbatch as a user would, two tasks
-(two processes of one JAX job) on the one node:
+(two processes of one JAX job) on the one node (.ci/run installs Debian's slurm-wlm and munge;
+tests/slurm_cluster.py writes a slurm.conf into a temporary directory, starts the daemons and
+stops them afterwards):
 
+* the uninterrupted job runs as one JAX job of two processes and finishes;
 * ``scancel --signal=USR1`` (what ``#SBATCH --signal=USR1@300`` sends before the time limit) ->
   both processes checkpoint at one step -> exit 75 -> the job requeues itself -> the requeued job
   resumes from that checkpoint and ends with the per-step losses and final parameters of an
@@ -116,14 +119,20 @@ def script(tmp_path_factory):
   return slurm_cluster.example_script(tmp_path_factory.mktemp('sbatch') / 'train.sbatch')
 
 
+@pytest.mark.slow(180)
 def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted_one(
     slurm, script, data_dir, tmp_path):
   env, _ = slurm
   steps = 60
-  # The uninterrupted job.
+  # The uninterrupted job: the example script as shipped, with this one-node CPU cluster's sizes
+  # on the command line (they override its #SBATCH lines), runs two tasks as one JAX job.
   ref_dir = tmp_path / 'ref'
   _submit(env, script, tmp_path / 'ref.out', _flags(data_dir, ref_dir, num_train_steps=steps),
           wait=True)
+  log = (tmp_path / 'ref.out').read_text()
+  assert 'process 0/2' in log and 'process 1/2' in log, log[-5000:]
+  assert '2 process(es)' in log and 'Done in' in log, log[-5000:]
+  assert (ref_dir / 'final_metrics.json').exists()
   want_losses = _losses(ref_dir)
   assert sorted(want_losses) == list(range(1, steps + 1))
 
@@ -171,6 +180,7 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted
         f'{watch.seen["Done in"] - t_signal:.1f} s after the signal.')
 
 
+@pytest.mark.slow(120)
 def test_kill_9_of_one_task_ends_the_job_within_the_heartbeat_timeout_and_a_resubmission_resumes(
     slurm, script, data_dir, tmp_path):
   """The survivor must stop by itself: the job's srun here lacks the example's

@@ -345,6 +345,7 @@ def test_tiny_preset_uses_the_test_dataset():
   assert dict(sweep.preset_config('tiny').synthetic) == TINY_SYNTHETIC
 
 
+@pytest.mark.slow(60)
 def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
   out = tmp_path / 'sweep'
   t0 = time.time()

@@ -25,6 +25,7 @@ def trained(data_dir, tmp_path_factory):
   return config, workdir, trainer.train_and_evaluate(config, str(workdir))
 
 
+@pytest.mark.slow(30)
 def test_short_run_learns_and_writes_logs(trained):
   _, workdir, result = trained
   losses = _losses(result)
@@ -70,6 +71,7 @@ def test_evaluation_equals_a_direct_count_over_the_split(trained, eval_batch_siz
     assert result.final_eval['eval/anp_top1'] == direct['eval/anp_top1']
 
 
+@pytest.mark.slow(20)
 def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
   runs = {}
   for executor in ('jit', 'pmap'):
@@ -81,6 +83,7 @@ def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
                       rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow(20)
 def test_gradient_accumulation_with_ghost_groups_equals_one_large_batch(data_dir, tmp_path):
   """8 examples per device in 2 micro-batches of 4 (each one ghost-BN group of 4) == one step
   on the 8 (two groups of 4): same losses, parameters, BN statistics and optimizer state."""

@@ -13,11 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import run_experiment, tiny_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+from anp_jax.configs import default
 from anp_jax.research import sweep_report as report
+from conftest import ROOT, main_cmd, run_experiment, tiny_config
 
 
 def _env(**extra):
@@ -161,7 +159,7 @@ def test_sweep_override_typo_suggests_the_field(tmp_path):
 
 def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
   from anp_jax.research import sweep, sync_async_mixed
-  from anp_jax.configs import default, musa2_resnet50
+  from anp_jax.configs import musa2_resnet50
   monkeypatch.setenv('ANP_DATA_DIR', str(tmp_path))
   configs = [default.get_config(), musa2_resnet50.get_config()]
   configs += [sweep.preset_config(name) for name in sweep.preset_names(sweep.PREFIX)]
@@ -214,15 +212,13 @@ THIRD_PARTY_NOISE = ('absl::InitializeLog', 'oneDNN', 'Using custom data configu
 OWN_LINES = ('process 0/1 on ', 'anp_jax | ', '[', 'eval @ step', 'Done in ')
 
 
+@pytest.mark.slow(30)
 def test_first_screen_is_anp_jax_own_lines(tmp_path):
-  c = tiny_config(tmp_path / 'fresh_data')  # Generated during the run: its lines count too.
-  argv = [sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "run"}',
-          '--config.progress_bar=True', '--config.num_train_steps=4']
-  for key in ('data_dir', 'image_size', 'batch_size', 'eval_batch_size', 'bn_group_size',
-              'log_every_steps', 'eval_every_epochs', 'warmup_epochs'):
-    argv.append(f'--config.{key}={c[key]}')
-  argv += [f'--config.model.{k}={c.model[k]}' for k in ('name', 'width')]
-  argv += [f'--config.synthetic.{k}={v}' for k, v in c.synthetic.items()]
+  # The dataset is generated during the run (its lines count too); checkpoints as by default.
+  saves = {k: default.get_config()[k] for k in ('checkpoint_every_steps',
+                                                'checkpoint_every_minutes', 'async_checkpointing')}
+  argv = main_cmd(tmp_path / 'fresh_data', tmp_path / 'run', progress_bar=True,
+                  num_train_steps=4, **saves)
   env = _env()
   for key in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS'):  # What a new user has.
     env.pop(key, None)
@@ -367,6 +363,7 @@ def test_package_builds_with_every_module(tmp_path):
   assert ours <= names, sorted(ours - names)
 
 
+@pytest.mark.slow(30)
 def test_experiment_scripts_run_from_another_directory(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('PYTHONPATH', None)
