@@ -35,5 +35,5 @@ def get_config():
 
 def get_sweep():
   return dict(workers=(16,), nodes=(4,), sync_every=(1, 4, 16), aware=(False, True),
-              cpu_devices=4, lr_grid=(0.5, 1.0, 2.0), target_top1=0.25, images_per_s=400.0,
-              overhead_s=20.0)
+              mixed=(4, 8), mixed_aware=(False,), cpu_devices=4, lr_grid=(0.5, 1.0, 2.0),
+              lr_extensions=2, target_top1=0.25, images_per_s=400.0, overhead_s=20.0)
