@@ -1,4 +1,5 @@
-"""Synchronous vs simulated asynchronous vs local SGD, each arm at its own best learning rate.
+"""Synchronous vs simulated asynchronous and mixed-asynchronous vs local SGD, each arm at its own
+best learning rate.
 
 The logic of ``experiments/sync_async_mixed.py`` (its docstring documents the command). Arms:
 
@@ -411,7 +412,7 @@ def write_summary(rows, out: str, ex: Experiment) -> str:
   base, sync_devices = ex.base, ex.sync_devices
   grid_text = ', '.join(f'{m:g}' for m in ex.lr_grid)
   sizes = sorted({r['devices'] for r in rows})
-  lines = ['# Sync vs simulated async vs local SGD', '',
+  lines = ['# Sync vs simulated async and mixed-asynchronous vs local SGD', '',
            f'Proxy: {base.model.name} width {base.model.width}, {base.image_size} px generated '
            f'ANP data, {rows[0]["batch"] if rows else "?"} examples per update, '
            f'{base.num_epochs:g} epochs, {base.optimizer}, base lr {base.base_lr:g} per '
