@@ -221,3 +221,35 @@ def test_an_edge_rate_extends_the_grid_until_interior_or_the_limit(data_dir, tmp
   text = capsys.readouterr().out
   assert '6 runs (6 finished earlier)' in text
   assert 'From the finished runs, the first extension: sync x4, mixed-n04 x0.25.' in text
+
+
+def readme_row(r):
+  """An arm's row of the README's sync/async/mixed table, from its results.json record."""
+  lr = f'{r["lr"]:.3g} (x{r["lr_mult"]:g}{", edge" if r["lr_edge"] else ""})'
+  grid = ', '.join(f'{g["lr_mult"]:g}' for g in r['lr_grid'])
+  reached = r['examples_to_target']
+  return (f'| {r["name"]} | {lr} | {grid} | {100 * r["final_top1"]:.1f} % | '
+          f'{"not reached" if reached is None else f"{reached:,.0f}"} | '
+          f'{r["epochs"] * r["predicted_epoch_s"] / 3600:.2f} h |')
+
+
+def test_the_readme_table_is_the_committed_results():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu',
+                         'results.json')) as f:
+    rows = json.load(f)
+  readme = open(os.path.join(root, 'README.md')).read()
+  assert {'sync', 'mixed-n04', 'mixed-n08', 'async-16'} <= {r['name'] for r in rows}
+  for r in rows:
+    assert readme_row(r) in readme, readme_row(r)
+  by = {r['name']: r for r in rows}
+  pct = lambda name: f'{100 * by[name]["final_top1"]:.1f} %'
+  doc = ' '.join(open(os.path.join(root, 'anp_jax', 'configs', 'sync_async_mixed_cpu.py')
+                      ).read().split())
+  assert (f'sync {pct("sync")} final top-1 (x{by["sync"]["lr_mult"]:g}), local SGD H = 1 / 4 / 16 '
+          f'{pct("local-n4-h01")[:-2]} / {pct("local-n4-h04")[:-2]} / {pct("local-n4-h16")}, '
+          f'mixed N = 4 / 8 {pct("mixed-n04")} (x{by["mixed-n04"]["lr_mult"]:g}) / '
+          f'{pct("mixed-n08")} (x{by["mixed-n08"]["lr_mult"]:g}), async-16 {pct("async-16")} '
+          f'(x{by["async-16"]["lr_mult"]:g}), staleness-aware {pct("async-16-aware")} '
+          f'(x{by["async-16-aware"]["lr_mult"]:g})') in doc
+  assert ('every chosen rate ended interior' in doc) == all(r['lr_edge'] is None for r in rows)
