@@ -1,11 +1,12 @@
 """Synchronous vs simulated asynchronous vs local SGD: accuracy per epoch and per predicted hour,
 each arm at its own best learning rate.
 
-  python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~33 min
+  python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~60 min
   python experiments/sync_async_mixed.py --preset cpu --out DIR --dry_run       # grid + estimate
   python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # ~75 s (CI)
   python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
-      --nodes 4 --sync_every 1,8 --lr_grid 0.25,0.5,1 --target_top1 0.3 --config.base_lr=0.1
+      --mixed 4 --nodes 4 --sync_every 1,8 --lr_grid 0.25,0.5,1 --lr_extensions 1 \\
+      --target_top1 0.3 --config.base_lr=0.1
 
 Thin on purpose: the logic is `anp_jax.research.sync_async_mixed` (arms, predicted times, the
 per-arm learning-rate choice, the summary) on `anp_jax.research.sweep`'s runner (tested there).
@@ -19,6 +20,10 @@ batch of one step):
   event simulation (`anp_jax.research.perfmodel.staleness_sampler`, mean N - 1, step-time CV
   0.1), history ``max_tau = 2N``; ``-aware`` divides each step by max(tau, 1) (Zhang et al. 2016). One step's
   batch plays one worker's mini-batch.
+* ``mixed-nNN[-aware]``: the seed paper's mixed-asynchronous SGD on the sync arm's cluster split
+  into N workers of ``--sync_devices`` / N devices (synchronous inside a worker, asynchronous
+  across workers). Trained as ``async-N`` is (the staleness of N workers, mean N - 1; one step's
+  batch plays one worker's synchronous mini-batch); only the predicted cluster differs.
 * ``local-nK-hH``: local SGD over K nodes (a (node, device) mesh), parameters and BN statistics
   averaged every H steps (H = 1 is synchronous SGD up to float rounding).
 
@@ -26,13 +31,17 @@ Learning rate per arm: each arm runs at every multiplier of ``--lr_grid`` times 
 ``base_lr`` (runs ``<arm>-lrx<m>``; ``<arm>`` for m = 1). The chosen rate of an arm reaches
 ``--target_top1`` in the fewest examples (interpolated first crossing; same examples per update in
 every run), else has the best final top-1; a diverged (NaN/Inf) grid point is reported, never
-chosen. Arms that miss the target at every rate are listed in the summary.
+chosen. Arms that miss the target at every rate are listed in the summary. With
+``--lr_extensions E`` an arm whose chosen multiplier is the lowest (highest) of its grid runs
+again at half (twice) it, at most E times; the summary lists the arms still at the edge.
 
 Predicted wall time: each run is mapped to the seed paper's cluster (`perfmodel.minotauro`: K80
 devices, 4 per node, FDR InfiniBand) training ResNet-50 on the MUSA2 ANP training split
 (307,406 images) with 32 images per device/worker, and `perfmodel.predict` gives its epoch time:
 ``sync`` on ``--sync_devices`` devices (all-reduce), ``async-N`` on N device workers against one
-parameter server (``method='async'``), ``local-nK-hH`` on K nodes x 4 devices
+parameter server (``method='async'``), ``mixed-nNN`` on N nodes of ``--sync_devices`` / N
+devices (``method='mixed'``: all-reduce inside a node, one parameter server across nodes),
+``local-nK-hH`` on K nodes x 4 devices
 (``method='mixed', mixed_mode='local_sgd', local_steps=H``). Accuracy at epoch e is plotted at
 e x epoch time. Caveat, stated in the summary too: the accuracy curves come from the small proxy
 (same examples per update for every method); the times are the paper-scale predictions. The proxy
@@ -48,8 +57,9 @@ to the target), ``DIR/grid.json`` (every grid point), ``DIR/accuracy_vs_epochs.p
 
 Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--preset NAME``;
 get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm on 16
-devices (sync, async-16 with and without staleness-aware lr, local SGD over 4 nodes with H = 1, 4,
-16), lr x 0.5, 1, 2 (18 runs); ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
+devices (sync, async-16 with and without staleness-aware lr, mixed with 4 workers of 4 devices and
+8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1, 2 (24 runs) and up to 2
+extensions per arm at the grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
 local-n2-h2, half an epoch each. ``--config.x=y`` overrides the preset's config (not the fields
 the arms set: method, async_sgd, local_sgd, batch_size).
 """

@@ -118,6 +118,21 @@ def test_convergence_penalty_recovers_a_linear_staleness_cost():
     plan.convergence_penalty(results[1:])
 
 
+def test_mixed_asynchronous_arms_measure_the_async_penalty_at_their_staleness():
+  """Mixed arms of N workers (a synchronous group each) count at mean staleness N − 1."""
+  results = [{'name': 'sync', 'method': 'sync', 'workers': 0, 'sync_every': 1,
+              'predicted_epoch_s': 3600.0, 'curve': _curve(1.0)}]
+  for method, n in (('mixed', 4), ('mixed', 8), ('async', 16)):
+    results.append({'name': f'{method}-{n}', 'method': method, 'workers': n, 'sync_every': 1,
+                    'predicted_epoch_s': 3600.0, 'curve': _curve(1 + 0.05 * (n - 1))})
+  pen = plan.convergence_penalty(results)
+  assert sorted({p[0] for p in pen['async'].points}) == [3.0, 7.0, 15.0]
+  assert pen['async'].slope == pytest.approx(0.05, rel=1e-6)
+  rows = {r['name']: r for r in plan.validate_methods(results, 0.5)}
+  for name in ('mixed-4', 'mixed-8', 'async-16'):  # Each predicted from the other two.
+    assert rows[name]['predicted_h'] == pytest.approx(rows[name]['measured_h'], rel=1e-6)
+
+
 def test_cluster_files_reject_unknown_fields(tmp_path):
   good = {'name': 'lab', 'nodes': 8, 'devices_per_node': 4, 'device': 'v100',
           'interconnect': {'intra_node_bandwidth': 1e10, 'intra_node_latency': 1e-5,

@@ -1,12 +1,16 @@
 """experiments/sync_async_mixed.py (`anp_jax.research.sync_async_mixed`) end to end (tiny
 preset): results, plots, summary, skip on rerun, predicted times per method, bad input; the
-per-arm learning-rate grid (choice, columns, resume, a diverged grid point)."""
+per-arm learning-rate grid (choice, columns, resume, a diverged grid point, extension beyond its
+edge); the mixed-asynchronous arms (staleness of N workers on the sync arm's cluster)."""
 
 import json
+import math
 import os
+import types
 
 import pytest
 
+from anp_jax.executors import asynchronous
 from anp_jax.research import sync_async_mixed as sam
 
 
@@ -38,6 +42,9 @@ def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
     (['--config.method=async'], 'set per run'),
     (['--nodes', '3'], 'does not divide the 8 devices'),
     (['--config.no_such_field=1'], 'Unknown config field --config.no_such_field'),
+    (['--mixed', '3'], 'N must divide 16'),
+    (['--mixed', '2'], 'at most 4 devices per worker'),
+    (['--lr_extensions=-1'], '--lr_extensions must be >= 0'),
 ])
 def test_bad_input_is_reported_before_training(data_dir, tmp_path, capsys, extra, message):
   argv = ['--preset', 'tiny', '--out', str(tmp_path), f'--config.data_dir={data_dir}'] + extra
@@ -65,6 +72,18 @@ def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
   assert [g['status'] for g in rows['async-16']['lr_grid']] == ['finished', 'finished',
                                                                 'diverged']
   assert rows['local-n4-h04']['lr_chosen'] is False
+  # Edges: sync's best is its highest rate, async-16's its lowest; all diverged: go lower.
+  assert [rows[a]['lr_edge'] for a in ('sync', 'async-16', 'local-n4-h04')] == [
+      'high', 'low', 'low']
+  assert sam.extensions(list(rows.values()), (0.5, 1.0, 2.0), 2) == {
+      'sync': 2.0, 'async-16': 0.25, 'local-n4-h04': 0.5}
+  assert sam.extensions(list(rows.values()), (0.5, 1.0, 2.0), 0) == {}
+  # An arm extended `limit` times beyond the base grid is not extended again.
+  twice = [_record('sync', m, None, 0.1 * (1 + math.log2(1 / m))) for m in (0.25, 0.5, 1.0)]
+  (row,) = sam.choose(twice)
+  assert row['lr_edge'] == 'low' and row['lr_mult'] == 0.25
+  assert sam.extensions([row], (0.5, 1.0, 2.0), 1) == {}
+  assert sam.extensions([row], (0.5, 1.0, 2.0), 2) == {'sync': 0.125}
 
 
 def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
@@ -124,7 +143,113 @@ def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path,
   assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run',
                    f'--config.data_dir={data_dir}']) == 0
   text = capsys.readouterr().out
-  assert '18 runs (0 finished earlier), 6 arms x lr multipliers [0.5, 1.0, 2.0]' in text
+  assert '24 runs (0 finished earlier), 8 arms x lr multipliers [0.5, 1.0, 2.0]' in text
+  assert 'at most 2 time(s) each: up to 16 more runs' in text
   assert 'estimated' in text and not out.exists()
   ex = sam.resolve(['--preset', 'cpu', '--out', str(out)])
+  assert [a.name for a in ex.arms] == [
+      'sync', 'async-16', 'async-16-aware', 'mixed-n04', 'mixed-n08', 'local-n4-h01',
+      'local-n4-h04', 'local-n4-h16']
   assert {arm.devices(ex.sync_devices) for arm in ex.arms} == {16}  # One cluster size.
+
+
+@pytest.mark.parametrize('workers', [4, 8])
+def test_a_mixed_arm_trains_with_the_staleness_of_n_workers_predicted_on_16_devices(workers):
+  ex = sam.resolve(['--preset', 'cpu', '--out', '/nonexistent/sam'])
+  arm = next(a for a in ex.arms if a.name == f'mixed-n{workers:02d}')
+  config = sam.run_config(ex.base, arm)
+  assert config.method == 'async' and config.async_sgd.staleness == 'simulated'
+  taus = asynchronous.staleness_sequence(config, 5000)
+  assert taus.mean() == pytest.approx(workers - 1, abs=0.1)
+  assert config.async_sgd.max_tau == 2 * workers
+  p = sam.predict_arm(arm, ex.sync_devices)
+  assert p.method == 'mixed' and p.num_devices == 16 == arm.devices(ex.sync_devices)
+  assert (p.nodes, p.devices_per_node, p.num_workers) == (workers, 16 // workers, workers)
+  assert p.mean_staleness == pytest.approx(workers - 1, abs=0.1)  # The model agrees.
+  assert 'mixed-asynchronous' in sam.predicted_epoch(arm, ex.sync_devices)[1]
+
+
+def test_an_edge_rate_extends_the_grid_until_interior_or_the_limit(data_dir, tmp_path, capsys,
+                                                                  monkeypatch):
+  """Emulated training (top-1 peaks at x4 for sync, below x0.125 for mixed-n04): sync is
+  extended to x4 then x8 and ends interior at x4; mixed-n04 to x0.25, x0.125 and stays at the
+  edge after its 2 extensions; a rerun trains nothing."""
+  from anp_jax import trainer
+  trained = []
+
+  def emulated(config, workdir):
+    name = os.path.basename(workdir)
+    arm, _, mult = name.partition('-lrx')
+    mult = float(mult or 1)
+    peak = {'sync': 4.0, 'mixed-n04': 0.0625}[arm]
+    top1 = 0.2 - 0.02 * abs(math.log2(mult / peak))
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+      for step in (1, 2):
+        f.write(json.dumps({'step': step, 'eval/anp_top1': top1 * step / 2,
+                            'eval/loss': 3.0}) + '\n')
+    final = {'eval/anp_top1': top1, 'eval/loss': 3.0, 'wall_time_s': 1.0}
+    with open(os.path.join(workdir, 'final_metrics.json'), 'w') as f:
+      json.dump(final, f)
+    trained.append(name)
+    return types.SimpleNamespace(wall_time_s=1.0, final_eval=final)
+  monkeypatch.setattr(trainer, 'train_and_evaluate', emulated)
+  out = tmp_path / 'sam'
+  argv = ['--preset', 'tiny', '--out', str(out), '--workers', '', '--nodes', '', '--mixed', '4',
+          '--lr_grid', '0.5,1,2', '--lr_extensions', '2', '--target_top1', '0.9',
+          f'--config.data_dir={data_dir}']
+  assert sam.main(argv) == 0
+  assert trained == ['sync-lrx0.5', 'sync', 'sync-lrx2', 'mixed-n04-lrx0.5', 'mixed-n04',
+                     'mixed-n04-lrx2', 'sync-lrx4', 'mixed-n04-lrx0.25', 'sync-lrx8',
+                     'mixed-n04-lrx0.125']
+  rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
+  assert (rows['sync']['lr_mult'], rows['sync']['lr_edge']) == (4.0, None)
+  assert (rows['mixed-n04']['lr_mult'], rows['mixed-n04']['lr_edge']) == (0.125, 'low')
+  assert [g['lr_mult'] for g in rows['mixed-n04']['lr_grid']] == [0.125, 0.25, 0.5, 1.0, 2.0]
+  assert len(json.load(open(out / 'grid.json'))) == 10
+  assert rows['mixed-n04']['predicted_cluster'].startswith('4x4 K80, mixed-asynchronous SGD')
+  summary = (out / 'summary.md').read_text()
+  assert 'Cluster size: every arm on 16 devices.' in summary
+  edge = next(l for l in summary.splitlines() if l.startswith('Best rate still at the edge'))
+  assert edge.endswith('after at most 2 factor-2 extension(s) per arm (the optimum may lie '
+                       'beyond): mixed-n04 (lowest, x0.125).')
+  assert '| sync | 20.00 % |' in summary and '0.4 (x4) |' in summary
+  trained.clear()
+  capsys.readouterr()
+  assert sam.main(argv) == 0  # Everything finished: the same extensions, nothing retrained.
+  assert trained == [] and capsys.readouterr().out.count('finished earlier, skipped') == 10
+  assert sam.main(argv + ['--dry_run']) == 0
+  text = capsys.readouterr().out
+  assert '6 runs (6 finished earlier)' in text
+  assert 'From the finished runs, the first extension: sync x4, mixed-n04 x0.25.' in text
+
+
+def readme_row(r):
+  """An arm's row of the README's sync/async/mixed table, from its results.json record."""
+  lr = f'{r["lr"]:.3g} (x{r["lr_mult"]:g}{", edge" if r["lr_edge"] else ""})'
+  grid = ', '.join(f'{g["lr_mult"]:g}' for g in r['lr_grid'])
+  reached = r['examples_to_target']
+  return (f'| {r["name"]} | {lr} | {grid} | {100 * r["final_top1"]:.1f} % | '
+          f'{"not reached" if reached is None else f"{reached:,.0f}"} | '
+          f'{r["epochs"] * r["predicted_epoch_s"] / 3600:.2f} h |')
+
+
+def test_the_readme_table_is_the_committed_results():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu',
+                         'results.json')) as f:
+    rows = json.load(f)
+  readme = open(os.path.join(root, 'README.md')).read()
+  assert {'sync', 'mixed-n04', 'mixed-n08', 'async-16'} <= {r['name'] for r in rows}
+  for r in rows:
+    assert readme_row(r) in readme, readme_row(r)
+  by = {r['name']: r for r in rows}
+  pct = lambda name: f'{100 * by[name]["final_top1"]:.1f} %'
+  doc = ' '.join(open(os.path.join(root, 'anp_jax', 'configs', 'sync_async_mixed_cpu.py')
+                      ).read().split())
+  assert (f'sync {pct("sync")} final top-1 (x{by["sync"]["lr_mult"]:g}), local SGD H = 1 / 4 / 16 '
+          f'{pct("local-n4-h01")[:-2]} / {pct("local-n4-h04")[:-2]} / {pct("local-n4-h16")}, '
+          f'mixed N = 4 / 8 {pct("mixed-n04")} (x{by["mixed-n04"]["lr_mult"]:g}) / '
+          f'{pct("mixed-n08")} (x{by["mixed-n08"]["lr_mult"]:g}), async-16 {pct("async-16")} '
+          f'(x{by["async-16"]["lr_mult"]:g}), staleness-aware {pct("async-16-aware")} '
+          f'(x{by["async-16-aware"]["lr_mult"]:g})') in doc
+  assert ('every chosen rate ended interior' in doc) == all(r['lr_edge'] is None for r in rows)

@@ -315,15 +315,22 @@ def _fit_slope(points, bounds, levels):
                  points, bounds)
 
 
+def _penalty_kind(method: str) -> Optional[str]:
+  """The penalty an experiment arm's method measures: 'async' (also mixed), 'local_sgd', None."""
+  return {'async': 'async', 'mixed': 'async', 'local_sgd': 'local_sgd'}.get(method)
+
+
 def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3, 0.45, 0.6)
                         ) -> Dict[str, Penalty]:
   """Penalties of async SGD (vs mean staleness) and local SGD (vs H − 1) from the experiment.
 
   ``results`` are ``experiments/sync_async_mixed.py``'s records (eval curves per arm). For each
   level (a fraction of the synchronous arm's best top-1) every arm's epochs to reach it divided
-  by the synchronous arm's is one measured factor; an async arm of N workers has mean staleness
-  N − 1 (the event simulation's mean), a local-SGD arm x = H − 1. Of the two async variants
-  (plain, staleness-aware lr) per N the better one counts, as a planner would configure it. The
+  by the synchronous arm's is one measured factor; an async or mixed-asynchronous arm of N
+  workers (``method`` 'async' or 'mixed': the same simulated staleness, workers of one device or
+  of a synchronous group) has mean staleness N − 1 (the event simulation's mean), a local-SGD arm
+  x = H − 1. Of the arms per x (plain and staleness-aware lr, async and mixed) the best counts,
+  as a planner would configure it. The
   slope is a least-squares fit through (0, 1); its range is the spread of per-level fits, raised
   to what the arms that never reached a level imply.
   """
@@ -335,7 +342,7 @@ def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3,
   out = {}
   for kind, key in (('async', lambda r: r['workers'] - 1),
                     ('local_sgd', lambda r: r['sync_every'] - 1)):
-    arms = [r for r in results if r['method'] == kind]
+    arms = [r for r in results if _penalty_kind(r['method']) == kind]
     points, bounds = [], []
     for frac in levels:
       level = frac * best
@@ -410,11 +417,12 @@ def validate_methods(results: Sequence[Dict], level_frac: float = 0.5) -> List[D
     if r['method'] == 'sync':
       factor = 1.0
     else:
-      kind_x = 'workers' if r['method'] == 'async' else 'sync_every'
+      kind = _penalty_kind(r['method'])
+      kind_x = 'workers' if kind == 'async' else 'sync_every'
       rest = [o for o in results if o['method'] == 'sync' or
-              (o['method'] == r['method'] and o[kind_x] != r[kind_x])]
-      pen = convergence_penalty(rest, levels=(level_frac,)).get(r['method'])
-      x = r['workers'] - 1 if r['method'] == 'async' else r['sync_every'] - 1
+              (_penalty_kind(o['method']) == kind and o[kind_x] != r[kind_x])]
+      pen = convergence_penalty(rest, levels=(level_frac,)).get(kind)
+      x = r[kind_x] - 1
       factor = pen.factor(x)[0] if pen else None
     epoch_h = r['predicted_epoch_s'] / 3600
     rows.append({'name': r['name'], 'method': r['method'], 'level': level,
