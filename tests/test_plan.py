@@ -204,6 +204,7 @@ def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path):
   assert r.returncode == 2 and 'Give one of --pilot' in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow(30)
 def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   """The trainer's logs are what the planner reads: a tiny pilot to a reachable target."""
   from anp_jax import trainer

@@ -14,6 +14,7 @@ from anp_jax.executors import asynchronous
 from anp_jax.research import sync_async_mixed as sam
 
 
+@pytest.mark.slow(150)
 def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
   out = tmp_path / 'sam'
   argv = ['--preset', 'tiny', '--out', str(out), f'--config.data_dir={data_dir}']
@@ -86,6 +87,7 @@ def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
   assert sam.extensions([row], (0.5, 1.0, 2.0), 2) == {'sync': 0.125}
 
 
+@pytest.mark.slow(200)
 def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
     data_dir, tmp_path, capsys, monkeypatch):
   """2 arms x 2 multipliers on the tiny preset; one grid point diverges (NaN loss, emulated)."""
