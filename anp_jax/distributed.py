@@ -253,9 +253,29 @@ def identity_line() -> str:
           f'{local[0].platform} devices {[d.id for d in local]}')
 
 
+_barrier_uses: Dict[str, int] = {}
+
+
 def barrier(name: str):
-  """Waits until every process gets here (no-op for one process)."""
+  """Waits until every process gets here (no-op for one process).
+
+  A barrier of jax.distributed's coordination service, not a device collective: the first
+  collective of a job also sets up gloo's context, which gives up after 30 s (not configurable
+  in jaxlib), and a barrier is typically where one process waits for another's long work
+  (process 0 generating the dataset, writing reports). The coordination barrier waits up to
+  ``ANP_BARRIER_TIMEOUT`` seconds (default 3600); a process that died is still detected within
+  the heartbeat time-out. Every process must pass the same names in the same order.
+  """
   import jax
-  if jax.process_count() > 1:
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as jax_distributed
+  client = jax_distributed.global_state.client
+  if client is None:  # Processes set up without jax.distributed's client: a device collective.
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+    return
+  use = _barrier_uses.get(name, 0)  # A name used again (a sweep's runs) is a new barrier.
+  _barrier_uses[name] = use + 1
+  timeout_ms = 1000 * (_int_env('ANP_BARRIER_TIMEOUT') or 3600)
+  client.wait_at_barrier(f'anp_jax/{name}/{use}', timeout_ms)

@@ -92,7 +92,11 @@ def multiprocess_env(num_processes, process_id, port, devices_per_process, **ext
   """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed.py)."""
   return subprocess_env(devices_per_process, **dict(dict(
       ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=num_processes,
-      ANP_PROCESS_ID=process_id, ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15), **extra))
+      ANP_PROCESS_ID=process_id, ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15,
+      # The jobs here share 2 busy cores with another test worker: pinned to one core each, a
+      # starved process can fall more than 30 s behind the other at its first collective, and
+      # gloo's context set-up gives up after 30 s. The split itself has its own test.
+      ANP_PIN_CORES=0), **extra))
 
 
 def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):

@@ -183,3 +183,25 @@ def test_fewer_cores_than_processes_changes_nothing():
 def test_pinning_can_be_turned_off(monkeypatch):
   monkeypatch.setenv('ANP_PIN_CORES', '0')
   assert distributed.share_host_cores(0, 2) is None  # Returns before any JAX call.
+
+
+def test_barrier_waits_at_the_coordination_service_with_a_new_id_per_use(monkeypatch):
+  """Not a device collective (gloo's first use gives up after 30 s, while process 0 may be
+  generating the dataset for minutes): a coordination-service barrier, ANP_BARRIER_TIMEOUT."""
+  import jax
+  from jax._src import distributed as jax_distributed
+  calls = []
+
+  class Client:
+    def wait_at_barrier(self, barrier_id, timeout_ms):
+      calls.append((barrier_id, timeout_ms))
+
+  monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  distributed.barrier('end')
+  distributed.barrier('end')  # A sweep's second run: another barrier.
+  monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
+  distributed.barrier('data')
+  assert calls == [('anp_jax/end/0', 3_600_000), ('anp_jax/end/1', 3_600_000),
+                   ('anp_jax/data/0', 7_000)]

@@ -157,11 +157,24 @@ def test_first_run_on_an_empty_data_dir_prepares_the_dataset_once(tmp_path):
   outs = run_workers(tiny_config(data_dir, **dict(OVERRIDES, num_train_steps=2)), 2, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
   assert outs[0]['final_eval']['eval/anp_top1'] == outs[1]['final_eval']['eval/anp_top1']
-  # The two processes share this host's cores (anp_jax.distributed.share_host_cores): disjoint
-  # halves of what they were started with, or, with fewer cores than processes, all of them.
+
+
+def test_processes_on_one_host_split_its_cores(tmp_path):
+  """Two processes of a job on this host, started with the same affinity: right after
+  jax.distributed.initialize each keeps its half (anp_jax.distributed.share_host_cores), or,
+  with fewer cores than processes, all of them."""
+  code = ('from anp_jax import distributed; distributed.initialize(); import os; '
+          'print("CORES", sorted(os.sched_getaffinity(0)), flush=True)')
+  procs = launch([sys.executable, '-c', code], 2, 1, tmp_path, ANP_PIN_CORES=1)
+  for p in procs:
+    assert p.wait(timeout=300) == 0, open(tmp_path / 'proc0.log').read()[-3000:]
+  got = []
+  for i in range(2):
+    lines = [l for l in open(tmp_path / f'proc{i}.log') if l.startswith('CORES')]
+    assert len(lines) == 1, open(tmp_path / f'proc{i}.log').read()[-3000:]
+    got.append(json.loads(lines[0].split(' ', 1)[1]))
   cores = sorted(os.sched_getaffinity(0))
   if len(cores) >= 2:
-    assert outs[0]['cores'] == cores[:len(cores) // 2], (outs[0]['cores'], cores)
-    assert outs[1]['cores'] == cores[len(cores) // 2:], (outs[1]['cores'], cores)
+    assert got == [cores[:len(cores) // 2], cores[len(cores) // 2:]], (got, cores)
   else:
-    assert outs[0]['cores'] == outs[1]['cores'] == cores
+    assert got == [cores, cores]
