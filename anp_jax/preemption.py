@@ -16,7 +16,8 @@
   time-based saves. Every process reads the run's keys after every `READ_EVERY`-th step (one
   get, no device work). Because of the bounded run-ahead no process can be more than
   `MAX_IN_FLIGHT` + 1 steps past another, so all of them read a proposal before they reach its
-  step and stop at that same step. One process: no store, the stop is the step at which the flag is seen.
+  step and stop at that same step. One process: no store, the stop is the step at which the
+  flag is seen.
 
 Bound (stated in the README): a signal is acted on at most ``MAX_IN_FLIGHT + 1`` step times after
 it arrives with one process, and ``STOP_MARGIN + MAX_IN_FLIGHT + 1`` with several, plus an

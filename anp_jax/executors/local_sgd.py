@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from anp_jax import steps
+from anp_jax import collectives, steps
 from anp_jax.executors.common import DEVICE, NODE, Executor, MeshHelper, per_device_functions
 
 
@@ -41,7 +41,12 @@ def make(config, model, tx, setup, mesh) -> Executor:
                                               axis_name=DEVICE, in_shard_map=True)
 
   def node_mean(tree):
-    return jax.tree.map(lambda x: jax.lax.pmean(x, NODE) if _is_float(x) else x, tree)
+    # Across nodes (processes): one all-reduce buffer per dtype (`anp_jax.collectives`).
+    leaves, treedef = jax.tree.flatten(tree)
+    floats = [i for i, x in enumerate(leaves) if _is_float(x)]
+    for i, mean in zip(floats, collectives.pmean([leaves[i] for i in floats], NODE), strict=True):
+      leaves[i] = mean
+    return jax.tree.unflatten(treedef, leaves)
 
   def step(state, batch, average: bool):
     local = jax.tree.map(lambda x: x[0], state)  # This node's replica.
@@ -51,8 +56,9 @@ def make(config, model, tx, setup, mesh) -> Executor:
       if average_opt:
         new = new.replace(opt_state=node_mean(new.opt_state))
     grad_norm = sums.pop('_grad_norm')
-    sums = jax.lax.psum(sums, NODE)  # Metric sums over the whole global batch.
-    sums['_grad_norm'] = jax.lax.pmean(grad_norm, NODE)
+    # Metric sums over the whole global batch, and the mean gradient norm: one all-reduce.
+    sums, grad_norm = collectives.psum((sums, grad_norm), NODE)
+    sums['_grad_norm'] = grad_norm / jax.lax.axis_size(NODE)
     return jax.tree.map(lambda x: x[None], new), sums
 
   def eval_step(state, batch):
