@@ -243,3 +243,29 @@ def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_re
   for name in ('steps_predicted_vs_measured.png', 'methods_predicted_vs_measured.png',
                'seed_paper_time_vs_nodes.png', 'results.json'):
     assert (tmp_path / name).stat().st_size > 500
+
+
+def test_the_pilot_workload_has_the_pilots_class_count(tmp_path):
+  """Generated dataset: its config's count. A prepared ANP folder (not in the config): the count
+  its newest readable checkpoint records. Before, both used the synthetic count (default 32)."""
+  from anp_jax.configs import default
+  config = default.get_config()
+  config.synthetic.num_pairs = 12
+  assert plan.pilot_classes(str(tmp_path), config) == 12
+  config.dataset = 'anp'
+  with pytest.raises(plan.PlanError, match='no readable checkpoint'):
+    plan.pilot_classes(str(tmp_path), config)
+  for step, classes in ((5, 553), (9, None)):  # The newest one is unreadable: the older counts.
+    meta = tmp_path / 'checkpoints' / str(step) / 'meta'
+    meta.mkdir(parents=True)
+    (meta / 'metadata').write_text('{"step": 5, "identity": {"num_anps": 553}}' if classes
+                                   else '{"step": 9, "ident')
+  assert plan.pilot_classes(str(tmp_path), config) == 553
+  config.model.name = 'resnet20'
+  (tmp_path / 'config.json').write_text(config.to_json())
+  anp = plan.workload_for('pilot', 1000, pilot=str(tmp_path))
+  config.dataset = 'synthetic_anp'
+  (tmp_path / 'config.json').write_text(config.to_json())
+  synthetic = plan.workload_for('pilot', 1000, pilot=str(tmp_path))
+  width = 64  # ResNet-20's last stage: the head has width x classes + classes parameters.
+  assert anp.param_bytes - synthetic.param_bytes == 4 * (width + 1) * (553 - 12)

@@ -766,6 +766,34 @@ def plan_to_json(plan: Plan) -> Dict:
 # From run directories to a written plan (what ``python -m anp_jax.plan`` does).
 
 
+def pilot_classes(pilot: str, config) -> int:
+  """The number of ANP classes the pilot run trained on. The head's size barely changes the FLOPs
+  but is part of what every all-reduce moves (ResNet-50: 2048 x 553 of 25.6 M parameters).
+
+  The generated dataset's count is in the config; a prepared folder's (dataset 'anp') is not,
+  but the identity every checkpoint records holds it (`checkpointing.identity`): read from the
+  newest readable one. (Before: the synthetic count was used for both, so a pilot on the real
+  ANP folder was modelled with the default 32-class head.)
+  """
+  if config.dataset == 'synthetic_anp':
+    return int(config.synthetic.num_pairs)
+  directory = os.path.join(pilot, 'checkpoints')
+  steps = sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True) \
+      if os.path.isdir(directory) else []
+  for step in steps:
+    try:
+      with open(os.path.join(directory, str(step), 'meta', 'metadata')) as f:
+        classes = json.load(f).get('identity', {}).get('num_anps')
+    except (OSError, ValueError):
+      continue
+    if classes:
+      return int(classes)
+  raise PlanError(f'--workload pilot: the pilot {pilot} trained on dataset {config.dataset!r}, '
+                  'whose class count only its checkpoints record, and it has no readable '
+                  f'checkpoint in {directory}. Use a --workload preset or a pilot with its '
+                  'final checkpoint.')
+
+
 def workload_for(name: str, dataset_size: int, pilot: Optional[str] = None) -> pm.Workload:
   """A `perfmodel.WORKLOADS` preset by name, or 'pilot': the pilot run's model from XLA."""
   if name in pm.WORKLOADS:
@@ -773,9 +801,8 @@ def workload_for(name: str, dataset_size: int, pilot: Optional[str] = None) -> p
   if name == 'pilot' and pilot:
     config = default_config.read_run_config(pilot)
     from anp_jax import models
-    # The head's size barely changes the FLOPs; the generated dataset records its class count.
-    classes = config.synthetic.num_pairs or 553
-    model = models.build_resnet(config.model.name, num_anps=classes, width=config.model.width)
+    model = models.build_resnet(config.model.name, num_anps=pilot_classes(pilot, config),
+                                width=config.model.width)
     return pm.workload_from_flax(model, config.image_size, name=config.model.name,
                                  dataset_size=dataset_size)
   raise PlanError(f'--workload {name!r}: choose one of {sorted(pm.WORKLOADS)} or '
