@@ -226,12 +226,16 @@ def leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def assert_resume_is_exact(make_config, steps: int, split: int, tmp_path, capsys):
+def assert_resume_is_exact(make_config, steps: int, split: int, tmp_path, capsys, whole=None):
   """Trains `steps` steps in one go, then `split` steps + a resumed run to `steps` in another
   workdir; asserts the resume message and bit-identical final states. `make_config(n)` is the
-  config with ``num_train_steps=n`` (it must checkpoint at `split`). Returns (whole, resumed)."""
+  config with ``num_train_steps=n`` (it must checkpoint at `split`). `whole`: the result of
+  the run in one go if a fixture already has it (``train_and_evaluate(make_config(steps))``),
+  instead of training it here. Returns (whole, resumed)."""
   from anp_jax import trainer
-  whole = trainer.train_and_evaluate(make_config(steps), str(tmp_path / 'whole'))
+  if whole is None:
+    whole = trainer.train_and_evaluate(make_config(steps), str(tmp_path / 'whole'))
+  assert int(whole.state.step) == steps
   trainer.train_and_evaluate(make_config(split), str(tmp_path / 'split'))
   resumed = trainer.train_and_evaluate(make_config(steps), str(tmp_path / 'split'))
   assert f'Resumed from checkpoint at step {split}' in capsys.readouterr().out

@@ -39,8 +39,12 @@ def test_sync_every_step_equals_synchronous_training(data_dir, tmp_path, nodes, 
   assert local.final_eval['eval/anp_top1'] == pytest.approx(sync.final_eval['eval/anp_top1'])
 
 
-def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
-  every, steps = 3, 7
+def test_nodes_agree_after_each_average_and_differ_between(data_dir, sync_baseline):
+  """Averages every 2 steps of 5 (at steps 2 and 4): the two nodes' parameters are equal right
+  after each and differ at every other step. The reference for "differs from synchronous SGD"
+  is the session's 5-step sync run (`sync_baseline`: the same config but the method), not a
+  sync run of its own."""
+  every, steps = 2, 5
   config = _local(data_dir, num_train_steps=steps, **{'local_sgd.sync_every': every})
   run = trainer.build(config)
   state = run.init_state()
@@ -57,16 +61,14 @@ def test_nodes_agree_after_each_average_and_differ_between(data_dir, tmp_path):
     else:
       assert s > 1e-6, (step, spread)
   # The averaged model differs from synchronous SGD's.
-  sync = trainer.build(tiny_config(data_dir, noise_scale=False, num_train_steps=steps))
-  sync_state = sync.init_state()
-  sync_batches = sync.train_batches()
-  for step in range(steps):
-    sync_state, _ = sync.train_step(sync_state, next(sync_batches), step)
+  sync_config = tiny_config(data_dir, noise_scale=False, log_every_steps=1, num_train_steps=steps)
+  assert sync_baseline.setup.total_steps == steps
   averaged = run.executor.unreplicate(state)
   diff = max(float(np.max(np.abs(x - y))) for x, y in
-             zip(leaves(averaged.params), leaves(sync_state.params), strict=True))
-  assert diff > 1e-4
+             zip(leaves(averaged.params), leaves(sync_baseline.state.params), strict=True))
+  assert diff > 1e-4, diff  # 4e-3 when written.
   # Evaluation scores the node-averaged model: the same numbers as the sync executor gives it.
+  sync = trainer.build(sync_config)
   sync_copy = jax.device_put(jax.device_get(averaged), NamedSharding(sync.mesh, P()))
   np.testing.assert_allclose(run.evaluate(state)['eval/loss'],
                              sync.evaluate(sync_copy)['eval/loss'], rtol=1e-5)
@@ -85,12 +87,28 @@ def test_average_opt_state_averages_momentum(data_dir):
     assert (spread == 0.0) == (step == 1), (step, spread)
 
 
-def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_path, capsys):
-  kw = {'local_sgd.sync_every': 2, 'checkpoint_every_steps': 3, 'schedule': 'constant'}
-  _, resumed = assert_resume_is_exact(lambda n: _local(data_dir, num_train_steps=n, **kw), 6, 3,
-                                      tmp_path, capsys)
+# The config of the resume test and of the 2-process test (one uninterrupted run serves both):
+# averages every 2 steps, checkpoints every 3 (between averages), a constant learning rate (a
+# run of fewer steps is a prefix of a longer one), BatchNorm over each node's devices.
+RESUMABLE = {'local_sgd.sync_every': 2, 'checkpoint_every_steps': 3, 'schedule': 'constant',
+             'bn_mode': 'global'}
+WHOLE_STEPS = 6
+
+
+@pytest.fixture(scope='module')
+def whole(data_dir, tmp_path_factory):
+  """`RESUMABLE` trained for `WHOLE_STEPS` steps without interruption, in one process of 8
+  devices with 2 nodes."""
+  return trainer.train_and_evaluate(_local(data_dir, num_train_steps=WHOLE_STEPS, **RESUMABLE),
+                                    str(tmp_path_factory.mktemp('local_whole')))
+
+
+def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_path, capsys,
+                                                                   whole):
+  _, resumed = assert_resume_is_exact(lambda n: _local(data_dir, num_train_steps=n, **RESUMABLE),
+                                      WHOLE_STEPS, 3, tmp_path, capsys, whole=whole)
   with pytest.raises(ValueError, match=r'local_sgd\.nodes: checkpoint 2 vs config 4'):
-    trainer.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(kw, **{
+    trainer.train_and_evaluate(_local(data_dir, num_train_steps=9, **dict(RESUMABLE, **{
         'local_sgd.nodes': 4})), str(tmp_path / 'split'))
   # load_checkpoint (IPython) returns the node average.
   _, variables, _ = trainer.load_checkpoint(str(tmp_path / 'split'))
@@ -99,22 +117,20 @@ def test_resume_between_averages_is_exact_and_topology_is_checked(data_dir, tmp_
 
 
 @pytest.mark.slow(60)
-def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path):
-  """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2: the
-  node-averaged parameters and BN statistics agree leaf by leaf (a sum would not see swapped
-  replicas or leaves)."""
-  overrides = {'method': 'local_sgd', 'local_sgd.sync_every': 2, 'num_train_steps': 5,
-               'log_every_steps': 1, 'bn_mode': 'global', 'eval_every_epochs': 0}
-  single = trainer.train_and_evaluate(tiny_config(data_dir, **dict(overrides, **{
-      'local_sgd.nodes': 2})), str(tmp_path / 'single'))
-  outs = run_workers(tiny_config(data_dir, **overrides), 2, tmp_path)
+def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, whole):
+  """Two processes of 4 devices (a node each, nodes=0) = one process of 8 with nodes=2 (the
+  `whole` run): the node-averaged parameters and BN statistics agree leaf by leaf (a sum would
+  not see swapped replicas or leaves), and so do the logged losses and the evaluation."""
+  outs = run_workers(_local(data_dir, num_train_steps=WHOLE_STEPS, **dict(RESUMABLE, **{
+      'local_sgd.nodes': 0})), 2, tmp_path)
   assert [o['process_count'] for o in outs] == [2, 2]
-  losses = [h['train/loss'] for h in single.records if 'train/loss' in h]
+  losses = [h['train/loss'] for h in whole.records if 'train/loss' in h]
+  assert len(losses) == WHOLE_STEPS
   for o in outs:
     np.testing.assert_allclose(o['losses'], losses, rtol=1e-5)
-    assert_leaves_close(o['leaves'], leaves((single.state.params, single.state.batch_stats)),
+    assert_leaves_close(o['leaves'], leaves((whole.state.params, whole.state.batch_stats)),
                         rtol=1e-5, atol=1e-6)
-    assert o['final_eval']['eval/loss'] == pytest.approx(single.final_eval['eval/loss'],
+    assert o['final_eval']['eval/loss'] == pytest.approx(whole.final_eval['eval/loss'],
                                                           rel=1e-5)
   assert 'local SGD: 2 node(s) x 4 device(s)' in open(tmp_path / 'proc0.log').read()
 

@@ -39,9 +39,17 @@ def _losses(history):
   return [h['train/loss'] for h in history if 'train/loss' in h]
 
 
-@pytest.mark.slow(90)
-def test_four_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, reference):
-  outs = run_workers(tiny_config(data_dir, **OVERRIDES), 4, tmp_path)
+@pytest.mark.slow(100)
+def test_four_processes_on_an_empty_data_dir_equal_one_process_leaf_by_leaf(tmp_path, reference):
+  """Four processes of 2 devices = one process of 8, leaf by leaf (the only job here with more
+  than two processes). The job starts on a fresh data_dir: process 0 generates synthetic_anp,
+  the other three wait at a barrier and then read it (before: a second process read a
+  half-written dataset and failed); the reference trained on the session's dataset, so the
+  equality also shows that the job read the whole, same dataset. (One job for both claims: a
+  separate 2-process job on an empty data_dir cost as much as this one.)"""
+  fresh = tmp_path / 'fresh_tfds'
+  assert not fresh.exists()
+  outs = run_workers(tiny_config(fresh, **OVERRIDES), 4, tmp_path)
   assert [o['process_count'] for o in outs] == [4] * 4
   assert all(o['devices'] == 8 and o['local_devices'] == 2 for o in outs)
   for o in outs:  # Every process holds the same replicated state and metrics.
@@ -117,7 +125,7 @@ def test_a_dead_process_makes_the_others_exit_within_the_heartbeat_timeout(data_
   while not (metrics.exists() and metrics.read_text().count('\n') >= 2):
     assert time.time() < deadline, open(tmp_path / 'proc0.log').read()[-3000:]
     assert procs[0].poll() is None, open(tmp_path / 'proc0.log').read()[-3000:]
-    time.sleep(1)
+    time.sleep(0.2)
   procs[1].kill()
   t0 = time.time()
   try:
@@ -139,24 +147,13 @@ def test_inconsistent_process_id_fails_fast_with_exit_code_2(tmp_path):
 
 
 def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
-  env = multiprocess_env(2, 1, free_port(), 1, ANP_INIT_TIMEOUT=8)
+  env = multiprocess_env(2, 1, free_port(), 1, ANP_INIT_TIMEOUT=4)
   t0 = time.time()
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
                        env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
   assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert time.time() - t0 < 60
-  assert 'coordinator' in out.stderr and 'not reachable within 8 s' in out.stderr
-
-
-@pytest.mark.slow(60)
-def test_first_run_on_an_empty_data_dir_prepares_the_dataset_once(tmp_path):
-  """Two processes on a fresh data_dir: process 0 generates synthetic_anp, the other waits at a
-  barrier and then reads it (before: the second one read a half-written dataset and failed)."""
-  data_dir = tmp_path / 'fresh_tfds'
-  assert not data_dir.exists()
-  outs = run_workers(tiny_config(data_dir, **dict(OVERRIDES, num_train_steps=2)), 2, tmp_path)
-  assert [o['process_count'] for o in outs] == [2, 2]
-  assert outs[0]['final_eval']['eval/anp_top1'] == outs[1]['final_eval']['eval/anp_top1']
+  assert 'coordinator' in out.stderr and 'not reachable within 4 s' in out.stderr
 
 
 def test_processes_on_one_host_split_its_cores(tmp_path):
