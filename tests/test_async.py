@@ -19,6 +19,7 @@ def _async(data_dir, **kw):
   return tiny_config(data_dir, **kw)
 
 
+@pytest.mark.slow(45)  # With the session's sync_baseline when this file computes it.
 def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path, sync_baseline):
   a = trainer.train_and_evaluate(_async(data_dir, num_train_steps=5), str(tmp_path / 'async'))
   s = sync_baseline
@@ -27,13 +28,16 @@ def test_tau_zero_equals_sync_bit_for_bit(data_dir, tmp_path, sync_baseline):
   assert a.final_eval['eval/loss'] == s.final_eval['eval/loss']
 
 
-def _reference_async(config, steps, taus, aware):
-  """Asynchronous SGD by hand on one device: g_t = grad at the params of step t - tau_t."""
+def _reference_async(config, steps, schedules, aware):
+  """Asynchronous SGD by hand on one device: g_t = grad at the params of step t - tau_t.
+
+  One (params, batch_stats) per staleness sequence of `schedules`, all from one build, one
+  compiled update and the same first `steps` batches (each sequence costs no compilation)."""
   run = trainer.build(config)
   state = jax.device_get(run.init_state())
-  params, stats, opt = state.params, state.batch_stats, state.opt_state
-  snapshots = []
   batches = run.train_batches()
+  cpu = jax.devices()[0]
+  batches = [jax.device_put(jax.tree.map(np.asarray, next(batches)), cpu) for _ in range(steps)]
 
   def loss(p, bs, batch):
     logits, mutated = run.model.apply({'params': p, 'batch_stats': bs}, batch['image'],
@@ -47,28 +51,33 @@ def _reference_async(config, steps, taus, aware):
     updates = jax.tree.map(lambda u: u * scale, updates)  # Staleness-aware: the step / tau.
     return optax.apply_updates(params, updates), stats, opt
 
-  cpu = jax.devices()[0]
-  for t in range(steps):
-    batch = jax.device_put(jax.tree.map(np.asarray, next(batches)), cpu)
-    snapshots.append(params)
-    tau = min(taus[t], t, config.async_sgd.max_tau)
-    scale = 1.0 / max(tau, 1) if aware else 1.0
-    params, stats, opt = update(params, snapshots[t - tau], stats, opt, batch, scale)
-  return params, stats
+  results = []
+  for taus in schedules:
+    params, stats, opt = state.params, state.batch_stats, state.opt_state
+    snapshots = []
+    for t in range(steps):
+      snapshots.append(params)
+      tau = min(taus[t], t, config.async_sgd.max_tau)
+      scale = 1.0 / max(tau, 1) if aware else 1.0
+      params, stats, opt = update(params, snapshots[t - tau], stats, opt, batches[t], scale)
+    results.append((params, stats))
+  return results
 
 
+@pytest.mark.slow(30)  # 50 s for aware=False (compiles the shared programs), 15 s for True.
 @pytest.mark.parametrize('aware', [False, True])
 def test_constant_tau_uses_k_steps_old_parameters(data_dir, tmp_path, aware):
   steps, tau = 5, 2
-  config = _async(data_dir, num_train_steps=steps, **{
+  # Constant rate, max_tau = 3: with aware=False the programs of the two tests below.
+  config = _async(data_dir, num_train_steps=steps, schedule='constant', **{
       'async_sgd.tau': tau, 'async_sgd.max_tau': 3, 'async_sgd.staleness_aware_lr': aware})
   got = trainer.train_and_evaluate(config, str(tmp_path / 'async')).state
-  ref_params, ref_stats = _reference_async(config, steps, [tau] * steps, aware)
+  (ref_params, ref_stats), (fresh, _) = _reference_async(config, steps,
+                                                         [[tau] * steps, [0] * steps], aware)
   # One device vs eight (per-device means, then pmean): float summation order only.
   assert_leaves_close(leaves((got.params, got.batch_stats)), leaves((ref_params, ref_stats)),
                       rtol=1e-4, atol=1e-5)
   # The test can fail: fresh gradients (tau = 0) end far outside that tolerance.
-  fresh, _ = _reference_async(config, steps, [0] * steps, aware)
   diff = max(float(np.max(np.abs(x - y))) for x, y in zip(leaves(got.params), leaves(fresh),
                                                                      strict=True))
   assert diff > 1e-3
@@ -104,14 +113,16 @@ def test_staleness_distributions():
 
 
 def test_draws_beyond_the_history_are_reported(data_dir, tmp_path, capsys):
-  config = _async(data_dir, num_train_steps=2, **{
-      'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2, 'async_sgd.max_tau': 2})
-  taus = asynchronous.staleness_sequence(config, 200)  # P(tau > 2) = (2/3)^3 = 0.3 per draw.
+  # The config of test_constant_tau_uses_k_steps_old_parameters[False] but geometric staleness
+  # (the same compiled programs: tau is an argument of the step).
+  config = _async(data_dir, num_train_steps=5, schedule='constant', **{
+      'async_sgd.staleness': 'geometric', 'async_sgd.tau': 2, 'async_sgd.max_tau': 3})
+  taus = asynchronous.staleness_sequence(config, 200)  # P(tau > 3) = (2/3)^4 = 0.2 per draw.
   line = asynchronous.describe_staleness(config, taus)
   assert 'exceeded max_tau' in line and 'raise config.async_sgd.max_tau' in line
   trainer.train_and_evaluate(config, str(tmp_path))
   out = capsys.readouterr().out
-  assert 'parameter history 3 x' in out and 'MiB per device' in out
+  assert 'parameter history 4 x' in out and 'MiB per device' in out
 
 
 def test_momentum_compensation(data_dir):
@@ -122,6 +133,7 @@ def test_momentum_compensation(data_dir):
   assert asynchronous.compensated_momentum(0.9, 16) == 0.0
 
 
+@pytest.mark.slow(11)
 def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
   kw = {'async_sgd.staleness': 'uniform', 'async_sgd.max_tau': 3, 'schedule': 'constant',
         'checkpoint_every_steps': 3}
@@ -130,8 +142,10 @@ def test_resume_mid_run_is_exact(data_dir, tmp_path, capsys):
 
 
 def test_sync_checkpoint_is_not_resumed_as_async(data_dir, tmp_path):
-  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=2, checkpoint_every_steps=2),
-                           str(tmp_path))
+  # The sync_baseline fixture's config (its compiled programs), checkpointed.
+  trainer.train_and_evaluate(tiny_config(data_dir, noise_scale=False, log_every_steps=1,
+                                         num_train_steps=5, checkpoint_every_steps=5),
+                             str(tmp_path))
   with pytest.raises(ValueError, match="method: checkpoint 'sync' vs config 'async'"):
     trainer.train_and_evaluate(_async(data_dir, num_train_steps=4), str(tmp_path))
 

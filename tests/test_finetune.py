@@ -50,28 +50,36 @@ def _variables(values):
 # not depend on the input size (every stride-2 layer still sees an even size, the case where
 # 'SAME' padding and torchvision's padding=1 differ), and 224 px ResNet-50 forwards in both
 # frameworks cost ~1 min on the 2 shared CPU cores of CI. ResNet-18 runs at the full 224 px.
-@pytest.mark.slow(15)
+# Both file formats per model: the .safetensors file's values go through both frameworks; the
+# .pth file must load to exactly the same values (one forward pass per model, not per format).
+@pytest.mark.slow(20)
 @pytest.mark.parametrize('name,size', [('resnet18', 224), ('resnet50', 64)])
-@pytest.mark.parametrize('ext', ['.safetensors', '.pth'])
-def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size, ext):
+def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size):
   net = tvr.randomized(name)
-  path = _write(_state_dict(net), tmp_path / f'{name}{ext}')
+  model = models.build_resnet(name, num_anps=1000)
+  n_bn = sum(k.endswith('num_batches_tracked') for k in net.state_dict())
+  by_ext = {}
+  for ext in ('.safetensors', '.pth'):
+    path = _write(_state_dict(net), tmp_path / f'{name}{ext}')
+    loaded = by_ext[ext] = pretrained.load(_load_config(path, name, size), model)
+    # Every parameter and BN statistic, no fc skipped (1000 classes = the ANP head here).
+    assert len(loaded.values) == len(net.state_dict()) - n_bn, ext
+    assert loaded.reinitialised == [] and sorted(loaded.ignored) == sorted(
+        k for k in net.state_dict() if k.endswith('num_batches_tracked')), ext
+    assert f'loaded {len(loaded.values)} arrays' in loaded.report, ext
+  pth, st = by_ext['.pth'].values, by_ext['.safetensors'].values
+  assert sorted(pth) == sorted(st)
+  for key in st:
+    assert np.asarray(pth[key]).dtype == np.asarray(st[key]).dtype, key
+    np.testing.assert_array_equal(pth[key], st[key], err_msg=key)
   x = np.random.RandomState(0).randn(2, 3, size, size).astype(np.float32)
   with torch.no_grad():
     ref = net(torch.from_numpy(x)).numpy()
-  model = models.build_resnet(name, num_anps=1000)
-  loaded = pretrained.load(_load_config(path, name, size), model)
   out = jax.jit(lambda v, x: model.apply(v, x, train=False))(
-      _variables(loaded.values), x.transpose(0, 2, 3, 1))['anp']
+      _variables(st), x.transpose(0, 2, 3, 1))['anp']
   out = np.asarray(out)
   assert np.abs(out - ref).max() < 1e-4, np.abs(out - ref).max()
   np.testing.assert_array_equal(np.argsort(-out, 1)[:, :5], np.argsort(-ref, 1)[:, :5])
-  n_bn = sum(k.endswith('num_batches_tracked') for k in net.state_dict())
-  # Every parameter and BN statistic, no fc skipped (1000 classes = the ANP head here).
-  assert len(loaded.values) == len(net.state_dict()) - n_bn
-  assert loaded.reinitialised == [] and sorted(loaded.ignored) == sorted(
-      k for k in net.state_dict() if k.endswith('num_batches_tracked'))
-  assert f'loaded {len(loaded.values)} arrays' in loaded.report
 
 
 def test_torchvision_layout_round_trips_and_counts():

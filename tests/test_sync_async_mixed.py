@@ -14,8 +14,13 @@ from anp_jax.executors import asynchronous
 from anp_jax.research import sync_async_mixed as sam
 
 
-@pytest.mark.slow(150)
-def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
+@pytest.mark.slow(190)
+def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_dir, tmp_path,
+                                                                        capsys, monkeypatch):
+  """The tiny preset end to end (3 arms at x1), a rerun that trains nothing; then, in the same
+  directory, 2 arms x 2 multipliers: the x1 points are the finished runs of the first part
+  (only sync-lrx0.5 trains), and async-04-lrx0.5 diverges (NaN loss, emulated)."""
+  from anp_jax import errors, trainer
   out = tmp_path / 'sam'
   argv = ['--preset', 'tiny', '--out', str(out), f'--config.data_dir={data_dir}']
   assert sam.main(argv) == 0
@@ -36,6 +41,54 @@ def test_tiny_preset_end_to_end_and_resume(data_dir, tmp_path, capsys):
   capsys.readouterr()
   assert sam.main(argv) == 0  # Everything finished: nothing retrained.
   assert capsys.readouterr().out.count('finished earlier, skipped') == 3
+
+  # The per-arm lr grid on the same directory (sync and async-04 at x1 finished above).
+  argv = ['--preset', 'tiny', '--out', str(out), '--nodes', '', '--lr_grid', '0.5,1',
+          '--target_top1', '0.05', f'--config.data_dir={data_dir}']
+  real = trainer.train_and_evaluate
+
+  def nan_at_x05_async(config, workdir):
+    if os.path.basename(workdir) == 'async-04-lrx0.5':
+      raise errors.NonFiniteLossError('loss is nan at step 1')
+    return real(config, workdir)
+  monkeypatch.setattr(trainer, 'train_and_evaluate', nan_at_x05_async)
+  assert sam.main(argv) == 0
+  log = capsys.readouterr().out
+  assert log.count('finished earlier, skipped') == 2 and 'sync-lrx0.5: training' in log
+  grid = json.load(open(out / 'grid.json'))
+  assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'sync',
+                                            'sync-lrx0.5']
+  rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
+  assert list(rows) == ['sync', 'async-04']
+  assert rows['async-04']['lr_mult'] == 1.0 and rows['async-04']['run'] == 'async-04'
+  assert not rows['async-04']['diverged']
+  by_mult = {g['lr_mult']: g for g in rows['async-04']['lr_grid']}
+  assert by_mult[0.5]['status'] == 'diverged' and by_mult[1.0]['status'] == 'finished'
+  sync_grid = [r for r in grid if r['arm'] == 'sync']
+  assert rows['sync']['steps_to_target'] == min(r['steps_to_target'] for r in sync_grid)
+  assert rows['sync']['lr'] == pytest.approx(0.1 * rows['sync']['lr_mult'])  # 0.1 per 32.
+  for r in rows.values():  # The earlier columns are still there.
+    assert {'final_top1', 'best_top1', 'predicted_epoch_s', 'predicted_cluster', 'curve',
+            'diverged'} <= set(r)
+    assert r['examples_to_target'] == r['steps_to_target'] * r['batch']
+  summary = (out / 'summary.md').read_text()
+  header = next(l for l in summary.splitlines() if l.startswith('| run |'))
+  assert header.split('|')[1:-1] == [
+      ' run ', ' final top-1 ', ' best top-1 ', ' predicted epoch ', ' time for the run ',
+      ' cluster ', ' chosen lr ', ' lr grid ', ' examples to target ']
+  assert 'x0.5: diverged' in summary and 'never chosen' in summary
+  assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.
+
+  # Rerun: every grid point is finished (the diverged one too): nothing is trained.
+  monkeypatch.setattr(trainer, 'train_and_evaluate', real)
+  assert sam.main(argv) == 0
+  assert capsys.readouterr().out.count('finished earlier, skipped') == 4
+  # A grid point without final metrics (killed) is trained again, the others are skipped.
+  os.remove(out / 'runs' / 'sync-lrx0.5' / 'final_metrics.json')
+  assert sam.main(argv) == 0
+  log = capsys.readouterr().out
+  assert log.count('finished earlier, skipped') == 3 and 'sync-lrx0.5: resuming' in log
+  assert json.load(open(out / 'results.json'))[0]['name'] == 'sync'
 
 
 @pytest.mark.parametrize('extra,message', [
@@ -85,59 +138,6 @@ def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
   assert row['lr_edge'] == 'low' and row['lr_mult'] == 0.25
   assert sam.extensions([row], (0.5, 1.0, 2.0), 1) == {}
   assert sam.extensions([row], (0.5, 1.0, 2.0), 2) == {'sync': 0.125}
-
-
-@pytest.mark.slow(200)
-def test_lr_grid_end_to_end_diverged_point_not_chosen_resume_and_columns(
-    data_dir, tmp_path, capsys, monkeypatch):
-  """2 arms x 2 multipliers on the tiny preset; one grid point diverges (NaN loss, emulated)."""
-  from anp_jax import errors, trainer
-  out = tmp_path / 'sam'
-  argv = ['--preset', 'tiny', '--out', str(out), '--nodes', '', '--lr_grid', '0.5,1',
-          '--target_top1', '0.05', f'--config.data_dir={data_dir}']
-  real = trainer.train_and_evaluate
-
-  def nan_at_x1_async(config, workdir):
-    if os.path.basename(workdir) == 'async-04':
-      raise errors.NonFiniteLossError('loss is nan at step 1')
-    return real(config, workdir)
-  monkeypatch.setattr(trainer, 'train_and_evaluate', nan_at_x1_async)
-  assert sam.main(argv) == 0
-  grid = json.load(open(out / 'grid.json'))
-  assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'sync',
-                                            'sync-lrx0.5']
-  rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
-  assert list(rows) == ['sync', 'async-04']
-  assert rows['async-04']['lr_mult'] == 0.5 and rows['async-04']['run'] == 'async-04-lrx0.5'
-  assert not rows['async-04']['diverged']
-  by_mult = {g['lr_mult']: g for g in rows['async-04']['lr_grid']}
-  assert by_mult[1.0]['status'] == 'diverged' and by_mult[0.5]['status'] == 'finished'
-  sync_grid = [r for r in grid if r['arm'] == 'sync']
-  assert rows['sync']['steps_to_target'] == min(r['steps_to_target'] for r in sync_grid)
-  assert rows['sync']['lr'] == pytest.approx(0.1 * rows['sync']['lr_mult'])  # 0.1 per 32.
-  for r in rows.values():  # The earlier columns are still there.
-    assert {'final_top1', 'best_top1', 'predicted_epoch_s', 'predicted_cluster', 'curve',
-            'diverged'} <= set(r)
-    assert r['examples_to_target'] == r['steps_to_target'] * r['batch']
-  summary = (out / 'summary.md').read_text()
-  header = next(l for l in summary.splitlines() if l.startswith('| run |'))
-  assert header.split('|')[1:-1] == [
-      ' run ', ' final top-1 ', ' best top-1 ', ' predicted epoch ', ' time for the run ',
-      ' cluster ', ' chosen lr ', ' lr grid ', ' examples to target ']
-  assert 'x1: diverged' in summary and 'never chosen' in summary
-  assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.
-
-  # Rerun: every grid point is finished (the diverged one too): nothing is trained.
-  monkeypatch.setattr(trainer, 'train_and_evaluate', real)
-  capsys.readouterr()
-  assert sam.main(argv) == 0
-  assert capsys.readouterr().out.count('finished earlier, skipped') == 4
-  # A grid point without final metrics (killed) is trained again, the others are skipped.
-  os.remove(out / 'runs' / 'sync-lrx0.5' / 'final_metrics.json')
-  assert sam.main(argv) == 0
-  log = capsys.readouterr().out
-  assert log.count('finished earlier, skipped') == 3 and 'sync-lrx0.5: resuming' in log
-  assert json.load(open(out / 'results.json'))[0]['name'] == 'sync'
 
 
 def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path, capsys):

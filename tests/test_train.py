@@ -1,5 +1,7 @@
 """Training end to end on 8 simulated devices: loss falls, executors agree, accumulation is exact."""
 
+import contextlib
+import io
 import json
 import os
 
@@ -44,12 +46,27 @@ def test_short_run_learns_and_writes_logs(trained):
   assert {'train/noise_scale_g2', 'train/noise_scale_trace'} <= set(lines[0])
 
 
-def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(data_dir, tmp_path, capsys):
+@pytest.fixture(scope='module')
+def global_bn_runs(data_dir, tmp_path_factory):
+  """bn_mode='global', 4 steps, every step logged, once per executor: {executor: (workdir,
+  result, what the run printed)} (shared by the two tests below)."""
+  runs = {}
+  for executor in ('jit', 'pmap'):
+    config = tiny_config(data_dir, executor=executor, bn_mode='global', num_train_steps=4,
+                         log_every_steps=1)
+    workdir = tmp_path_factory.mktemp(f'global_bn_{executor}')
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+      result = trainer.train_and_evaluate(config, str(workdir))
+    runs[executor] = (workdir, result, out.getvalue())
+  return runs
+
+
+@pytest.mark.slow(20)  # Builds global_bn_runs.
+def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(global_bn_runs):
   """bn_mode='global' on 8 devices: a device's gradient is not a b_small-example gradient."""
-  config = tiny_config(data_dir, bn_mode='global', num_train_steps=2, log_every_steps=1)
-  trainer.train_and_evaluate(config, str(tmp_path))
-  assert "WARNING: B_simple is not measured: bn_mode='global'" in capsys.readouterr().out
-  lines = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  workdir, _, out = global_bn_runs['jit']
+  assert "WARNING: B_simple is not measured: bn_mode='global'" in out
+  lines = [json.loads(l) for l in open(workdir / 'metrics.jsonl')]
   assert any('train/loss' in l for l in lines)
   assert not any(k.startswith('train/noise_scale') for l in lines for k in l)
 
@@ -71,13 +88,8 @@ def test_evaluation_equals_a_direct_count_over_the_split(trained, eval_batch_siz
     assert result.final_eval['eval/anp_top1'] == direct['eval/anp_top1']
 
 
-@pytest.mark.slow(20)
-def test_jit_and_pmap_executors_give_the_same_trajectory(data_dir, tmp_path):
-  runs = {}
-  for executor in ('jit', 'pmap'):
-    config = tiny_config(data_dir, executor=executor, bn_mode='global', num_train_steps=4,
-                         log_every_steps=1)
-    runs[executor] = trainer.train_and_evaluate(config, str(tmp_path / executor))
+def test_jit_and_pmap_executors_give_the_same_trajectory(global_bn_runs):
+  runs = {executor: result for executor, (_, result, _) in global_bn_runs.items()}
   np.testing.assert_allclose(_losses(runs['jit']), _losses(runs['pmap']), rtol=2e-5)
   assert_leaves_close(leaves(runs['pmap'].state.params), leaves(runs['jit'].state.params),
                       rtol=1e-4, atol=1e-5)
@@ -143,8 +155,9 @@ def test_nan_loss_stops_with_a_clear_message(data_dir, tmp_path):
 
 def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopped(
     data_dir, tmp_path):
-  # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2) stops the run.
-  config = tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25,
+  # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2 of 6: one
+  # epoch is 8 steps) stops the run.
+  config = tiny_config(data_dir, num_train_steps=6, eval_every_epochs=0.25,
                        stop_at_metric='eval/anp_top5', stop_at_value=0.05)
   result = trainer.train_and_evaluate(config, str(tmp_path))
   final = json.load(open(tmp_path / 'final_metrics.json'))
@@ -156,9 +169,9 @@ def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopp
   assert int(jax.device_get(again.state.step)) == 2
   assert json.load(open(tmp_path / 'final_metrics.json'))['stopped_at_target'] is True
   # Without the target the same config trains its whole budget.
-  full = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=16, eval_every_epochs=0.25),
+  full = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, eval_every_epochs=0.25),
                                   str(tmp_path / 'full'))
-  assert int(jax.device_get(full.state.step)) == 16
+  assert int(jax.device_get(full.state.step)) == 6
 
 
 def _trainer_noise_estimates(state):
