@@ -23,16 +23,6 @@ AXIS = steps.AXIS  # 'data': the batch axis of the 1-D mesh.
 NODE, DEVICE = 'node', 'device'  # The local-SGD mesh axes.
 
 
-# The state's initialisation runs once per run, but at XLA's default optimisation level LLVM spends
-# longer on its unrolled per-parameter random-number code than on the training step: on 2 CPU
-# cores 12.8 s (ResNet-8), 13.1 s (ResNet-20), 18.5 s (ResNet-50) of CPU time to compile and run
-# it, against 2.0 / 2.2 / 9.0 s at level 0. The values differ from level 2's by at most 1 ulp in
-# some kernels (measured): as random as before, but not bit-identical to runs that anp_jax
-# initialised before 2026-12-03. Every executor compiles its init with these options
-# (tests/test_init_compile.py).
-INIT_COMPILER_OPTIONS = {'xla_backend_optimization_level': 0}
-
-
 @dataclasses.dataclass
 class Executor:
   """Compiled train/eval steps, host↔device transfers and state conversions of one run.
@@ -116,7 +106,7 @@ class MeshHelper:
     return NamedSharding(self.mesh, self.state_spec)
 
   def jit_init(self, init_fn):
-    return jax.jit(init_fn, out_shardings=self.state, compiler_options=INIT_COMPILER_OPTIONS)
+    return jax.jit(init_fn, out_shardings=self.state)
 
   def jit_train_step(self, step_fn, num_scalar_args: int = 0):
     """`step_fn(state, batch, *scalars)` per device → jitted over the mesh, state donated;
