@@ -64,13 +64,17 @@ def single_writer_arrays() -> None:
   SGD's per-node state) are still written by the process that holds each shard.
   """
   import orbax.checkpoint as ocp
-  from orbax.checkpoint._src.metadata import array_metadata_store  # What orbax's default uses.
+  # What orbax's default handler uses, and its registry's `add`, which (unlike
+  # `register_type_handler`) can override without a warning on every run's first screen.
+  from orbax.checkpoint._src.metadata import array_metadata_store
+  from orbax.checkpoint._src.serialization import type_handler_registry
   handlers = ocp.type_handlers
   if type(handlers.get_type_handler(jax.Array)) is not handlers.ArrayHandler:
     return
   handler = handlers.ArrayHandler(use_replica_parallel=False,
                                   array_metadata_store=array_metadata_store.Store())
-  handlers.register_type_handler(jax.Array, handler, override=True)
+  type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True,
+                                                         ignore_warnings=True)
   global _SINGLE_WRITER
   _SINGLE_WRITER = handler
 

@@ -54,9 +54,10 @@ def test_a_handler_of_your_own_is_left_alone(monkeypatch):
 
   class Mine(ocp.type_handlers.ArrayHandler):
     pass
+  from orbax.checkpoint._src.serialization import type_handler_registry
   registered = {}
   monkeypatch.setattr(ocp.type_handlers, 'get_type_handler', lambda ty: Mine())
-  monkeypatch.setattr(ocp.type_handlers, 'register_type_handler',
+  monkeypatch.setattr(type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY, 'add',
                       lambda ty, handler, **kw: registered.setdefault(ty, handler))
   checkpointing.single_writer_arrays()
   assert registered == {}
