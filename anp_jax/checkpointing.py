@@ -58,24 +58,26 @@ def single_writer_arrays() -> None:
   device), instead of in slices from all replicas (see the module docstring for the cost).
 
   orbax takes this setting from its process-wide type-handler registry (StandardSave has no
-  per-call option), so it is set there, once, and only while the registered jax.Array handler is
-  orbax's own class: a handler you registered yourself is left alone. The format on disk is the
-  same either way; checkpoints written with slices restore as before. Sharded arrays (local
-  SGD's per-node state) are still written by the process that holds each shard.
+  per-call option), so it is set there, once (later calls find it done), and only while the
+  registered jax.Array handler is orbax's own class: a handler you registered yourself is left
+  alone. The format on disk is the same either way; checkpoints written with slices restore as
+  before. Sharded arrays (local SGD's per-node state) are still written by the process that
+  holds each shard.
   """
   import orbax.checkpoint as ocp
   # What orbax's default handler uses, and its registry's `add`, which (unlike
   # `register_type_handler`) can override without a warning on every run's first screen.
   from orbax.checkpoint._src.metadata import array_metadata_store
   from orbax.checkpoint._src.serialization import type_handler_registry
+  global _SINGLE_WRITER
   handlers = ocp.type_handlers
-  if type(handlers.get_type_handler(jax.Array)) is not handlers.ArrayHandler:
-    return
+  current = handlers.get_type_handler(jax.Array)
+  if current is _SINGLE_WRITER or type(current) is not handlers.ArrayHandler:
+    return  # Done already, or a handler of the user's own.
   handler = handlers.ArrayHandler(use_replica_parallel=False,
                                   array_metadata_store=array_metadata_store.Store())
   type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(jax.Array, handler, override=True,
                                                          ignore_warnings=True)
-  global _SINGLE_WRITER
   _SINGLE_WRITER = handler
 
 
@@ -117,8 +119,7 @@ class Checkpointer:
     self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
-    if _SINGLE_WRITER is None:
-      single_writer_arrays()
+    single_writer_arrays()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(config.keep_checkpoints),
         enable_async_checkpointing=bool(config.async_checkpointing),
