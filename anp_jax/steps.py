@@ -44,12 +44,17 @@ def init_state(model, tx, image_size: int, seed: int, history: int = 0) -> Train
   variables = model.init(jax.random.key(seed), x, train=False)
   params = variables['params']
   zero = jnp.zeros((), jnp.float32)
-  snapshots = None
-  if history:
-    snapshots = jax.tree.map(lambda p: jnp.broadcast_to(p, (history,) + p.shape), params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
-                    noise_ema={'g2': zero, 'trace': zero, 'weight': zero}, history=snapshots)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
+                     noise_ema={'g2': zero, 'trace': zero, 'weight': zero})
+  return add_history(state, history) if history else state
+
+
+def add_history(state: TrainState, history: int) -> TrainState:
+  """`state` with an asynchronous-SGD parameter history of `history` snapshots, all equal to its
+  parameters (a broadcast: no arithmetic, so the parameters stay bit for bit those of `state`)."""
+  return state.replace(history=jax.tree.map(
+      lambda p: jnp.broadcast_to(p, (history,) + p.shape), state.params))
 
 
 def cross_entropy(logits, labels, label_smoothing: float = 0.0):

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from anp_jax import steps
 from anp_jax.executors.common import Executor, MeshHelper, per_device_functions
 from anp_jax.methods import STALENESS
 from anp_jax.research.async_sim import staleness_sampler
@@ -116,7 +117,6 @@ def make(config, model, tx, setup, mesh) -> Executor:
   slots = int(a.max_tau) + 1
   train_fn, eval_fn, init_fn = per_device_functions(
       config, model, tx, setup, staleness_aware_lr=bool(a.staleness_aware_lr))
-  init_fn = functools.partial(init_fn, history=slots)
   helper = MeshHelper(mesh)
 
   def step(state, batch, tau):
@@ -138,7 +138,7 @@ def make(config, model, tx, setup, mesh) -> Executor:
               + (f' ({a.momentum})' if a.momentum == 'compensate' else ''))
   return Executor(
       name='jit', method='async',
-      init=helper.jit_init(init_fn),
+      init=helper.jit_init(init_fn, expand=functools.partial(steps.add_history, history=slots)),
       train_step=helper.jit_train_step(step, num_scalar_args=1),
       eval_step=helper.jit_eval_step(eval_fn),
       to_device=helper.to_device, fetch=helper.fetch, unreplicate=lambda state: state,

@@ -74,12 +74,12 @@ def make(config, model, tx, setup, mesh) -> Executor:
   def train_step(state, batch, average: bool = False):
     return compiled[bool(average)](state, batch)
 
-  def init():
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (nodes,) + x.shape), init_fn())
+  def add_node_axis(state):
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (nodes,) + x.shape), state)
 
   return Executor(
       name='jit', method='local_sgd',
-      init=helper.jit_init(init),
+      init=helper.jit_init(init_fn, expand=add_node_axis),
       train_step=train_step,
       eval_step=helper.jit_eval_step(eval_step),
       to_device=helper.to_device, fetch=helper.fetch,

@@ -9,7 +9,7 @@ the jit executor's.
 import jax
 import numpy as np
 
-from anp_jax.executors.common import AXIS, Executor, per_device_functions
+from anp_jax.executors.common import AXIS, Executor, host_init, per_device_functions
 
 
 def make(config, model, tx, setup, mesh) -> Executor:
@@ -36,7 +36,7 @@ def make(config, model, tx, setup, mesh) -> Executor:
 
   return Executor(
       name='pmap', method='sync',
-      init=lambda: replicate(jax.device_get(jax.jit(init_fn)())),
+      init=lambda: replicate(host_init(init_fn)),
       train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
       eval_step=jax.pmap(eval_fn, axis_name=AXIS),
       to_device=to_device,
