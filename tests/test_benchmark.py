@@ -1,6 +1,7 @@
 """The benchmark harness (anp_jax/benchmarking.py, its PyTorch contender experiments/torch_reference.py)
 and the convolution lowerings (models/conv.py)."""
 
+import functools
 import json
 import os
 
@@ -79,7 +80,8 @@ def test_reference_step_runs_and_counts_the_same_params(data_dir):
   run, compile_s, flops, n_params = benchmarking.build_reference_step(config)
   run(2)
   model = models.create_model(config, 8, 4, 4)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
+                                                train=False))
   assert n_params == sum(x.size for x in jax.tree.leaves(variables['params']))
   assert flops > 0 and compile_s > 0
 
@@ -143,8 +145,9 @@ def test_conv_lowering_matches_flax_conv(impl, kernel, strides, padding, dtype):
   x = jax.random.normal(jax.random.key(1), (2, 11, 10, 5))
   ref = nn.Conv(6, kernel, strides, padding=padding, use_bias=True, dtype=dt)
   mine = conv.get_conv_impl(impl)(6, kernel, strides, padding=padding, use_bias=True, dtype=dt)
-  variables = ref.init(jax.random.key(0), x)
-  mine_vars = mine.init(jax.random.key(0), x)
+  # Jitted: eagerly, every op of a forward and a gradient was its own compilation (~120).
+  variables = jax.jit(ref.init)(jax.random.key(0), x)
+  mine_vars = jax.jit(mine.init)(jax.random.key(0), x)
   # Same parameter names, shapes and initial values: checkpoints are interchangeable.
   jax.tree.map(np.testing.assert_array_equal, variables, mine_vars)
   variables = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
@@ -155,11 +158,11 @@ def test_conv_lowering_matches_flax_conv(impl, kernel, strides, padding, dtype):
     return jnp.sum(y.astype(jnp.float32) * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
 
   tol = dict(rtol=1e-5, atol=1e-5) if dtype == 'float32' else dict(rtol=5e-2, atol=5e-2)
-  y_ref, y = ref.apply(variables, x), mine.apply(variables, x)
+  y_ref, y = jax.jit(ref.apply)(variables, x), jax.jit(mine.apply)(variables, x)
   assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32), **tol)
-  g_ref = jax.grad(lambda v, x: loss(ref, v, x), argnums=(0, 1))(variables, x)
-  g = jax.grad(lambda v, x: loss(mine, v, x), argnums=(0, 1))(variables, x)
+  g_ref = jax.jit(jax.grad(lambda v, x: loss(ref, v, x), argnums=(0, 1)))(variables, x)
+  g = jax.jit(jax.grad(lambda v, x: loss(mine, v, x), argnums=(0, 1)))(variables, x)
   scale = lambda a: max(1.0, float(jnp.abs(a).max()))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(
       np.asarray(a, np.float32) / scale(b), np.asarray(b, np.float32) / scale(b), **tol), g, g_ref)
@@ -171,8 +174,9 @@ def test_resnet_with_im2col_equals_xla(data_dir):
   for impl in ('xla', 'im2col'):
     config = tiny_config(data_dir, **{'model.conv_impl': impl})
     model = models.create_model(config, 8, 4, 4)
-    variables = model.init(jax.random.key(0), x, train=False)
-    outs[impl] = model.apply(variables, x, train=True, mutable=['batch_stats'])
+    variables = jax.jit(functools.partial(model.init, train=False))(jax.random.key(0), x)
+    outs[impl] = jax.jit(functools.partial(model.apply, train=True, mutable=['batch_stats']))(
+        variables, x)
     outs[impl + '_vars'] = variables
   # Same parameter tree and initial values whatever the lowering (checkpoints interchangeable).
   jax.tree.map(np.testing.assert_array_equal, outs.pop('im2col_vars'), outs.pop('xla_vars'))
