@@ -1,5 +1,4 @@
-"""The tests' config: trains in seconds on CPU (ResNet-8 at width 0.5, 16 px, 6 steps at a
-constant rate).
+"""The tests' config: trains in seconds on CPU (ResNet-8 at width 0.5, 16 px, 6 steps).
 
 The generated dataset is tiny too: 8 ANPs of 4 adjectives x 4 nouns, 32 training and 13
 evaluation images per class (104 evaluation examples: not a multiple of any batch the tests use,
@@ -30,10 +29,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.log_every_steps = 2
   c.eval_every_epochs = 0
   c.warmup_epochs = 0
-  # A constant rate: the compiled step does not depend on num_train_steps (a cosine's length is a
-  # constant in the program), so tests of different lengths share one program through the
-  # persistent compilation cache. The schedules themselves are tested in test_optim/test_durations.
-  c.schedule = 'constant'
   c.progress_bar = False
   c.checkpoint_every_steps = 0
   c.checkpoint_every_minutes = 0
