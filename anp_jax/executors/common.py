@@ -131,9 +131,11 @@ class MeshHelper:
     """`init_fn` (see `host_init`) → a function returning the initial state on this mesh:
     `host_init`'s values put on every device, then, if given, passed through `expand`, a
     jitted rearrangement without arithmetic (a history of snapshots, a node axis)."""
+    expanded = None if expand is None else jax.jit(expand, out_shardings=self.state)
+
     def init():
       state = jax.device_put(host_init(init_fn), self.replicated if expand else self.state)
-      return state if expand is None else jax.jit(expand, out_shardings=self.state)(state)
+      return state if expanded is None else expanded(state)
     return init
 
   def jit_train_step(self, step_fn, num_scalar_args: int = 0):
