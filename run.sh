@@ -13,6 +13,10 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${ANP_VENV:-$HERE/.venv}"
 PY="${ANP_PYTHON:-python3}"
+# This process's rank in its job (SLURM task, or ANP_PROCESS_ID in explicit multi-process mode):
+# only process 0 builds the environment, so that the processes of a job sharing one checkout
+# (several on one host, or a shared filesystem) never run pip into the same venv at once.
+RANK="${SLURM_PROCID:-${ANP_PROCESS_ID:-0}}"
 
 # anp_jax itself, editable (pyproject.toml): `import anp_jax` then works from any directory,
 # notebook or script of this environment. Offline: no build isolation, no dependencies (those
@@ -29,8 +33,8 @@ install_package() {
 
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
    ! cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"; then
-  if [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_PROCID}" != "0" ]; then
-    # Other tasks wait for task 0 to build the shared environment.
+  if [ "$RANK" != "0" ]; then
+    # Other processes wait for process 0 to build the shared environment.
     for _ in $(seq 1 900); do
       [ -f "$VENV/.anp_requirements_ok" ] && cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok" && break
       sleep 2
@@ -46,8 +50,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
   fi
 fi
 # An environment built before pyproject.toml existed, or for another checkout: (re)install the
-# package (task 0 only; the others import it through PYTHONPATH below).
-if [ "${SLURM_PROCID:-0}" = 0 ] && ! cmp -s <(echo "$HERE") "$VENV/.anp_package_ok" 2>/dev/null; then
+# package (process 0 only; the others import it through PYTHONPATH below).
+if [ "$RANK" = 0 ] && ! cmp -s <(echo "$HERE") "$VENV/.anp_package_ok" 2>/dev/null; then
   install_package || exit 2
 fi
 
