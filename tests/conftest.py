@@ -6,6 +6,15 @@ if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', '')
   # Subprocesses of the multi-process tests set their own count.
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_force_host_platform_device_count=8').strip()
+# Tests compile at XLA's lowest CPU optimisation level: most of the suite's time is compiling tiny
+# programs that then run for a few steps, and these flags make each compile 2-3x cheaper. Every
+# comparison in the suite is between programs compiled the same way; the README's IPython snippet
+# (tests/test_readme.py) keeps XLA's default level, as do users' runs. ANP_TEST_XLA_OPT=1: the
+# whole suite at the default level.
+TEST_XLA_FLAGS = ('' if os.environ.get('ANP_TEST_XLA_OPT') == '1' else
+                  '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+if TEST_XLA_FLAGS and 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
@@ -76,7 +85,7 @@ def main_cmd(data_dir, workdir, **overrides) -> list:
 def subprocess_env(devices: int = 8, **extra) -> dict:
   """The environment of a child JAX process with `devices` simulated CPU devices."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}'.strip())
   env.update({k: str(v) for k, v in extra.items()})
   return env
 

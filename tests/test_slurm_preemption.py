@@ -30,7 +30,7 @@ import pytest
 
 import slurm_cluster
 from anp_jax import checkpointing
-from conftest import ROOT, assert_leaves_close, config_flags, tiny_config
+from conftest import ROOT, TEST_XLA_FLAGS, assert_leaves_close, config_flags, tiny_config
 
 POLL_S = 0.25
 EXITED_75 = 'preempted; checkpoint written (exit 75)'  # run.sh, per task.
@@ -49,7 +49,7 @@ def _submit(env, script, out_file, flags, wait=False, **job_env):
   cmd = (['sbatch', '--parsable', '--nodes=1', '--ntasks=2', '--ntasks-per-node=2',
           '--cpus-per-task=1', '--time=10', f'--output={out_file}']
          + (['--wait'] if wait else []) + [str(script)] + flags)
-  env = dict(env, ANP_INIT_TIMEOUT='60', XLA_FLAGS='', JAX_PLATFORMS='cpu',
+  env = dict(env, ANP_INIT_TIMEOUT='60', XLA_FLAGS=TEST_XLA_FLAGS, JAX_PLATFORMS='cpu',
              **{k: str(v) for k, v in job_env.items()})
   result = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
   log = out_file.read_text() if out_file.exists() else ''
