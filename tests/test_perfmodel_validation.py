@@ -6,6 +6,7 @@ launch and the report) is experiments/perfmodel_validation.py, run here as a use
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -15,9 +16,9 @@ from anp_jax.research import perfvalidation as pv
 from conftest import run_experiment
 
 
-def _validation(out, *args, timeout=600):
+def _validation(out, *args, timeout=600, **env):
   """experiments/perfmodel_validation.py --out OUT ARGS."""
-  return run_experiment('perfmodel_validation.py', f'--out={out}', *args, timeout=timeout)
+  return run_experiment('perfmodel_validation.py', f'--out={out}', *args, timeout=timeout, **env)
 
 
 def test_alpha_beta_fit_recovers_bandwidth_and_latency():
@@ -49,9 +50,14 @@ def test_alpha_beta_fit_recovers_bandwidth_and_latency():
     (['--parts=gpu'], 'parts'),
 ])
 def test_bad_settings_fail_before_anything_runs(tmp_path, args, message):
-  r = _validation(tmp_path, '--quick', *args)
+  # PYTHONPROFILEIMPORTTIME: every import on stderr. The script itself only launches the
+  # measuring jobs and writes the report, so a bad setting fails before TensorFlow is imported.
+  r = _validation(tmp_path, '--quick', *args, PYTHONPROFILEIMPORTTIME=1)
   assert r.returncode == 2, r.stderr[-2000:]
   assert message in r.stderr, r.stderr[-2000:]
+  imported = re.findall(r'^import time: .*\| +([\w.]+)$', r.stderr, re.M)
+  assert 'anp_jax.runtime' in imported  # The import log is there ...
+  assert 'tensorflow' not in imported  # ... without TensorFlow.
   assert not (tmp_path / 'measure_1dev.json').exists()
 
 
