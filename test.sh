@@ -15,14 +15,16 @@ if ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
   cp requirements-bench.txt "$BENCH_OK"
 fi
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
-# Tests run in parallel worker processes (pytest-xdist): min(cores, 4, GiB of memory / 6) workers
-# (a worker with its 8 simulated devices and the multi-process tests' children peaks at ~5 GiB);
+# Tests run in parallel worker processes (pytest-xdist): min(cores + 1, 4, GiB of memory / 6)
+# workers (a worker with its 8 simulated devices and the multi-process tests' children peaks at
+# ~5 GiB). One more worker than cores: the multi-process and SLURM tests' workers spend much of
+# their time waiting on their jobs (2-core VM: 3 workers 606 s, 2 workers 691 s);
 # ANP_TEST_WORKERS=1: one process. A worker takes a whole file at a time (module fixtures are
 # built once), heaviest first in the order tests/conftest.py sets, so that no heavy file is left
 # for the end.
 cores="$(nproc 2>/dev/null || echo 1)"
 mem_gib="$(awk '/^MemTotal:/ {print int($2 / 1048576)}' /proc/meminfo 2>/dev/null || echo 6)"
-auto=$(( cores < 4 ? cores : 4 ))
+auto=$(( cores + 1 < 4 ? cores + 1 : 4 ))
 auto=$(( mem_gib / 6 < auto ? mem_gib / 6 : auto ))
 workers="${ANP_TEST_WORKERS:-$(( auto < 1 ? 1 : auto ))}"
 xdist=()
