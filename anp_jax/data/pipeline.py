@@ -17,7 +17,6 @@ Design:
 
 import dataclasses
 import fcntl
-import functools
 import math
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence
@@ -286,7 +285,7 @@ def train_dataset(builder, config, *, per_device_batch: int, num_shards: int,
   splits = tfds.even_splits('train', n=num_shards, drop_remainder=False)
   position = start_step * per_device_batch  # In every device's stream.
 
-  @functools.partial(tf.function, autograph=False)
+  @tf.function(autograph=False)
   def augment(e, i, d, ex):
     # One traced graph for every shard (`d` is a tensor, not a constant of each shard's graph):
     # tracing the augmentation once per device of the process cost ~0.1 s each.
