@@ -123,7 +123,11 @@ def script(tmp_path_factory):
 def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted_one(
     slurm, script, data_dir, tmp_path):
   env, _ = slurm
-  steps = 60
+  # Long enough that the signal (sent after the first logged step: a poll, then scancel ->
+  # slurmctld -> slurmd -> the tasks, ~1 s here) and the agreed stop STOP_MARGIN steps later fall
+  # well inside the run: a tiny step takes ~16 ms on idle cores, so 60 steps ended before the stop
+  # and the job completed without a requeue (seen once in CI under load).
+  steps = 300
   # The uninterrupted job: the example script as shipped, with this one-node CPU cluster's sizes
   # on the command line (they override its #SBATCH lines), runs two tasks as one JAX job.
   ref_dir = tmp_path / 'ref'
