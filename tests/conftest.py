@@ -37,6 +37,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
 import json  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -89,7 +90,9 @@ def main_cmd(data_dir, workdir, **overrides) -> list:
 
 def subprocess_env(devices: int = 8, **extra) -> dict:
   """The environment of a child JAX process with `devices` simulated CPU devices."""
+  # PYTHONFAULTHANDLER: a child that `wait` finds hung dumps every thread's stack on SIGABRT.
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu',
+             PYTHONFAULTHANDLER='1',
              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}'.strip())
   env.update({k: str(v) for k, v in extra.items()})
   return env
@@ -126,16 +129,30 @@ def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
   return procs
 
 
-def wait(procs, tmp_path, timeout=1200):
-  """Waits for a job from `launch`; asserts exit 0; returns each process's MP_OUT JSON."""
+def wait(procs, tmp_path, timeout=480):
+  """Waits for a job from `launch`; asserts exit 0; returns each process's MP_OUT JSON.
+
+  A job still running after `timeout` s (the slowest takes ~90 s on a loaded 2-core machine) is
+  a hang: every process still alive gets SIGABRT (Python's fault handler then writes all its
+  threads' stacks to its log), and the test fails with each process's log tail. The time-out is
+  below pytest's (pytest.ini), which would kill the test without those logs."""
   deadline = time.time() + timeout
-  for p in procs:
-    try:
-      p.wait(timeout=max(1, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
+  while time.time() < deadline and any(p.poll() is None for p in procs):
+    time.sleep(0.2)
+  hung = [i for i, p in enumerate(procs) if p.poll() is None]
+  if hung:
+    for i in hung:
+      procs[i].send_signal(signal.SIGABRT)
+    for p in procs:
+      try:
+        p.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
+    pytest.fail(f'Job still running after {timeout} s (hung processes: {hung}):\n' + '\n'.join(
+        f'--- process {i} (exit {p.returncode}) ---\n{log[-6000:]}'
+        for i, (p, log) in enumerate(zip(procs, logs, strict=True))))
   logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
   for p, log in zip(procs, logs, strict=True):
     assert p.returncode == 0, log[-4000:]

@@ -14,7 +14,7 @@ import pytest
 
 from anp_jax import errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, direct_eval, free_port, launch, leaves,
-                      main_cmd, multiprocess_env, run_workers, tiny_config)
+                      main_cmd, multiprocess_env, run_workers, tiny_config, wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
 OVERRIDES = dict(num_train_steps=5, log_every_steps=1, bn_mode='global', eval_every_epochs=0,
@@ -175,3 +175,18 @@ def test_processes_on_one_host_split_its_cores(tmp_path):
     assert got == [cores[:len(cores) // 2], cores[len(cores) // 2:]], (got, cores)
   else:
     assert got == [cores, cores]
+
+
+def test_a_hung_job_fails_with_the_stacks_of_its_processes(tmp_path):
+  """The harness side of every `run_workers` job: a job that outlives its time-out is ended
+  (SIGABRT, then SIGKILL) and the test fails with each process's Python stack, instead of
+  pytest's time-out killing the test with no trace of where the processes were."""
+  procs = launch([sys.executable, '-c', 'import time\nwhile True: time.sleep(0.1)'], 2, 1,
+                 tmp_path)
+  with pytest.raises(pytest.fail.Exception) as failure:
+    wait(procs, tmp_path, timeout=3)
+  message = str(failure.value)
+  assert 'hung processes: [0, 1]' in message, message
+  assert message.count('Fatal Python error: Aborted') == 2, message
+  assert message.count('File "<string>", line 2 in <module>') == 2, message
+  assert all(p.returncode is not None for p in procs)
