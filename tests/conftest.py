@@ -105,15 +105,27 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+# A process of a test job that is alive but stuck fails the job within these bounds, before
+# `wait`'s time-out (480 s), with its traceback in its log: a collective (gloo) waits at most
+# COLLECTIVE_TIMEOUT_S for the other processes (XLA's default: 30 min), a coordination-service
+# barrier at most BARRIER_TIMEOUT_S (anp_jax's default: 3600 s).
+COLLECTIVE_TIMEOUT_S = 240
+BARRIER_TIMEOUT_S = 240
+
+
 def multiprocess_env(num_processes, process_id, port, devices_per_process, **extra) -> dict:
   """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed.py)."""
-  return subprocess_env(devices_per_process, **dict(dict(
+  env = subprocess_env(devices_per_process, **dict(dict(
       ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=num_processes,
       ANP_PROCESS_ID=process_id, ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15,
+      ANP_BARRIER_TIMEOUT=BARRIER_TIMEOUT_S,
       # The jobs here share 2 busy cores with another test worker: pinned to one core each, a
       # starved process can fall more than 30 s behind the other at its first collective, and
       # gloo's context set-up gives up after 30 s. The split itself has its own test.
       ANP_PIN_CORES=0), **extra))
+  if 'xla_cpu_collective_timeout_seconds' not in env['XLA_FLAGS']:
+    env['XLA_FLAGS'] += f' --xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}'
+  return env
 
 
 def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):

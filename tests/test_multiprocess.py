@@ -14,7 +14,8 @@ import pytest
 
 from anp_jax import errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, direct_eval, free_port, launch, leaves,
-                      main_cmd, multiprocess_env, run_workers, tiny_config, wait)
+                      main_cmd, multiprocess_env, run_workers, subprocess_env, tiny_config,
+                      wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
 OVERRIDES = dict(num_train_steps=5, log_every_steps=1, bn_mode='global', eval_every_epochs=0,
@@ -190,3 +191,38 @@ def test_a_hung_job_fails_with_the_stacks_of_its_processes(tmp_path):
   assert message.count('Fatal Python error: Aborted') == 2, message
   assert message.count('File "<string>", line 2 in <module>') == 2, message
   assert all(p.returncode is not None for p in procs)
+
+
+def test_a_process_stuck_before_a_collective_fails_the_others_instead_of_hanging(tmp_path):
+  """A process that is alive (its heartbeats go on) but never enters the next collective: the
+  other fails after the gloo time-out (README: XLA's 30 min by default; 5 s here) with the
+  error in its log, instead of waiting for ever."""
+  code = ('from anp_jax import distributed; distributed.initialize()\n'
+          'import os, time\n'
+          'from jax.experimental import multihost_utils\n'
+          'multihost_utils.sync_global_devices("first")\n'
+          'print("FIRST DONE", flush=True)\n'
+          'if os.environ["ANP_PROCESS_ID"] == "1": time.sleep(300)\n'
+          't = time.time()\n'
+          'try:\n'
+          '  multihost_utils.sync_global_devices("second")\n'
+          'finally:\n'
+          '  print(f"SECOND ENDED after {time.time() - t:.1f} s", flush=True)\n')
+  flags = f"{subprocess_env(1)['XLA_FLAGS']} --xla_cpu_collective_timeout_seconds=5"
+  procs = launch([sys.executable, '-c', code], 2, 1, tmp_path, XLA_FLAGS=flags)
+  deadline = time.time() + 240
+  try:  # (Its exit then waits for process 1 at jax.distributed's shutdown: not timed here.)
+    while 'SECOND ENDED' not in open(tmp_path / 'proc0.log').read():
+      assert time.time() < deadline and procs[0].poll() is None, open(
+          tmp_path / 'proc0.log').read()[-3000:]
+      time.sleep(0.2)
+    time.sleep(1)  # The traceback that follows.
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  log = open(tmp_path / 'proc0.log').read()
+  assert 'FIRST DONE' in log, log[-3000:]
+  waited = float(log.split('SECOND ENDED after ')[1].split(' s')[0])
+  assert 4 < waited < 60, log[-3000:]
+  assert 'Gloo' in log and 'Timed out' in log, log[-3000:]
