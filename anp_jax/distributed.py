@@ -256,6 +256,12 @@ def identity_line() -> str:
 _barrier_uses: Dict[str, int] = {}
 
 
+def barrier_timeout_s() -> int:
+  """How long a process waits for the others' long work: ``ANP_BARRIER_TIMEOUT`` (default 3600 s).
+  Bounds the coordination barriers and the dataset-preparation lock."""
+  return _int_env('ANP_BARRIER_TIMEOUT') or 3600
+
+
 def barrier(name: str):
   """Waits until every process gets here (no-op for one process).
 
@@ -277,5 +283,5 @@ def barrier(name: str):
     return
   use = _barrier_uses.get(name, 0)  # A name used again (a sweep's runs) is a new barrier.
   _barrier_uses[name] = use + 1
-  timeout_ms = 1000 * (_int_env('ANP_BARRIER_TIMEOUT') or 3600)
+  timeout_ms = 1000 * barrier_timeout_s()
   client.wait_at_barrier(f'anp_jax/{name}/{use}', timeout_ms)

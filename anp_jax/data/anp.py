@@ -44,7 +44,6 @@ import collections
 import concurrent.futures
 import csv
 import dataclasses
-import fcntl
 import hashlib
 import io
 import itertools
@@ -61,6 +60,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from anp_jax.data import filelock
 
 log = logging.getLogger(__name__)
 
@@ -670,34 +671,33 @@ def prepare(manual_dir: str, data_dir: str, *, overwrite: bool = False,
     raise FileNotFoundError(f'anp manual dir {manual_dir!r} does not exist or is not a folder.')
   config = make_config(**config_options)
   os.makedirs(data_dir, exist_ok=True)
-  with open(os.path.join(data_dir, '.anp_prepare.lock'), 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # Concurrent callers wait, then reuse the result.
-    try:
-      # TFDS refuses a new config object named like a registered one (the default options).
-      config = Anp.builder_configs.get(config.name, config)
-      make = lambda: Anp(config=config, data_dir=data_dir, file_format='tfrecord',
-                         num_workers=num_workers)
-      builder = make()
-      dataset_dir = builder.data_dir
-      if os.path.exists(os.path.join(dataset_dir, 'dataset_info.json')):
-        if overwrite:
-          shutil.rmtree(dataset_dir)
-          builder = make()
-        else:
-          source = _read_summary(dataset_dir).get('manual_dir')
-          if source and source != manual_dir:
-            raise ValueError(f'{dataset_dir!r} was prepared from {source!r}, not {manual_dir!r}; '
-                             'pass overwrite=True (--overwrite), another data_dir, or a '
-                             'source_tag to keep both.')
-          log.info('anp: reusing %s.', dataset_dir)
-      # Nothing is downloaded: a throw-away download dir keeps TFDS's empty folders out of
-      # data_dir.
-      with tempfile.TemporaryDirectory(prefix='anp_downloads_') as download_dir:
-        builder.download_and_prepare(
-            download_dir=download_dir,
-            download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  # Concurrent callers wait (told who holds the lock once the wait gets long; no time-out: a
+  # preparation takes as long as the photos need), then reuse the result.
+  with filelock.exclusive(os.path.join(data_dir, '.anp_prepare.lock'),
+                          f'preparing anp/{config.name} in {data_dir}'):
+    # TFDS refuses a new config object named like a registered one (the default options).
+    config = Anp.builder_configs.get(config.name, config)
+    make = lambda: Anp(config=config, data_dir=data_dir, file_format='tfrecord',
+                       num_workers=num_workers)
+    builder = make()
+    dataset_dir = builder.data_dir
+    if os.path.exists(os.path.join(dataset_dir, 'dataset_info.json')):
+      if overwrite:
+        shutil.rmtree(dataset_dir)
+        builder = make()
+      else:
+        source = _read_summary(dataset_dir).get('manual_dir')
+        if source and source != manual_dir:
+          raise ValueError(f'{dataset_dir!r} was prepared from {source!r}, not {manual_dir!r}; '
+                           'pass overwrite=True (--overwrite), another data_dir, or a '
+                           'source_tag to keep both.')
+        log.info('anp: reusing %s.', dataset_dir)
+    # Nothing is downloaded: a throw-away download dir keeps TFDS's empty folders out of
+    # data_dir.
+    with tempfile.TemporaryDirectory(prefix='anp_downloads_') as download_dir:
+      builder.download_and_prepare(
+          download_dir=download_dir,
+          download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
   return builder
 
 

@@ -16,7 +16,6 @@ Design:
 """
 
 import dataclasses
-import fcntl
 import math
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence
@@ -27,6 +26,8 @@ import numpy as np
 # TensorFlow never sees a GPU (`anp_jax.runtime.configure`, called by every entry point).
 import tensorflow as tf
 import tensorflow_datasets as tfds
+
+from anp_jax.data import filelock
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
 DATASETS = ('synthetic_anp', 'anp')
@@ -102,19 +103,22 @@ def _is_prepared(builder) -> bool:
 
 
 def _prepare_once(builder, data_dir: str):
-  """Generates the dataset under a file lock: one process writes, the others wait and reuse."""
+  """Generates the dataset under a file lock: one process writes, the others wait and reuse.
+
+  The wait says who holds the lock once it gets long, and gives up after
+  ``ANP_BARRIER_TIMEOUT`` s (default 3600) with an error naming the holder (a stuck or stopped
+  process would otherwise hang every later job on this data_dir)."""
+  from anp_jax import distributed
   os.makedirs(data_dir, exist_ok=True)
-  with open(os.path.join(data_dir, '.prepare.lock'), 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      if not _is_prepared(builder):
-        # The builder prints its own progress lines; TFDS's bars leave cursor-control fragments
-        # in logs that are not terminals.
-        tfds.display_progress_bar(False)
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(verify_ssl=False))
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  with filelock.exclusive(os.path.join(data_dir, '.prepare.lock'),
+                          f'preparing {builder.name} in {data_dir}',
+                          timeout_s=distributed.barrier_timeout_s()):
+    if not _is_prepared(builder):
+      # The builder prints its own progress lines; TFDS's bars leave cursor-control fragments
+      # in logs that are not terminals.
+      tfds.display_progress_bar(False)
+      builder.download_and_prepare(
+          download_config=tfds.download.DownloadConfig(verify_ssl=False))
 
 
 def dataset_meta(builder, config) -> DatasetMeta:
