@@ -14,16 +14,23 @@ Processes of the job that share a host with the same CPU affinity split its core
 (`share_host_cores`; ``ANP_PIN_CORES=0`` turns it off). On CPU the collectives go through gloo.
 Missing heartbeats make the survivors of a crashed
 process exit (``ANP_HEARTBEAT_TIMEOUT``, default 30 s) instead of hanging; an unreachable
-coordinator fails after ``ANP_INIT_TIMEOUT`` seconds (default 120).
+coordinator fails after ``ANP_INIT_TIMEOUT`` seconds (default 120). Process 0 refuses a
+coordinator port that is already taken (`check_coordinator_port`), and the trainer checks that
+every process got the same config and workdir (`check_same_everywhere`): processes of two jobs
+that share a port would otherwise form one job.
 """
 
 import dataclasses
+import errno
+import json
 import logging
 import os
 import re
 import socket
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from anp_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +127,16 @@ def detect_topology(coordinator_address: Optional[str] = None,
 _initialized = False
 
 
+def preflight(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
+              process_id: Optional[int] = None) -> Topology:
+  """The checks of `initialize` that need neither JAX nor the other processes (the topology,
+  process 0's port), for entry points to run before their slow imports."""
+  topo = detect_topology(coordinator_address, num_processes, process_id)
+  if topo.mode == 'explicit' and topo.process_id == 0:
+    check_coordinator_port(topo.coordinator_address)
+  return topo
+
+
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
                process_id: Optional[int] = None) -> Topology:
   """Initialises `jax.distributed` when the job has several processes. Call before any JAX use."""
@@ -143,6 +160,8 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     kwargs.update(cluster_detection_method='slurm')
   if topo.local_device_ids is not None:
     kwargs['local_device_ids'] = topo.local_device_ids
+  if topo.mode == 'explicit' and topo.process_id == 0:
+    check_coordinator_port(topo.coordinator_address)
   if topo.mode == 'explicit' and topo.process_id != 0:
     # JAX's client aborts the whole process on a connection time-out; check first, so that the
     # user gets a message that says what is wrong.
@@ -243,6 +262,65 @@ def _wait_for_coordinator(address: str, timeout_s: float):
                      'port and firewall.')
 
 
+def check_coordinator_port(address: str) -> None:
+  """Process 0, before it starts the coordinator: raises ConfigError unless the port is free here.
+
+  JAX's coordinator is a gRPC server bound to ``[::]:port`` with SO_REUSEPORT. On a port held
+  by another program it crashes (a segmentation fault after gRPC's "Failed to add port to
+  server"). On a port where another job's coordinator listens it binds *beside* it: the kernel
+  then spreads the connections of both jobs over both coordinators, and processes of two jobs
+  form one job that trains wrong or hangs. Closed or TIME_WAIT connections of an earlier job on
+  the port are fine (the same rules as gRPC's own bind)."""
+  host, _, port_text = address.rpartition(':')
+  host, port = host.strip('[]'), int(port_text)
+  try:
+    with socket.create_connection((host, port), timeout=2):
+      pass
+  except OSError:
+    pass
+  else:
+    raise ConfigError(
+        f'Something already accepts connections at the coordinator address {address} '
+        '(process 0 must start the coordinator there): most likely the coordinator of another '
+        'job on this host. Each job needs its own port; pick a free one, e.g. with python -c '
+        '"import socket; s = socket.socket(); s.bind((\'\', 0)); print(s.getsockname()[1])".')
+  for family, wildcard in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
+    try:
+      probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # No IPv6 on this host: gRPC binds 0.0.0.0.
+      continue
+    with probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      if hasattr(socket, 'SO_REUSEPORT'):
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+      try:
+        probe.bind((wildcard, port))
+      except OSError as e:
+        if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+          continue
+        raise ConfigError(
+            f'The coordinator port {port} ({address}) cannot be bound on this host: '
+            f'{e.strerror}. Another program holds it; pick a free port for '
+            'ANP_COORDINATOR_ADDRESS / --coordinator_address.') from None
+    return
+
+
+def reserve_port(host: str = '127.0.0.1') -> socket.socket:
+  """A free port for the coordinator of a job that a script starts on this host, held until
+  the caller closes the returned socket (after the job has started, or ended).
+
+  The socket is bound with SO_REUSEPORT and does not listen, so the job's coordinator binds the
+  port beside it (`check_coordinator_port` accepts it) while no other bind to port 0 on this
+  host, another launcher's included, is handed the same port. Closing the socket at once and
+  passing on the number (the usual free-port recipe) leaves seconds in which another job's
+  coordinator can be given the same port and the two jobs merge."""
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  if hasattr(socket, 'SO_REUSEPORT'):
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  sock.bind((host, 0))
+  return sock
+
+
 def identity_line() -> str:
   """One line per process: who am I, where, with which devices."""
   import jax
@@ -285,3 +363,59 @@ def barrier(name: str):
   _barrier_uses[name] = use + 1
   timeout_ms = 1000 * barrier_timeout_s()
   client.wait_at_barrier(f'anp_jax/{name}/{use}', timeout_ms)
+
+
+_agreements: Dict[str, int] = {}
+
+
+def differences(by_process: Mapping[int, Mapping[str, Any]], limit: int = 10) -> List[str]:
+  """What the processes' `values` disagree on, against the lowest process id's: one line each."""
+  first = min(by_process)
+  ref = by_process[first]
+  lines = []
+  for pid in sorted(by_process):
+    other = by_process[pid]
+    for key in sorted(set(ref) | set(other)):
+      if ref.get(key, '<unset>') != other.get(key, '<unset>'):
+        lines.append(f'{key}: process {first} has {ref.get(key, "<unset>")!r}, process {pid} '
+                     f'has {other.get(key, "<unset>")!r}')
+  if len(lines) > limit:
+    lines = lines[:limit] + [f'... and {len(lines) - limit} more']
+  return lines
+
+
+def check_same_everywhere(what: str, values: Mapping[str, Any]) -> None:
+  """Raises ConfigError on every process unless all processes passed equal `values` (flat,
+  JSON-able; compared as JSON). A no-op for one process.
+
+  Processes that run different configs hang or train wrong: they disagree on which steps fetch
+  metrics or save, on batch shapes, on the checkpoint to resume. A node launched with other
+  flags, and processes of two jobs merged through a shared coordinator port, both show up here,
+  before anything is written. Every process must call it with the same `what`, in the same order."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as jax_distributed
+  client = jax_distributed.global_state.client
+  if client is None:  # pragma: no cover - processes set up without jax.distributed's client.
+    logging.warning('Not checking that the processes run the same %s: no coordination client.',
+                    what)
+    return
+  mine = json.loads(json.dumps(dict(values), sort_keys=True, default=repr))
+  slug = re.sub(r'[^A-Za-z0-9_]+', '_', what)
+  use = _agreements.get(slug, 0)
+  _agreements[slug] = use + 1
+  prefix = f'anp_jax/same/{slug}/{use}/'
+  client.key_value_set(f'{prefix}{jax.process_index()}', json.dumps(mine, sort_keys=True))
+  client.wait_at_barrier(f'anp_jax/same/{slug}/{use}', 1000 * barrier_timeout_s())
+  by_process = {int(key.rsplit('/', 1)[1]): json.loads(value)
+                for key, value in client.key_value_dir_get(prefix)}
+  if len(by_process) != jax.process_count():
+    raise RuntimeError(f'Expected {jax.process_count()} processes to report their {what}, got '
+                       f'{sorted(by_process)}.')
+  lines = differences(by_process)
+  if lines:
+    raise ConfigError(
+        f'The processes of this job run different {what}:\n  ' + '\n  '.join(lines) +
+        '\nEvery process must be started with the same flags. Different workdirs can also mean '
+        'that two jobs were given the same coordinator address and their processes merged.')

@@ -28,6 +28,11 @@ flags.mark_flags_as_required(['workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  try:  # In a fraction of a second, before TensorFlow's import: bad topology, port taken.
+    distributed.preflight(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  except (ValueError, RuntimeError) as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return 2
   runtime.configure()  # Before JAX starts its backend and TensorFlow runs anything.
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax/TFDS INFO lines drown the progress bar.

@@ -9,7 +9,8 @@ steps by `anp_jax.durations`, so the rest of the code only deals with steps.
 """
 
 import dataclasses
-from typing import Dict, Optional
+import json
+from typing import Any, Dict, Mapping, Optional
 
 import jax
 
@@ -96,6 +97,28 @@ def _check_choices(config) -> None:
         hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
         raise ConfigError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
                          + (f' {hint}' if hint else ''))
+
+
+def flat_fields(tree: Mapping, prefix: str = '') -> Dict[str, Any]:
+  """{'model': {'name': x}} -> {'model.name': x}: a config's JSON under dotted field names."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flat_fields(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+# What one process of a job may set for itself: a node-local copy of the data, its terminal.
+PER_PROCESS_FIELDS = ('data_dir', 'progress_bar')
+
+
+def job_identity(config, workdir: str) -> Dict[str, Any]:
+  """What every process of a job must agree on (`distributed.check_same_everywhere`): every
+  config field but `PER_PROCESS_FIELDS`, and the workdir."""
+  fields = flat_fields(json.loads(config.to_json_best_effort()))
+  return {**{k: v for k, v in fields.items() if k not in PER_PROCESS_FIELDS}, 'workdir': workdir}
 
 
 def validate_config(config) -> None:

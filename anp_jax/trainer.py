@@ -33,7 +33,7 @@ from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
 from anp_jax.research import noise_scale
-from anp_jax.setup import Setup, resolve_setup, validate_config
+from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.steps import TrainState
 
 
@@ -183,6 +183,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   t_start = time.time()
   validate_config(config)
   workdir = os.path.abspath(os.path.expanduser(workdir))
+  # Before anything is read or written: every process runs this config in this workdir.
+  distributed.check_same_everywhere('configs or workdirs', job_identity(config, workdir))
   is_main = jax.process_index() == 0
   # Nothing in the workdir changes until the run is accepted (config valid, checkpoint ours).
   checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only)

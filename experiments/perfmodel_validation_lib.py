@@ -18,13 +18,12 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from anp_jax import plotting, xla_flags
+from anp_jax import distributed, plotting, xla_flags
 from anp_jax.research import perfvalidation as pv
 from anp_jax.research.perfvalidation import MeasureSpec
 
@@ -52,12 +51,6 @@ QUICK = dict(batches=(16, 32), devices=(1,), processes=2, calibration=16, other_
 # ----------------------------------------------------------------------------------------------
 # Launching measurements.
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 HEARTBEAT_S = 10.0  # Seconds of silence after which a running measurement says it still runs.
 
 
@@ -76,7 +69,9 @@ def _launch(spec: MeasureSpec, out_json: str, devices_per_process: int, processe
               XLA_FLAGS=flags)
   for key in ('ANP_COORDINATOR_ADDRESS', 'ANP_NUM_PROCESSES', 'ANP_PROCESS_ID'):
     base.pop(key, None)
-  port = _free_port() if processes > 1 else None
+  # Held until the job ends, so that no other local job's coordinator is given the same port.
+  reservation = distributed.reserve_port() if processes > 1 else None
+  port = reservation.getsockname()[1] if reservation else None
   procs, logs = [], []
   for pid in range(processes):
     env = dict(base)
@@ -111,9 +106,13 @@ def _launch(spec: MeasureSpec, out_json: str, devices_per_process: int, processe
   except subprocess.TimeoutExpired:
     for p in procs:
       p.kill()
+      p.wait()
     raise RuntimeError(f'The measurement ({processes} process(es) x {devices_per_process} '
                        f'device(s)) did not finish within {timeout_s:.0f} s; see {logs[0]}. '
                        'Use fewer/smaller batches or raise --timeout.') from None
+  finally:
+    if reservation:
+      reservation.close()
   for p, log in zip(procs, logs):
     if p.returncode != 0:
       tail = open(log).read()[-3000:]

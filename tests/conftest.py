@@ -47,7 +47,7 @@ import pytest  # noqa: E402
 
 import slurm_cluster  # noqa: E402
 
-from anp_jax import runtime  # noqa: E402
+from anp_jax import distributed, runtime  # noqa: E402
 from anp_jax.configs import default, tiny  # noqa: E402
 
 runtime.configure()  # As every entry point: XLA:CPU flags, TensorFlow off the GPU.
@@ -99,7 +99,8 @@ def subprocess_env(devices: int = 8, **extra) -> dict:
 
 
 def free_port() -> int:
-  """A port the OS just handed out (never a fixed one: parallel sessions would collide)."""
+  """A port the OS just handed out, for a job that must not reach a coordinator (for a job that
+  runs, `launch` holds its port with `distributed.reserve_port`)."""
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
@@ -129,15 +130,20 @@ def multiprocess_env(num_processes, process_id, port, devices_per_process, **ext
 
 
 def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
-  """Starts `cmd` as the processes of one job (logs in tmp_path/proc<i>.log)."""
-  port = free_port()
+  """Starts `cmd` (or `cmd(process_id)`, a command per process) as the processes of one job
+  (logs in tmp_path/proc<i>.log). The coordinator's
+  port stays reserved until `wait` returns: a port released at once could be handed to another
+  test worker's job before this job's coordinator binds it, and the two jobs would merge."""
+  reservation = distributed.reserve_port()
+  port = reservation.getsockname()[1]
   procs = []
   for pid in range(num_processes):
     log = open(tmp_path / f'proc{pid}.log', 'w')
     procs.append(subprocess.Popen(
-        cmd, env=multiprocess_env(num_processes, pid, port, devices_per_process,
+        cmd(pid) if callable(cmd) else cmd, env=multiprocess_env(num_processes, pid, port, devices_per_process,
                                   MP_OUT=tmp_path / f'out{pid}.json', **extra),
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+  procs[0].port_reservation = reservation  # Closed by `wait` (or with the Popen object).
   return procs
 
 
@@ -151,6 +157,9 @@ def wait(procs, tmp_path, timeout=480):
   deadline = time.time() + timeout
   while time.time() < deadline and any(p.poll() is None for p in procs):
     time.sleep(0.2)
+  reservation = getattr(procs[0], 'port_reservation', None)
+  if reservation is not None:
+    reservation.close()
   hung = [i for i, p in enumerate(procs) if p.poll() is None]
   if hung:
     for i in hung:

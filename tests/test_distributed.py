@@ -2,11 +2,13 @@
 explicit variables, SLURM (one task per node gets all of the node's GPUs), missing or malformed
 input, and the time-outs handed to `jax.distributed.initialize`."""
 
+import json
 import os
+import socket
 
 import pytest
 
-from anp_jax import distributed
+from anp_jax import distributed, errors
 
 
 @pytest.fixture(autouse=True)
@@ -131,8 +133,10 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   monkeypatch.setattr(distributed, '_initialized', False)
   shares = []  # The core census needs the real coordination service: recorded only.
   monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: shares.append(a))
+  ports = []  # Process 0 checks its port first.
+  monkeypatch.setattr(distributed, 'check_coordinator_port', ports.append)
   topo = distributed.initialize('127.0.0.1:1234', 2, 0)
-  assert topo.mode == 'explicit'
+  assert topo.mode == 'explicit' and ports == ['127.0.0.1:1234']
   assert shares == [(0, 2)]  # Right after jax.distributed.initialize.
   assert calls[-1]['heartbeat_timeout_seconds'] == 30
   assert calls[-1]['initialization_timeout'] == 120
@@ -205,3 +209,131 @@ def test_barrier_waits_at_the_coordination_service_with_a_new_id_per_use(monkeyp
   distributed.barrier('data')
   assert calls == [('anp_jax/end/0', 3_600_000), ('anp_jax/end/1', 3_600_000),
                    ('anp_jax/data/0', 7_000)]
+
+
+# ----------------------------------------------------------------------------------------------
+# The coordinator's port: taken ports refused, reserved ports kept (`check_coordinator_port`,
+# `reserve_port`); every process runs the same config (`check_same_everywhere`).
+
+def _grpc_like_listener(port):
+  """What JAX's coordinator binds: [::]:port with SO_REUSEADDR and SO_REUSEPORT, listening."""
+  sock = socket.socket(socket.AF_INET6)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  sock.bind(('::', port))
+  sock.listen()
+  return sock
+
+
+def test_a_port_where_another_coordinator_listens_is_refused():
+  """Another job's coordinator (SO_REUSEPORT, like gRPC): without the check the second
+  coordinator binds beside it and the two jobs' processes merge."""
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+    with _grpc_like_listener(port):
+      with pytest.raises(errors.ConfigError, match=f'127.0.0.1:{port}.*another job'):
+        distributed.check_coordinator_port(f'127.0.0.1:{port}')
+
+
+def test_a_port_another_program_holds_is_refused():
+  """Bound without SO_REUSEPORT: JAX's coordinator would crash (a segmentation fault)."""
+  with socket.socket() as other:
+    other.bind(('127.0.0.1', 0))
+    port = other.getsockname()[1]
+    with pytest.raises(errors.ConfigError, match=f'port {port} .*cannot be bound'):
+      distributed.check_coordinator_port(f'127.0.0.1:{port}')
+    other.listen()
+    with pytest.raises(errors.ConfigError, match='already accepts connections'):
+      distributed.check_coordinator_port(f'localhost:{port}')
+
+
+def test_a_port_with_a_closed_jobs_connections_in_time_wait_is_accepted():
+  """A job restarted on its port right after the last one ended (SLURM requeue, a rerun)."""
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+  with _grpc_like_listener(port) as server:  # The last job's coordinator.
+    client = socket.create_connection(('127.0.0.1', port))
+    accepted, _ = server.accept()
+    accepted.close()  # The side on `port` closes first: its connection stays in TIME_WAIT.
+    client.close()
+  distributed.check_coordinator_port(f'127.0.0.1:{port}')
+
+
+def test_a_reserved_port_is_accepted_and_never_handed_out_while_held():
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+    distributed.check_coordinator_port(f'127.0.0.1:{port}')
+    with _grpc_like_listener(port):  # The coordinator binds beside the reservation.
+      pass
+    handed_out = set()
+    for _ in range(3000):  # Other launchers' free ports, of a range of ~14,000.
+      with socket.socket() as other:
+        other.bind(('127.0.0.1', 0))
+        handed_out.add(other.getsockname()[1])
+      with distributed.reserve_port() as other:
+        handed_out.add(other.getsockname()[1])
+    assert port not in handed_out and len(handed_out) > 1000
+
+
+def test_differences_name_each_field_and_process():
+  same = {'batch_size': 8, 'model.name': 'resnet20'}
+  assert distributed.differences({0: same, 1: dict(same)}) == []
+  lines = distributed.differences({0: same, 1: dict(same, batch_size=16), 2: {'batch_size': 8}})
+  assert lines == ["batch_size: process 0 has 8, process 1 has 16",
+                   "model.name: process 0 has 'resnet20', process 2 has '<unset>'"]
+  many = distributed.differences({0: {str(i): i for i in range(30)}, 1: {}}, limit=4)
+  assert len(many) == 5 and many[-1] == '... and 26 more'
+
+
+class _FakeStore:
+  """The coordination service's key-value store and barriers, seen by one process."""
+
+  def __init__(self, others):
+    self.kv, self.barriers, self.others = {}, [], others
+
+  def key_value_set(self, key, value):
+    self.kv[key] = value
+
+  def wait_at_barrier(self, barrier_id, timeout_ms):
+    self.barriers.append((barrier_id, timeout_ms))
+    for pid, values in self.others.items():  # The other processes arrived with theirs.
+      self.kv[f'{barrier_id}/{pid}'] = json.dumps(values)
+
+  def key_value_dir_get(self, prefix):
+    return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+
+def test_check_same_everywhere_raises_on_every_difference(monkeypatch):
+  import jax
+  from jax._src import distributed as jax_distributed
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(distributed, '_agreements', {})
+  mine = {'batch_size': 8, 'workdir': '/runs/a'}
+  store = _FakeStore({0: mine})
+  monkeypatch.setattr(jax_distributed.global_state, 'client', store)
+  distributed.check_same_everywhere('configs or workdirs', mine)
+  store.others = {0: dict(mine, workdir='/runs/b')}
+  with pytest.raises(errors.ConfigError, match=r"(?s)different configs or workdirs.*workdir: "
+                     r"process 0 has '/runs/b', process 1 has '/runs/a'.*same coordinator"):
+    distributed.check_same_everywhere('configs or workdirs', mine)
+  # A new barrier per use (a sweep's runs), bounded by ANP_BARRIER_TIMEOUT.
+  assert store.barriers == [('anp_jax/same/configs_or_workdirs/0', 3_600_000),
+                            ('anp_jax/same/configs_or_workdirs/1', 3_600_000)]
+  store.others = {}  # A process missing from the census is an error too, not a pass.
+  with pytest.raises(RuntimeError, match=r'Expected 2 processes'):
+    distributed.check_same_everywhere('configs or workdirs', mine)
+
+
+def test_the_job_identity_is_every_field_but_the_per_process_ones_plus_the_workdir():
+  from anp_jax import setup
+  from anp_jax.configs import tiny
+  config = tiny.get_config()
+  ident = setup.job_identity(config, '/runs/a')
+  assert ident['workdir'] == '/runs/a' and ident['model.name'] == config.model.name
+  assert ident['batch_size'] == config.batch_size
+  assert not set(setup.PER_PROCESS_FIELDS) & set(ident)
+  config.data_dir, config.progress_bar = '/local/ssd/tfds', not config.progress_bar
+  assert setup.job_identity(config, '/runs/a') == ident
+  config.log_every_steps += 1  # Decides which steps fetch metrics: must be the same everywhere.
+  assert setup.job_identity(config, '/runs/a') != ident

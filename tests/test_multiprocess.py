@@ -4,6 +4,7 @@ exact evaluation, restore onto another process count, failures."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from anp_jax import errors, metrics, trainer
+from anp_jax import distributed, errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, direct_eval, free_port, launch, leaves,
                       main_cmd, multiprocess_env, run_workers, subprocess_env, tiny_config,
                       wait)
@@ -155,6 +156,54 @@ def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
   assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert time.time() - t0 < 60
   assert 'coordinator' in out.stderr and 'not reachable within 4 s' in out.stderr
+
+
+def test_processes_started_with_different_configs_or_workdirs_all_exit_2_naming_them(data_dir,
+                                                                                   tmp_path):
+  """A node launched with other flags, or the processes of two jobs merged through one
+  coordinator port: every process exits 2 with each difference before anything is written,
+  instead of a job that hangs at its first mismatched collective or trains wrong."""
+  workdirs = [tmp_path / 'work', tmp_path / 'other']
+  cmds = [main_cmd(data_dir, workdirs[0], batch_size=8),
+          main_cmd(data_dir, workdirs[1], batch_size=16, progress_bar=True)]
+  procs = launch(lambda pid: cmds[pid], 2, 1, tmp_path)
+  try:
+    codes = [p.wait(timeout=240) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
+  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert 'different configs or workdirs' in log, log[-3000:]
+    assert 'batch_size: process 0 has 8, process 1 has 16' in log, log[-3000:]
+    assert f"workdir: process 0 has '{workdirs[0]}', process 1 has '{workdirs[1]}'" in log
+    assert 'progress_bar' not in log  # A process's own terminal may differ.
+  assert not any(w.exists() for w in workdirs)
+
+
+def test_process_0_refuses_a_port_where_another_jobs_coordinator_listens(tmp_path):
+  """Before: its coordinator bound beside the other one (both gRPC, SO_REUSEPORT) and the
+  kernel shared the two jobs' connections out between them. Now: exit 2 at once, before the
+  slow imports, with what to do."""
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+    with socket.socket(socket.AF_INET6) as other:  # What JAX's coordinator binds.
+      other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+      other.bind(('::', port))
+      other.listen()
+      t0 = time.time()
+      out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
+                           env=multiprocess_env(2, 0, port, 1), capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+      elapsed = time.time() - t0
+  assert out.returncode == errors.EXIT_CONFIG, out.stderr[-3000:]
+  assert f'already accepts connections at the coordinator address 127.0.0.1:{port}' in out.stderr
+  assert 'another job' in out.stderr
+  assert elapsed < 30, elapsed  # Not ANP_INIT_TIMEOUT (60 s here) waiting for process 1.
+  assert not os.listdir(tmp_path)
 
 
 def test_processes_on_one_host_split_its_cores(tmp_path):

@@ -42,7 +42,7 @@ from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim,
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.research import noise_scale
-from anp_jax.setup import resolve_setup, validate_config
+from anp_jax.setup import flat_fields, resolve_setup, validate_config
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            'configs')
@@ -183,16 +183,6 @@ NEUTRAL_FIELDS = ('progress_bar', 'data_dir', 'checkpoint_every_steps',
                   'log_every_steps', 'keep_best_metric', 'eval_only')
 
 
-def _flatten(d, prefix=''):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 def check_existing(run_dir: str, config):
   """A run directory already trained with other settings is an error, not silently reused.
 
@@ -206,9 +196,9 @@ def check_existing(run_dir: str, config):
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = _flatten(json.load(f))
-  new = _flatten(json.loads(config.to_json_best_effort()))
-  defaults = _flatten(json.loads(default_config.get_config().to_json_best_effort()))
+    old = flat_fields(json.load(f))
+  new = flat_fields(json.loads(config.to_json_best_effort()))
+  defaults = flat_fields(json.loads(default_config.get_config().to_json_best_effort()))
   old.update({k: defaults[k] for k in new if k not in old and k in defaults})
   diff = {k: (old.get(k), new.get(k)) for k in set(old) | set(new)
           if k not in NEUTRAL_FIELDS and old.get(k) != new.get(k)}
