@@ -162,6 +162,10 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
     kwargs['local_device_ids'] = topo.local_device_ids
   if topo.mode == 'explicit' and topo.process_id == 0:
     check_coordinator_port(topo.coordinator_address)
+  if topo.mode == 'slurm' and topo.process_id == 0:
+    address = _slurm_coordinator_address()
+    if address:  # Another job on this node whose id is the same modulo 4096 has it.
+      check_coordinator_port(address, remedy=SLURM_PORT_REMEDY)
   if topo.mode == 'explicit' and topo.process_id != 0:
     # JAX's client aborts the whole process on a connection time-out; check first, so that the
     # user gets a message that says what is wrong.
@@ -262,7 +266,23 @@ def _wait_for_coordinator(address: str, timeout_s: float):
                      'port and firewall.')
 
 
-def check_coordinator_port(address: str) -> None:
+EXPLICIT_PORT_REMEDY = 'pick a free port for ANP_COORDINATOR_ADDRESS / --coordinator_address'
+SLURM_PORT_REMEDY = ('export JAX_COORDINATOR_PORT=<a free port> in the job script (the same for '
+                     'every task; JAX derives the port from the job id otherwise)')
+
+
+def _slurm_coordinator_address() -> Optional[str]:
+  """The address JAX's SLURM detection gives the coordinator (its first node, a port from the
+  job id or ``JAX_COORDINATOR_PORT``); None where this JAX cannot say."""
+  try:
+    from jax._src.clusters import slurm_cluster
+    return slurm_cluster.SlurmCluster.get_coordinator_address(
+        None, os.environ.get('JAX_COORDINATOR_PORT'))
+  except Exception:  # pylint: disable=broad-except  (a private API; the check is a bonus)
+    return None
+
+
+def check_coordinator_port(address: str, remedy: str = EXPLICIT_PORT_REMEDY) -> None:
   """Process 0, before it starts the coordinator: raises ConfigError unless the port is free here.
 
   JAX's coordinator is a gRPC server bound to ``[::]:port`` with SO_REUSEPORT. On a port held
@@ -282,8 +302,7 @@ def check_coordinator_port(address: str) -> None:
     raise ConfigError(
         f'Something already accepts connections at the coordinator address {address} '
         '(process 0 must start the coordinator there): most likely the coordinator of another '
-        'job on this host. Each job needs its own port; pick a free one, e.g. with python -c '
-        '"import socket; s = socket.socket(); s.bind((\'\', 0)); print(s.getsockname()[1])".')
+        f'job on this host. Each job needs its own port: {remedy}.')
   for family, wildcard in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
     try:
       probe = socket.socket(family, socket.SOCK_STREAM)
@@ -300,8 +319,7 @@ def check_coordinator_port(address: str) -> None:
           continue
         raise ConfigError(
             f'The coordinator port {port} ({address}) cannot be bound on this host: '
-            f'{e.strerror}. Another program holds it; pick a free port for '
-            'ANP_COORDINATOR_ADDRESS / --coordinator_address.') from None
+            f'{e.strerror}. Another program holds it: {remedy}.') from None
     return
 
 

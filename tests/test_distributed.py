@@ -134,7 +134,7 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   shares = []  # The core census needs the real coordination service: recorded only.
   monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: shares.append(a))
   ports = []  # Process 0 checks its port first.
-  monkeypatch.setattr(distributed, 'check_coordinator_port', ports.append)
+  monkeypatch.setattr(distributed, 'check_coordinator_port', lambda a, **_: ports.append(a))
   topo = distributed.initialize('127.0.0.1:1234', 2, 0)
   assert topo.mode == 'explicit' and ports == ['127.0.0.1:1234']
   assert shares == [(0, 2)]  # Right after jax.distributed.initialize.
@@ -257,6 +257,32 @@ def test_a_port_with_a_closed_jobs_connections_in_time_wait_is_accepted():
     accepted.close()  # The side on `port` closes first: its connection stays in TIME_WAIT.
     client.close()
   distributed.check_coordinator_port(f'127.0.0.1:{port}')
+
+
+def test_under_slurm_process_0_checks_the_port_jax_derives_and_names_the_override(monkeypatch):
+  """JAX's SLURM detection puts the coordinator on the first node at a port from the job id
+  (``JAX_COORDINATOR_PORT`` overrides it): a second job on that node whose id is the same
+  modulo 4096 gets the same port."""
+  import jax
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, 'update', lambda *a, **k: None)
+  monkeypatch.setattr(distributed, '_initialized', False)
+  monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: None)
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+    with _grpc_like_listener(port):
+      _slurm(monkeypatch, procid=0, SLURM_STEP_NODELIST='localhost', JAX_COORDINATOR_PORT=port)
+      assert distributed._slurm_coordinator_address() == f'localhost:{port}'
+      with pytest.raises(errors.ConfigError, match='export JAX_COORDINATOR_PORT'):
+        distributed.initialize()
+      assert calls == []
+      _slurm(monkeypatch, procid=1, SLURM_STEP_NODELIST='localhost', JAX_COORDINATOR_PORT=port)
+      distributed.initialize()  # Only process 0 starts the coordinator.
+      assert len(calls) == 1
+  monkeypatch.delenv('JAX_COORDINATOR_PORT')
+  monkeypatch.setenv('SLURM_JOB_ID', str(4096 + 5))
+  assert distributed._slurm_coordinator_address() == f'localhost:{65535 - 4095 + 5}'
 
 
 def test_a_reserved_port_is_accepted_and_never_handed_out_while_held():
