@@ -402,7 +402,13 @@ def differences(by_process: Mapping[int, Mapping[str, Any]], limit: int = 10) ->
   return lines
 
 
-def check_same_everywhere(what: str, values: Mapping[str, Any]) -> None:
+SAME_FLAGS_HINT = ('Every process must be started with the same flags. Different workdirs can '
+                   'also mean that two jobs were given the same coordinator address and their '
+                   'processes merged.')
+
+
+def check_same_everywhere(what: str, values: Mapping[str, Any],
+                          hint: str = SAME_FLAGS_HINT) -> None:
   """Raises ConfigError on every process unless all processes passed equal `values` (flat,
   JSON-able; compared as JSON). A no-op for one process.
 
@@ -435,5 +441,4 @@ def check_same_everywhere(what: str, values: Mapping[str, Any]) -> None:
   if lines:
     raise ConfigError(
         f'The processes of this job run different {what}:\n  ' + '\n  '.join(lines) +
-        '\nEvery process must be started with the same flags. Different workdirs can also mean '
-        'that two jobs were given the same coordinator address and their processes merged.')
+        f'\n{hint}')

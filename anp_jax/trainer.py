@@ -190,6 +190,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only)
 
   run = _build_validated(config)
+  distributed.check_same_everywhere(
+      'datasets', pipeline.dataset_identity(run.builder, run.meta),
+      hint='A data_dir of each node\'s own holds another preparation of the dataset there: '
+      'prepare every copy from the same source (or share one data_dir).')
   checkpointing.make_workdir(workdir, is_main)
   setup, executor = run.setup, run.executor
   _announce(run)

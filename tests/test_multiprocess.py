@@ -183,6 +183,34 @@ def test_processes_started_with_different_configs_or_workdirs_all_exit_2_naming_
   assert not any(w.exists() for w in workdirs)
 
 
+def test_processes_whose_data_dirs_hold_different_datasets_all_exit_2(data_dir, tmp_path):
+  """`data_dir` may differ between processes (a node-local copy), the dataset in it may not: a
+  copy whose train split has other examples (here: a stale preparation that reports 240 of 256)
+  stops every process, naming the split size, before the workdir is created."""
+  other = tmp_path / 'node_local_tfds'
+  shutil.copytree(data_dir, other)
+  [info] = other.glob('synthetic_anp/*/*/dataset_info.json')
+  text = info.read_text()
+  assert text.count('"256"') == 1
+  info.write_text(text.replace('"256"', '"240"'))
+  workdir = tmp_path / 'work'
+  cmds = [main_cmd(data_dir, workdir), main_cmd(other, workdir)]
+  procs = launch(lambda pid: cmds[pid], 2, 1, tmp_path)
+  try:
+    codes = [p.wait(timeout=240) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
+  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert 'run different datasets' in log, log[-3000:]
+    assert 'train_size: process 0 has 256, process 1 has 240' in log, log[-3000:]
+    assert 'configs or workdirs' not in log  # data_dir itself may differ.
+  assert not workdir.exists()
+
+
 def test_process_0_refuses_a_port_where_another_jobs_coordinator_listens(tmp_path):
   """Before: its coordinator bound beside the other one (both gRPC, SO_REUSEPORT) and the
   kernel shared the two jobs' connections out between them. Now: exit 2 at once, before the

@@ -16,6 +16,7 @@ Design:
 """
 
 import dataclasses
+import hashlib
 import math
 import os
 from typing import Any, Dict, Iterator, Optional, Sequence
@@ -138,6 +139,15 @@ def dataset_meta(builder, config) -> DatasetMeta:
       eval_size=info.splits[eval_split].num_examples,
       eval_split=eval_split,
       stored_image_size=_stored_size(builder))
+
+
+def dataset_identity(builder, meta: DatasetMeta) -> Dict[str, Any]:
+  """What every process's copy of the dataset must agree on (a node-local ``data_dir`` may hold
+  another preparation): the TFDS name, config and version, the split sizes, the label sets."""
+  fields = dataclasses.asdict(meta)
+  names = fields.pop('anp_names')
+  return {**fields, 'full_name': builder.info.full_name, 'num_anp_names': len(names),
+          'anp_names_sha1': hashlib.sha1('\n'.join(names).encode()).hexdigest()[:16]}
 
 
 # ----------------------------------------------------------------------------------------------
