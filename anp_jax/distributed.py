@@ -16,8 +16,8 @@ Missing heartbeats make the survivors of a crashed
 process exit (``ANP_HEARTBEAT_TIMEOUT``, default 30 s) instead of hanging; an unreachable
 coordinator fails after ``ANP_INIT_TIMEOUT`` seconds (default 120). Process 0 refuses a
 coordinator port that is already taken (`check_coordinator_port`), and the trainer checks that
-every process got the same config and workdir (`check_same_everywhere`): processes of two jobs
-that share a port would otherwise form one job.
+every process got the same config, workdir and dataset (`check_same_everywhere`): processes of
+two jobs that share a port would otherwise form one job.
 """
 
 import dataclasses

@@ -106,6 +106,29 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def coordinator_like_listener(port: int) -> socket.socket:
+  """What JAX's coordinator (gRPC) binds: [::]:port (0.0.0.0 without IPv6) with SO_REUSEADDR and
+  SO_REUSEPORT, listening."""
+  try:
+    sock, wildcard = socket.socket(socket.AF_INET6), '::'
+  except OSError:
+    sock, wildcard = socket.socket(socket.AF_INET), '0.0.0.0'
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  try:
+    sock.bind((wildcard, port))
+  except OSError:
+    if wildcard == '0.0.0.0':
+      raise
+    sock.close()
+    sock = socket.socket(socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(('0.0.0.0', port))
+  sock.listen()
+  return sock
+
+
 # A process of a test job that is alive but stuck fails the job within these bounds, before
 # `wait`'s time-out (480 s), with its traceback in its log: a collective (gloo) waits at most
 # COLLECTIVE_TIMEOUT_S for the other processes (XLA's default: 30 min), a coordination-service

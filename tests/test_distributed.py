@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from anp_jax import distributed, errors
+from conftest import coordinator_like_listener
 
 
 @pytest.fixture(autouse=True)
@@ -215,22 +216,12 @@ def test_barrier_waits_at_the_coordination_service_with_a_new_id_per_use(monkeyp
 # The coordinator's port: taken ports refused, reserved ports kept (`check_coordinator_port`,
 # `reserve_port`); every process runs the same config (`check_same_everywhere`).
 
-def _grpc_like_listener(port):
-  """What JAX's coordinator binds: [::]:port with SO_REUSEADDR and SO_REUSEPORT, listening."""
-  sock = socket.socket(socket.AF_INET6)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-  sock.bind(('::', port))
-  sock.listen()
-  return sock
-
-
 def test_a_port_where_another_coordinator_listens_is_refused():
   """Another job's coordinator (SO_REUSEPORT, like gRPC): without the check the second
   coordinator binds beside it and the two jobs' processes merge."""
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
-    with _grpc_like_listener(port):
+    with coordinator_like_listener(port):
       with pytest.raises(errors.ConfigError, match=f'127.0.0.1:{port}.*another job'):
         distributed.check_coordinator_port(f'127.0.0.1:{port}')
 
@@ -251,7 +242,7 @@ def test_a_port_with_a_closed_jobs_connections_in_time_wait_is_accepted():
   """A job restarted on its port right after the last one ended (SLURM requeue, a rerun)."""
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
-  with _grpc_like_listener(port) as server:  # The last job's coordinator.
+  with coordinator_like_listener(port) as server:  # The last job's coordinator.
     client = socket.create_connection(('127.0.0.1', port))
     accepted, _ = server.accept()
     accepted.close()  # The side on `port` closes first: its connection stays in TIME_WAIT.
@@ -271,7 +262,7 @@ def test_under_slurm_process_0_checks_the_port_jax_derives_and_names_the_overrid
   monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: None)
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
-    with _grpc_like_listener(port):
+    with coordinator_like_listener(port):
       _slurm(monkeypatch, procid=0, SLURM_STEP_NODELIST='localhost', JAX_COORDINATOR_PORT=port)
       assert distributed._slurm_coordinator_address() == f'localhost:{port}'
       with pytest.raises(errors.ConfigError, match='export JAX_COORDINATOR_PORT'):
@@ -289,7 +280,7 @@ def test_a_reserved_port_is_accepted_and_never_handed_out_while_held():
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
     distributed.check_coordinator_port(f'127.0.0.1:{port}')
-    with _grpc_like_listener(port):  # The coordinator binds beside the reservation.
+    with coordinator_like_listener(port):  # The coordinator binds beside the reservation.
       pass
     handed_out = set()
     for _ in range(3000):  # Other launchers' free ports, of a range of ~14,000.

@@ -4,7 +4,6 @@ exact evaluation, restore onto another process count, failures."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,9 +13,9 @@ import numpy as np
 import pytest
 
 from anp_jax import distributed, errors, metrics, trainer
-from conftest import (ROOT, assert_leaves_close, direct_eval, free_port, launch, leaves,
-                      main_cmd, multiprocess_env, run_workers, subprocess_env, tiny_config,
-                      wait)
+from conftest import (ROOT, assert_leaves_close, coordinator_like_listener, direct_eval,
+                      free_port, launch, leaves, main_cmd, multiprocess_env, run_workers,
+                      subprocess_env, tiny_config, wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
 OVERRIDES = dict(num_train_steps=5, log_every_steps=1, bn_mode='global', eval_every_epochs=0,
@@ -217,11 +216,7 @@ def test_process_0_refuses_a_port_where_another_jobs_coordinator_listens(tmp_pat
   slow imports, with what to do."""
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
-    with socket.socket(socket.AF_INET6) as other:  # What JAX's coordinator binds.
-      other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-      other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-      other.bind(('::', port))
-      other.listen()
+    with coordinator_like_listener(port):
       t0 = time.time()
       out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
                            env=multiprocess_env(2, 0, port, 1), capture_output=True, text=True,
