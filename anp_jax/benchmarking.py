@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from anp_jax import metrics_io, xla_flags
+from anp_jax import distributed, metrics_io, xla_flags
 
 # ----------------------------------------------------------------------------------------------
 # Timing primitives.
@@ -555,7 +555,7 @@ def write_json(result: Dict[str, Any], path: str):
 SCALING_LAYOUTS = (('1proc_x_1dev', 1, 1), ('1proc_x_2dev', 1, 2), ('2proc_x_1dev', 2, 1))
 
 
-def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 12377,
+def scaling_runs(script: str, args: Sequence[str], out_dir: str,
                  timeout_s: float = 1800) -> Dict[str, Any]:
   """Runs `script` (experiments/benchmark.py) once per `SCALING_LAYOUTS` entry; same global batch.
 
@@ -567,6 +567,9 @@ def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 123
   rows = {}
   for name, procs, local in SCALING_LAYOUTS:
     children = []
+    # Held while the run lasts: no other local job's coordinator gets this port.
+    reservation = distributed.reserve_port() if procs > 1 else None
+    port = reservation.getsockname()[1] if reservation else None
     for pid in range(procs):
       env = dict(os.environ)
       env['XLA_FLAGS'] = xla_flags.with_device_count(env.get('XLA_FLAGS', ''), local)
@@ -579,10 +582,17 @@ def scaling_runs(script: str, args: Sequence[str], out_dir: str, port: int = 123
              '--noscaling', f'--out={os.path.join(out_dir, name + ".json")}']
       children.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True))
-    outputs = [c.communicate(timeout=timeout_s)[0] for c in children]
+    try:
+      outputs = [c.communicate(timeout=timeout_s)[0] for c in children]
+    finally:
+      for c in children:
+        if c.poll() is None:
+          c.kill()
+          c.wait()
+      if reservation:
+        reservation.close()
     if any(c.returncode for c in children):
       raise RuntimeError(f'Scaling run {name} failed:\n' + '\n'.join(o[-3000:] for o in outputs))
-    port += 1
     with open(os.path.join(out_dir, name + '.json')) as f:
       r = json.load(f)
     rows[name] = {'processes': procs, 'devices': procs * local, **r['bare'],

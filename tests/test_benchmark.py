@@ -13,7 +13,7 @@ import pytest
 
 from anp_jax import benchmarking, models, xla_flags
 from anp_jax.models import conv
-from conftest import tiny_config
+from conftest import ROOT, tiny_config
 from experiments import torch_reference
 
 # The PyTorch comparison is part of what the suite tests (CI and ./test.sh install it): a missing
@@ -73,6 +73,28 @@ def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   ratio = loaded['ratios']['anp_jax/torch']
   assert ratio['min'] <= ratio['median'] <= ratio['max'] and ratio['min'] > 0
   assert 'anp_jax bare step' in benchmarking.table(result)
+
+
+@pytest.mark.slow(90)
+def test_scaling_runs_each_layout_as_its_own_job_at_the_same_global_batch(data_dir, tmp_path):
+  """`experiments/benchmark.py --scaling`: 1 process x 1 device, 1 x 2, and a real 2-process
+  job (its coordinator's port held by `distributed.reserve_port` while it runs); the speed-ups
+  and efficiencies follow from the measured rates."""
+  script = os.path.join(ROOT, 'experiments', 'benchmark.py')
+  args = [f'--config={os.path.join(ROOT, "anp_jax", "configs", "tiny.py")}',
+          f'--config.data_dir={data_dir}', '--warmup=1', '--windows=2', '--steps_per_window=1',
+          '--peak_n=128']
+  rows = benchmarking.scaling_runs(script, args, str(tmp_path / 'scaling'), timeout_s=400)
+  assert list(rows) == [name for name, _, _ in benchmarking.SCALING_LAYOUTS]
+  assert [(r['processes'], r['devices']) for r in rows.values()] == [(1, 1), (1, 2), (2, 2)]
+  base = rows['1proc_x_1dev']['images_per_s']
+  batch = tiny_config(data_dir).batch_size
+  for name, row in rows.items():
+    assert row['windows'] == 2 and row['compile_s'] > 0, name
+    assert row['images_per_s'] == pytest.approx(batch / row['step_time_median_s'], rel=1e-9)
+    assert row['speedup'] == pytest.approx(row['images_per_s'] / base, rel=1e-12)
+    assert row['efficiency'] == pytest.approx(row['speedup'] / row['devices'], rel=1e-12)
+    assert (tmp_path / 'scaling' / f'{name}.json').exists()
 
 
 def test_reference_step_runs_and_counts_the_same_params(data_dir):
