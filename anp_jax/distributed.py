@@ -402,6 +402,40 @@ def differences(by_process: Mapping[int, Mapping[str, Any]], limit: int = 10) ->
   return lines
 
 
+# The distributions whose versions every process of a job must share (collectives, checkpoint
+# formats, input pipeline, numerics).
+SOFTWARE = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy', 'tensorflow-cpu',
+            'tensorflow', 'tensorflow-datasets')
+SAME_SOFTWARE_HINT = ('Every process must run the same code and packages: one anp_jax checkout '
+                      '(on a shared filesystem) and a venv built from its requirements.txt '
+                      '(./run.sh) on every node.')
+
+
+def software_identity(package_root: Optional[str] = None) -> Dict[str, str]:
+  """Python's and `SOFTWARE`'s versions, and a digest of anp_jax's own sources (``*.py`` under
+  `package_root`, default this package): a node with another checkout or venv shows up here."""
+  import hashlib
+  import platform
+  from importlib import metadata
+  out = {'python': platform.python_version()}
+  for name in SOFTWARE:
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      continue
+  root = package_root or os.path.dirname(os.path.abspath(__file__))
+  digest = hashlib.sha1()
+  for folder, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    for name in sorted(f for f in files if f.endswith('.py')):
+      path = os.path.join(folder, name)
+      digest.update(os.path.relpath(path, root).encode() + b'\0')
+      with open(path, 'rb') as f:
+        digest.update(f.read() + b'\0')
+  out['anp_jax_sources_sha1'] = digest.hexdigest()[:16]
+  return out
+
+
 SAME_FLAGS_HINT = ('Every process must be started with the same flags. Different workdirs can '
                    'also mean that two jobs were given the same coordinator address and their '
                    'processes merged.')

@@ -354,3 +354,25 @@ def test_the_job_identity_is_every_field_but_the_per_process_ones_plus_the_workd
   assert setup.job_identity(config, '/runs/a') == ident
   config.log_every_steps += 1  # Decides which steps fetch metrics: must be the same everywhere.
   assert setup.job_identity(config, '/runs/a') != ident
+
+
+def test_the_software_identity_names_the_versions_and_follows_the_sources(tmp_path):
+  import jax
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'a.py').write_text('x = 1\n')
+  (tmp_path / 'sub' / 'b.py').write_text('y = 2\n')
+  first = distributed.software_identity(str(tmp_path))
+  assert first['jax'] == jax.__version__ and first['python'].count('.') == 2
+  assert {'flax', 'optax', 'orbax-checkpoint', 'tensorflow-datasets'} <= set(first)
+  (tmp_path / '__pycache__').mkdir()  # Byte-code and other files do not count.
+  (tmp_path / '__pycache__' / 'a.py').write_text('cached')
+  (tmp_path / 'notes.txt').write_text('not code')
+  assert distributed.software_identity(str(tmp_path)) == first
+  (tmp_path / 'sub' / 'b.py').write_text('y = 3\n')  # Another checkout on one node.
+  changed = distributed.software_identity(str(tmp_path))
+  assert changed['anp_jax_sources_sha1'] != first['anp_jax_sources_sha1']
+  assert distributed.differences({0: first, 1: changed}) == [
+      f"anp_jax_sources_sha1: process 0 has '{first['anp_jax_sources_sha1']}', process 1 has "
+      f"'{changed['anp_jax_sources_sha1']}'"]
+  (tmp_path / 'sub' / 'b.py').rename(tmp_path / 'b.py')  # Same text, another file.
+  assert distributed.software_identity(str(tmp_path)) != changed

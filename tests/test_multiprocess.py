@@ -210,6 +210,39 @@ def test_processes_whose_data_dirs_hold_different_datasets_all_exit_2(data_dir, 
   assert not workdir.exists()
 
 
+def test_a_process_running_another_anp_jax_checkout_makes_every_process_exit_2(data_dir,
+                                                                                tmp_path):
+  """A node with a stale checkout (not on a shared filesystem): the sources' digest differs, and
+  every process says so before anything is read or written."""
+  other = tmp_path / 'other_checkout'
+  shutil.copytree(os.path.join(ROOT, 'anp_jax'), other / 'anp_jax',
+                  ignore=shutil.ignore_patterns('__pycache__'))
+  with open(other / 'anp_jax' / 'steps.py', 'a') as f:
+    f.write('\n# A local edit on one node.\n')
+  workdir = tmp_path / 'work'
+  cmd = main_cmd(data_dir, workdir)
+  with distributed.reserve_port() as held:
+    port = held.getsockname()[1]
+    procs = []
+    for pid, root in enumerate((ROOT, str(other))):
+      env = multiprocess_env(2, pid, port, 1, PYTHONPATH=root)
+      with open(tmp_path / f'proc{pid}.log', 'w') as log:
+        procs.append(subprocess.Popen(cmd, env=env, cwd=root, stdout=log,
+                                      stderr=subprocess.STDOUT))
+    try:
+      codes = [p.wait(timeout=240) for p in procs]
+    finally:
+      for p in procs:
+        p.kill()
+        p.wait()
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
+  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert 'run different software' in log and 'anp_jax_sources_sha1: process 0 has' in log, log
+    assert '  jax: process' not in log  # Same packages: only the sources differ.
+  assert not workdir.exists()
+
+
 def test_process_0_refuses_a_port_where_another_jobs_coordinator_listens(tmp_path):
   """Before: its coordinator bound beside the other one (both gRPC, SO_REUSEPORT) and the
   kernel shared the two jobs' connections out between them. Now: exit 2 at once, before the
