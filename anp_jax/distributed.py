@@ -28,7 +28,7 @@ import os
 import re
 import socket
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from anp_jax.errors import ConfigError
 
@@ -441,10 +441,12 @@ SAME_FLAGS_HINT = ('Every process must be started with the same flags. Different
                    'processes merged.')
 
 
-def check_same_everywhere(what: str, values: Mapping[str, Any],
+def check_same_everywhere(what: str, values: Union[Mapping[str, Any],
+                                                   Callable[[], Mapping[str, Any]]],
                           hint: str = SAME_FLAGS_HINT) -> None:
   """Raises ConfigError on every process unless all processes passed equal `values` (flat,
-  JSON-able; compared as JSON). A no-op for one process.
+  JSON-able; compared as JSON; a function returning them is only called with several
+  processes). A no-op for one process.
 
   Processes that run different configs hang or train wrong: they disagree on which steps fetch
   metrics or save, on batch shapes, on the checkpoint to resume. A node launched with other
@@ -459,6 +461,8 @@ def check_same_everywhere(what: str, values: Mapping[str, Any],
     logging.warning('Not checking that the processes run the same %s: no coordination client.',
                     what)
     return
+  if callable(values):
+    values = values()
   mine = json.loads(json.dumps(dict(values), sort_keys=True, default=repr))
   slug = re.sub(r'[^A-Za-z0-9_]+', '_', what)
   use = _agreements.get(slug, 0)

@@ -184,7 +184,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   validate_config(config)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   # Before anything is read or written: every process runs this code, config and workdir.
-  distributed.check_same_everywhere('software', distributed.software_identity(),
+  distributed.check_same_everywhere('software', distributed.software_identity,
                                     hint=distributed.SAME_SOFTWARE_HINT)
   distributed.check_same_everywhere('configs or workdirs', job_identity(config, workdir))
   is_main = jax.process_index() == 0

@@ -376,3 +376,22 @@ def test_the_software_identity_names_the_versions_and_follows_the_sources(tmp_pa
       f"'{changed['anp_jax_sources_sha1']}'"]
   (tmp_path / 'sub' / 'b.py').rename(tmp_path / 'b.py')  # Same text, another file.
   assert distributed.software_identity(str(tmp_path)) != changed
+
+
+def test_values_given_as_a_function_are_computed_only_with_several_processes(monkeypatch):
+  import jax
+  from jax._src import distributed as jax_distributed
+  calls = []
+
+  def values():
+    calls.append(1)
+    return {'x': 1}
+
+  distributed.check_same_everywhere('software', values)  # One process: nothing to compare.
+  assert calls == []
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 0)
+  monkeypatch.setattr(distributed, '_agreements', {})
+  monkeypatch.setattr(jax_distributed.global_state, 'client', _FakeStore({1: {'x': 1}}))
+  distributed.check_same_everywhere('software', values)
+  assert calls == [1]
