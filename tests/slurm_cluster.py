@@ -64,15 +64,30 @@ def _need(binary):
 
 
 def _free_ports(n):
+  """n free ports below the kernel's ephemeral range, for the daemons to bind seconds later.
+
+  Ports from bind(('', 0)) come from the ephemeral range, where every other test's binds to
+  port 0 and outgoing connections (gloo, gRPC) take theirs: one could take a daemon's port
+  before the daemon starts. Below the range only programs that name a port bind."""
+  import random
   import socket
-  sockets = [socket.socket() for _ in range(n)]
   try:
-    for s in sockets:  # Held open together: n different ports.
-      s.bind(('127.0.0.1', 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+    with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+      low = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    low = 32768
+  candidates = random.sample(range(20000, max(low, 20200)), 200)
+  ports = []
+  for port in candidates:
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', port))
+      except OSError:
+        continue
+    ports.append(port)
+    if len(ports) == n:
+      return ports
+  raise RuntimeError(f'No {n} free ports found among {candidates[:10]}...')
 
 
 def job_processes(directory, **variables):
