@@ -109,24 +109,21 @@ def free_port() -> int:
 def coordinator_like_listener(port: int) -> socket.socket:
   """What JAX's coordinator (gRPC) binds: [::]:port (0.0.0.0 without IPv6) with SO_REUSEADDR and
   SO_REUSEPORT, listening."""
-  try:
-    sock, wildcard = socket.socket(socket.AF_INET6), '::'
-  except OSError:
-    sock, wildcard = socket.socket(socket.AF_INET), '0.0.0.0'
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-  try:
-    sock.bind((wildcard, port))
-  except OSError:
-    if wildcard == '0.0.0.0':
-      raise
-    sock.close()
-    sock = socket.socket(socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(('0.0.0.0', port))
-  sock.listen()
-  return sock
+  for family, wildcard in ((socket.AF_INET6, '::'), (socket.AF_INET, '0.0.0.0')):
+    sock = None
+    try:
+      sock = socket.socket(family)
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+      sock.bind((wildcard, port))
+    except OSError:
+      if sock is not None:
+        sock.close()
+      if family == socket.AF_INET:
+        raise
+      continue
+    sock.listen()
+    return sock
 
 
 # A process of a test job that is alive but stuck fails the job within these bounds, before
@@ -154,17 +151,18 @@ def multiprocess_env(num_processes, process_id, port, devices_per_process, **ext
 
 def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
   """Starts `cmd` (or `cmd(process_id)`, a command per process) as the processes of one job
-  (logs in tmp_path/proc<i>.log). The coordinator's
-  port stays reserved until `wait` returns: a port released at once could be handed to another
-  test worker's job before this job's coordinator binds it, and the two jobs would merge."""
+  (logs in tmp_path/proc<i>.log). The coordinator's port stays reserved until `wait` returns: a
+  port released at once could be handed to another test worker's job before this job's
+  coordinator binds it, and the two jobs would merge."""
   reservation = distributed.reserve_port()
   port = reservation.getsockname()[1]
   procs = []
   for pid in range(num_processes):
     log = open(tmp_path / f'proc{pid}.log', 'w')
     procs.append(subprocess.Popen(
-        cmd(pid) if callable(cmd) else cmd, env=multiprocess_env(num_processes, pid, port, devices_per_process,
-                                  MP_OUT=tmp_path / f'out{pid}.json', **extra),
+        cmd(pid) if callable(cmd) else cmd,
+        env=multiprocess_env(num_processes, pid, port, devices_per_process,
+                             MP_OUT=tmp_path / f'out{pid}.json', **extra),
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
   procs[0].port_reservation = reservation  # Closed by `wait` (or with the Popen object).
   return procs
