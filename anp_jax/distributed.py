@@ -209,6 +209,13 @@ def core_share(my_id: int, hosts: Dict[int, Tuple[str, Tuple[int, ...]]]) -> Opt
   return cores[rank * len(cores) // n:(rank + 1) * len(cores) // n]
 
 
+def coordination_client():
+  """jax.distributed's coordination-service client (key-value store, barriers); None without
+  `jax.distributed.initialize`."""
+  from jax._src import distributed as jax_distributed
+  return jax_distributed.global_state.client
+
+
 def share_host_cores(process_id: int, num_processes: int) -> Optional[List[int]]:
   """After `jax.distributed.initialize`, before JAX starts its backend: pins this process (all
   its threads, and every thread created later: XLA's and TensorFlow's pools are then sized to
@@ -221,8 +228,7 @@ def share_host_cores(process_id: int, num_processes: int) -> Optional[List[int]]
     return None
   if not hasattr(os, 'sched_getaffinity'):  # pragma: no cover - not Linux.
     return None
-  from jax._src import distributed as jax_distributed
-  client = jax_distributed.global_state.client
+  client = coordination_client()
   mask = tuple(sorted(os.sched_getaffinity(0)))
   prefix = 'anp_jax/host_cores/'
   client.key_value_set(f'{prefix}{process_id}',
@@ -352,6 +358,13 @@ def identity_line() -> str:
 _barrier_uses: Dict[str, int] = {}
 
 
+def _next_barrier_id(name: str) -> str:
+  """'anp_jax/<name>/<use>': a name used again (a sweep's runs) is a new barrier."""
+  use = _barrier_uses.get(name, 0)
+  _barrier_uses[name] = use + 1
+  return f'anp_jax/{name}/{use}'
+
+
 def barrier_timeout_s() -> int:
   """How long a process waits for the others' long work: ``ANP_BARRIER_TIMEOUT`` (default 3600 s).
   Bounds the coordination barriers and the dataset-preparation lock."""
@@ -371,19 +384,12 @@ def barrier(name: str):
   import jax
   if jax.process_count() == 1:
     return
-  from jax._src import distributed as jax_distributed
-  client = jax_distributed.global_state.client
+  client = coordination_client()
   if client is None:  # Processes set up without jax.distributed's client: a device collective.
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
     return
-  use = _barrier_uses.get(name, 0)  # A name used again (a sweep's runs) is a new barrier.
-  _barrier_uses[name] = use + 1
-  timeout_ms = 1000 * barrier_timeout_s()
-  client.wait_at_barrier(f'anp_jax/{name}/{use}', timeout_ms)
-
-
-_agreements: Dict[str, int] = {}
+  client.wait_at_barrier(_next_barrier_id(name), 1000 * barrier_timeout_s())
 
 
 def differences(by_process: Mapping[int, Mapping[str, Any]], limit: int = 10) -> List[str]:
@@ -455,8 +461,7 @@ def check_same_everywhere(what: str, values: Union[Mapping[str, Any],
   import jax
   if jax.process_count() == 1:
     return
-  from jax._src import distributed as jax_distributed
-  client = jax_distributed.global_state.client
+  client = coordination_client()
   if client is None:  # pragma: no cover - processes set up without jax.distributed's client.
     logging.warning('Not checking that the processes run the same %s: no coordination client.',
                     what)
@@ -464,12 +469,10 @@ def check_same_everywhere(what: str, values: Union[Mapping[str, Any],
   if callable(values):
     values = values()
   mine = json.loads(json.dumps(dict(values), sort_keys=True, default=repr))
-  slug = re.sub(r'[^A-Za-z0-9_]+', '_', what)
-  use = _agreements.get(slug, 0)
-  _agreements[slug] = use + 1
-  prefix = f'anp_jax/same/{slug}/{use}/'
+  barrier_id = _next_barrier_id('same/' + re.sub(r'[^A-Za-z0-9_]+', '_', what))
+  prefix = f'{barrier_id}/'  # Each process's values, under the barrier's own id.
   client.key_value_set(f'{prefix}{jax.process_index()}', json.dumps(mine, sort_keys=True))
-  client.wait_at_barrier(f'anp_jax/same/{slug}/{use}', 1000 * barrier_timeout_s())
+  client.wait_at_barrier(barrier_id, 1000 * barrier_timeout_s())
   by_process = {int(key.rsplit('/', 1)[1]): json.loads(value)
                 for key, value in client.key_value_dir_get(prefix)}
   if len(by_process) != jax.process_count():

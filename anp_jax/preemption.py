@@ -32,7 +32,7 @@ from typing import Any, Optional, Tuple
 
 import jax
 
-from anp_jax import reporting
+from anp_jax import distributed, reporting
 from anp_jax.errors import EXIT_PREEMPTED, Preempted
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
@@ -113,11 +113,6 @@ class RunAhead:
       jax.block_until_ready(self._outputs.popleft())
 
 
-def _client():
-  from jax._src import distributed as jax_distributed
-  return jax_distributed.global_state.client
-
-
 class StepAgreement:
   """Save/stop decisions every process takes at the same step, without a device collective.
 
@@ -139,7 +134,9 @@ class StepAgreement:
     self._proposed_stop = False
     self._save_steps = set()
     self._saves_proposed = 0
-    self._client = client if client is not None else (_client() if self.multi else None)
+    if client is None and self.multi:
+      client = distributed.coordination_client()
+    self._client = client
 
   def due(self, step: int, local_save: bool = False) -> Tuple[bool, bool]:
     """(save at `step`?, stop at `step`?) for the step just dispatched; same on all processes."""

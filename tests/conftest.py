@@ -149,27 +149,32 @@ def multiprocess_env(num_processes, process_id, port, devices_per_process, **ext
   return env
 
 
-def launch(cmd, num_processes, devices_per_process, tmp_path, **extra):
-  """Starts `cmd` (or `cmd(process_id)`, a command per process) as the processes of one job
-  (logs in tmp_path/proc<i>.log). The coordinator's port stays reserved until `wait` returns: a
-  port released at once could be handed to another test worker's job before this job's
-  coordinator binds it, and the two jobs would merge."""
+def launch(cmd, num_processes, devices_per_process, tmp_path, cwd=ROOT, **extra):
+  """Starts `cmd` as the processes of one job (logs in tmp_path/proc<i>.log). `cmd`, `cwd` and
+  each `extra` environment variable may also be a function of the process id (a process that
+  runs other flags, or another checkout). The coordinator's port stays reserved until the job
+  ends (`finish`): a port released at once could be handed to another test worker's job before
+  this job's coordinator binds it, and the two jobs would merge."""
+  def of(value, pid):
+    return value(pid) if callable(value) else value
+
   reservation = distributed.reserve_port()
   port = reservation.getsockname()[1]
   procs = []
   for pid in range(num_processes):
     log = open(tmp_path / f'proc{pid}.log', 'w')
-    procs.append(subprocess.Popen(
-        cmd(pid) if callable(cmd) else cmd,
-        env=multiprocess_env(num_processes, pid, port, devices_per_process,
-                             MP_OUT=tmp_path / f'out{pid}.json', **extra),
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
-  procs[0].port_reservation = reservation  # Closed by `wait` (or with the Popen object).
+    env = multiprocess_env(num_processes, pid, port, devices_per_process,
+                           MP_OUT=tmp_path / f'out{pid}.json',
+                           **{k: of(v, pid) for k, v in extra.items()})
+    procs.append(subprocess.Popen(of(cmd, pid), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=of(cwd, pid)))
+  procs[0].port_reservation = reservation  # Closed by `finish` (or with the Popen object).
   return procs
 
 
-def wait(procs, tmp_path, timeout=480):
-  """Waits for a job from `launch`; asserts exit 0; returns each process's MP_OUT JSON.
+def finish(procs, tmp_path, timeout=480) -> list:
+  """Waits for a job from `launch` to end; returns each process's log (their exit codes are
+  the `returncode`s of `procs`).
 
   A job still running after `timeout` s (the slowest takes ~90 s on a loaded 2-core machine) is
   a hang: every process still alive gets SIGABRT (Python's fault handler then writes all its
@@ -191,11 +196,17 @@ def wait(procs, tmp_path, timeout=480):
       except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-    logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
+  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
+  if hung:
     pytest.fail(f'Job still running after {timeout} s (hung processes: {hung}):\n' + '\n'.join(
         f'--- process {i} (exit {p.returncode}) ---\n{log[-6000:]}'
         for i, (p, log) in enumerate(zip(procs, logs, strict=True))))
-  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(len(procs))]
+  return logs
+
+
+def wait(procs, tmp_path, timeout=480):
+  """`finish`, then asserts exit 0; returns each process's MP_OUT JSON."""
+  logs = finish(procs, tmp_path, timeout)
   for p, log in zip(procs, logs, strict=True):
     assert p.returncode == 0, log[-4000:]
   return [json.load(open(tmp_path / f'out{i}.json')) for i in range(len(procs))]

@@ -325,7 +325,7 @@ def test_check_same_everywhere_raises_on_every_difference(monkeypatch):
   from jax._src import distributed as jax_distributed
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
-  monkeypatch.setattr(distributed, '_agreements', {})
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
   mine = {'batch_size': 8, 'workdir': '/runs/a'}
   store = _FakeStore({0: mine})
   monkeypatch.setattr(jax_distributed.global_state, 'client', store)
@@ -391,7 +391,7 @@ def test_values_given_as_a_function_are_computed_only_with_several_processes(mon
   assert calls == []
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 0)
-  monkeypatch.setattr(distributed, '_agreements', {})
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
   monkeypatch.setattr(jax_distributed.global_state, 'client', _FakeStore({1: {'x': 1}}))
   distributed.check_same_everywhere('software', values)
   assert calls == [1]

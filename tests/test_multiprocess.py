@@ -14,8 +14,8 @@ import pytest
 
 from anp_jax import distributed, errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, coordinator_like_listener, direct_eval,
-                      free_port, launch, leaves, main_cmd, multiprocess_env, run_workers,
-                      subprocess_env, tiny_config, wait)
+                      finish, free_port, launch, leaves, main_cmd, multiprocess_env,
+                      run_workers, subprocess_env, tiny_config, wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
 OVERRIDES = dict(num_train_steps=5, log_every_steps=1, bn_mode='global', eval_every_epochs=0,
@@ -157,6 +157,14 @@ def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
   assert 'coordinator' in out.stderr and 'not reachable within 4 s' in out.stderr
 
 
+def _exit_2_on_every_process(procs, tmp_path) -> list:
+  """The job's logs, once every process has ended with exit code 2 (a bad-input error)."""
+  logs = finish(procs, tmp_path, timeout=240)
+  assert [p.returncode for p in procs] == [errors.EXIT_CONFIG] * len(procs), ''.join(
+      log[-3000:] for log in logs)
+  return logs
+
+
 def test_processes_started_with_different_configs_or_workdirs_all_exit_2_naming_them(data_dir,
                                                                                    tmp_path):
   """A node launched with other flags, or the processes of two jobs merged through one
@@ -166,14 +174,7 @@ def test_processes_started_with_different_configs_or_workdirs_all_exit_2_naming_
   cmds = [main_cmd(data_dir, workdirs[0], batch_size=8),
           main_cmd(data_dir, workdirs[1], batch_size=16, progress_bar=True)]
   procs = launch(lambda pid: cmds[pid], 2, 1, tmp_path)
-  try:
-    codes = [p.wait(timeout=240) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-      p.wait()
-  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
-  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  logs = _exit_2_on_every_process(procs, tmp_path)
   for log in logs:
     assert 'different configs or workdirs' in log, log[-3000:]
     assert 'batch_size: process 0 has 8, process 1 has 16' in log, log[-3000:]
@@ -195,14 +196,7 @@ def test_processes_whose_data_dirs_hold_different_datasets_all_exit_2(data_dir, 
   workdir = tmp_path / 'work'
   cmds = [main_cmd(data_dir, workdir), main_cmd(other, workdir)]
   procs = launch(lambda pid: cmds[pid], 2, 1, tmp_path)
-  try:
-    codes = [p.wait(timeout=240) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-      p.wait()
-  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
-  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  logs = _exit_2_on_every_process(procs, tmp_path)
   for log in logs:
     assert 'run different datasets' in log, log[-3000:]
     assert 'train_size: process 0 has 256, process 1 has 240' in log, log[-3000:]
@@ -220,23 +214,10 @@ def test_a_process_running_another_anp_jax_checkout_makes_every_process_exit_2(d
   with open(other / 'anp_jax' / 'steps.py', 'a') as f:
     f.write('\n# A local edit on one node.\n')
   workdir = tmp_path / 'work'
-  cmd = main_cmd(data_dir, workdir)
-  with distributed.reserve_port() as held:
-    port = held.getsockname()[1]
-    procs = []
-    for pid, root in enumerate((ROOT, str(other))):
-      env = multiprocess_env(2, pid, port, 1, PYTHONPATH=root)
-      with open(tmp_path / f'proc{pid}.log', 'w') as log:
-        procs.append(subprocess.Popen(cmd, env=env, cwd=root, stdout=log,
-                                      stderr=subprocess.STDOUT))
-    try:
-      codes = [p.wait(timeout=240) for p in procs]
-    finally:
-      for p in procs:
-        p.kill()
-        p.wait()
-  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
-  assert codes == [errors.EXIT_CONFIG] * 2, logs[0][-3000:] + logs[1][-3000:]
+  roots = [ROOT, str(other)]
+  procs = launch(main_cmd(data_dir, workdir), 2, 1, tmp_path, cwd=lambda pid: roots[pid],
+                 PYTHONPATH=lambda pid: roots[pid])
+  logs = _exit_2_on_every_process(procs, tmp_path)
   for log in logs:
     assert 'run different software' in log and 'anp_jax_sources_sha1: process 0 has' in log, log
     assert '  jax: process' not in log  # Same packages: only the sources differ.
@@ -269,8 +250,8 @@ def test_processes_on_one_host_split_its_cores(tmp_path):
   code = ('from anp_jax import distributed; distributed.initialize(); import os; '
           'print("CORES", sorted(os.sched_getaffinity(0)), flush=True)')
   procs = launch([sys.executable, '-c', code], 2, 1, tmp_path, ANP_PIN_CORES=1)
-  for p in procs:
-    assert p.wait(timeout=300) == 0, open(tmp_path / 'proc0.log').read()[-3000:]
+  logs = finish(procs, tmp_path, timeout=300)
+  assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:]
   got = []
   for i in range(2):
     lines = [l for l in open(tmp_path / f'proc{i}.log') if l.startswith('CORES')]

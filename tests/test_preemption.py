@@ -14,7 +14,7 @@ import pytest
 from anp_jax import errors, executors, preemption, trainer
 from anp_jax.research import sweep
 from anp_jax.research import sync_async_mixed as sam
-from conftest import launch, main_cmd, tiny_config
+from conftest import finish, launch, main_cmd, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -232,13 +232,8 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
     assert all(p.poll() is None for p in procs), open(tmp_path / 'proc0.log').read()[-3000:]
     time.sleep(0.2)
   procs[1].send_signal(signal.SIGTERM)
-  try:
-    codes = [p.wait(timeout=180) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  logs = [open(tmp_path / f'proc{i}.log').read() for i in range(2)]
-  assert codes == [errors.EXIT_PREEMPTED] * 2, [log[-3000:] for log in logs]
+  logs = finish(procs, tmp_path, timeout=180)
+  assert [p.returncode for p in procs] == [errors.EXIT_PREEMPTED] * 2, [l[-3000:] for l in logs]
   stops = []
   for i, log in enumerate(logs):
     line = [l for l in log.splitlines() if f'Preempted: process {i} stops at step' in l]
@@ -247,7 +242,6 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
   assert stops[0] == stops[1]
   assert _checkpoint_steps(workdir) == [stops[0]]
   procs = launch(cmd(stops[0] + 2), 2, 1, tmp_path)
-  codes = [p.wait(timeout=300) for p in procs]
-  log0 = open(tmp_path / 'proc0.log').read()
-  assert codes == [0, 0], log0[-3000:]
+  log0 = finish(procs, tmp_path, timeout=300)[0]
+  assert [p.returncode for p in procs] == [0, 0], log0[-3000:]
   assert f'Resumed from checkpoint at step {stops[0]}' in log0
