@@ -73,7 +73,10 @@ def decay_mask(params):
   return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:
+def create_optimizer(config, schedule: optax.Schedule,
+                     clip: bool = True) -> optax.GradientTransformation:
+  """config.optimizer with weight decay, after clipping to config.grad_clip_norm (``clip``;
+  a partitioned optimizer clips once, over all its groups, and passes ``clip=False``)."""
   name = config.optimizer
   wd = config.weight_decay
   if name in ('sgd', 'nesterov'):
@@ -98,7 +101,7 @@ def create_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransfor
         optax.scale_by_learning_rate(schedule))
   else:
     raise ValueError(f'config.optimizer={name!r}; choose one of {OPTIMIZERS}.')
-  if config.grad_clip_norm:
+  if clip and config.grad_clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), tx)
   return tx
 

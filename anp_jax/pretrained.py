@@ -361,6 +361,13 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
     for name, leaf in flatten(target.get(collection, {})).items():
       flat_target[f'{collection}/{name}'] = leaf
   exclude = _compile('init_exclude', _patterns(config.init_exclude))
+  shorts = [n.split('/', 1)[1] for n in flat_target]
+  for pattern in exclude:
+    if not any(pattern.fullmatch(n) for n in shorts):
+      raise InitFromError(
+          f"config.init_exclude pattern '{pattern.pattern}' matches no name of the model "
+          f'(a regex that must match a whole model name such as {_examples(shorts)}; '
+          "e.g. 'head_.*' or 'BasicBlock_0/.*').")
 
   values, reinit, excluded, used = {}, [], [], set()
   mismatched, missing = [], []
@@ -412,6 +419,38 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
   return LoadedWeights(source=source, kind=kind, values=values,
                        reinitialised=[n for n, _ in reinit], excluded=excluded, ignored=ignored,
                        report=report)
+
+
+def _examples(names: Sequence[str]) -> str:
+  """A stem, a block and a head kernel name of the model (or its first names), for errors."""
+  kernels = [n for n in names if n.endswith('/kernel')] or list(names)
+  picked = ([n for n in kernels if not is_head(n) and 'Block' not in n][:1]
+            + [n for n in kernels if 'Block' in n][:1] + [n for n in kernels if is_head(n)][:1])
+  return ', '.join(repr(n) for n in (picked or list(names)[:3]))
+
+
+def freeze_summary(config, model, image_size: Optional[int] = None) -> str:
+  """The start-up line of config.freeze ('' if unset); `InitFromError` (exit 2) if it matches
+  no parameter, e.g. torchvision names ('layer1\\..*') or a pattern without '/.*', which
+  would otherwise train everything without a word."""
+  freeze = _compile('freeze', _patterns(config.freeze))
+  if not freeze:
+    return ''
+  variables = _model_variables(model, image_size or config.image_size)
+  params = flatten(variables['params'])
+  frozen = {n: leaf for n, leaf in params.items() if matches(freeze, n)}
+  if not frozen:
+    raise InitFromError(
+        f'config.freeze={config.freeze!r} matches no parameter: it must match whole anp_jax '
+        f'names such as {_examples(sorted(params, key=_natural))} (not torchvision names); '
+        "e.g. 'conv_init/.*|bn_init/.*|BasicBlock_0/.*'.")
+  count = sum(int(np.prod(leaf.shape)) for leaf in frozen.values())
+  total = sum(int(np.prod(leaf.shape)) for leaf in params.values())
+  stats = sorted({n.rsplit('/', 1)[0] for n in flatten(variables.get('batch_stats', {}))
+                  if matches(freeze, f"{n.rsplit('/', 1)[0]}/scale")})
+  return (f'freeze {config.freeze!r}: {len(frozen)} of {len(params)} parameter arrays '
+          f'({count:,} of {total:,} parameters) get no update; the running statistics of '
+          f'{len(stats)} BatchNorm layers stay as they were')
 
 
 def _natural(name: str):
@@ -522,14 +561,27 @@ def param_labels(config, loaded: Optional[LoadedWeights] = None) -> Callable:
 def create_optimizer(config, schedule: optax.Schedule,
                      loaded: Optional[LoadedWeights] = None) -> optax.GradientTransformation:
   """`optim.create_optimizer`, partitioned by `param_labels` when freeze / a multiplier is set
-  (otherwise exactly it, with the same optimizer-state layout)."""
+  (otherwise exactly it, with the same optimizer-state layout).
+
+  ``config.grad_clip_norm`` clips once, by the global norm of the trained parameters' gradients
+  (frozen ones have none, as with PyTorch's ``requires_grad=False``), before the partition:
+  clipping each group by its own norm would change the heads' rate relative to the backbone's
+  whenever the backbone's gradient is the large one.
+  """
   mult = float(config.backbone_lr_multiplier)
   if not config.freeze and (mult == 1.0 or loaded is None):
     return optim.create_optimizer(config, schedule)
-  transforms = {FULL: optim.create_optimizer(config, schedule),
+  labels = param_labels(config, loaded)
+  transforms = {FULL: optim.create_optimizer(config, schedule, clip=False),
                 FROZEN: optax.set_to_zero(),
-                BACKBONE: optim.create_optimizer(config, lambda step: mult * schedule(step))}
-  return optax.multi_transform(transforms, param_labels(config, loaded))
+                BACKBONE: optim.create_optimizer(config, lambda step: mult * schedule(step),
+                                                 clip=False)}
+  tx = optax.multi_transform(transforms, labels)
+  if config.grad_clip_norm:
+    drop_frozen = optax.multi_transform(
+        {FULL: optax.identity(), BACKBONE: optax.identity(), FROZEN: optax.set_to_zero()}, labels)
+    tx = optax.chain(drop_frozen, optax.clip_by_global_norm(config.grad_clip_norm), tx)
+  return tx
 
 
 def keep_frozen_stats(config, old_stats, new_stats):

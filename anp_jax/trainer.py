@@ -50,6 +50,7 @@ class Run:
   tx: optax.GradientTransformation
   executor: Executor
   init: Optional[pretrained.LoadedWeights] = None  # config.init_from, read and checked.
+  frozen: str = ''  # config.freeze's start-up line (what it matches).
 
   def init_state(self):
     """A fresh state in the executor's layout (with the pretrained weights, if any)."""
@@ -137,9 +138,10 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
   tx_config = executors.optimizer_config(config)
   # Read and checked here, on the host, before anything compiles.
   init = pretrained.load(config, model) if config.init_from else None
+  frozen = pretrained.freeze_summary(config, model)
   tx = pretrained.create_optimizer(tx_config, schedule, init)
   executor = executors.make_executor(tx_config, model, tx, setup, mesh)
-  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init)
+  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
 
 
 @dataclasses.dataclass
@@ -171,6 +173,8 @@ def _announce(run: Run) -> None:
   reporting.say(f'anp_jax | {run.setup.describe()}')
   if run.executor.describe:
     reporting.say(f'anp_jax | {run.executor.describe}')
+  if run.frozen:
+    reporting.say(f'anp_jax | {run.frozen}')
   unmeasurable = (run.config.noise_scale
                   and noise_scale.unmeasurable_reason(run.config.bn_mode, run.setup.devices))
   if unmeasurable:  # Logged as a warning by every process; the terminal line on process 0.

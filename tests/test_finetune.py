@@ -177,10 +177,14 @@ def _one_step(config):
   return {k: after[k] - before[k] for k in before}
 
 
-def test_backbone_lr_multiplier_scales_the_update_of_loaded_parameters(data_dir, tiny_file):
+@pytest.mark.parametrize('grad_clip_norm', [0.0, 1e-3])
+def test_backbone_lr_multiplier_scales_the_update_of_loaded_parameters(data_dir, tiny_file,
+                                                                       grad_clip_norm):
+  # With clipping (1e-3: always active) both runs clip by the same global norm, so the heads'
+  # update is still the multiplier-1 one and the backbone's exactly 0.1 of it.
   path, _ = tiny_file
   common = dict(init_from=path, optimizer='sgd', momentum=0.0, weight_decay=0.0,
-                schedule='constant', noise_scale=False)
+                schedule='constant', noise_scale=False, grad_clip_norm=grad_clip_norm)
   full = _one_step(tiny_config(data_dir, **common))
   scaled = _one_step(tiny_config(data_dir, backbone_lr_multiplier=0.1, **common))
   for name in full:
@@ -189,6 +193,27 @@ def test_backbone_lr_multiplier_scales_the_update_of_loaded_parameters(data_dir,
     elif np.abs(full[name]).max() > 1e-6:
       ratio = np.sum(scaled[name] * full[name]) / np.sum(full[name] * full[name])
       assert abs(ratio - 0.1) < 1e-3, (name, ratio)
+
+
+def test_partitioned_optimizer_clips_by_one_global_norm_without_frozen_gradients():
+  import ml_collections
+  config = ml_collections.ConfigDict(dict(
+      optimizer='sgd', momentum=0.0, weight_decay=0.0, grad_clip_norm=1.0,
+      freeze='conv_init/.*', backbone_lr_multiplier=0.1))
+  params = {'conv_init': {'kernel': np.ones((2, 2))}, 'BasicBlock_0': {'kernel': np.ones((2, 2))},
+            'head_anp': {'kernel': np.ones((2, 2))}}
+  grads = {'conv_init': {'kernel': np.full((2, 2), 100.0)},   # Frozen: outside the norm.
+           'BasicBlock_0': {'kernel': np.full((2, 2), 3.0)},  # Loaded: norm 6.
+           'head_anp': {'kernel': np.full((2, 2), 2.0)}}      # Fresh: norm 4.
+  loaded = pretrained.LoadedWeights(
+      source='x', kind='anp_jax', values={'params/BasicBlock_0/kernel': np.ones((2, 2))},
+      reinitialised=['head_anp/kernel'], excluded=[], ignored=[], report='')
+  tx = pretrained.create_optimizer(config, lambda step: 1.0, loaded)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  norm = np.sqrt(6.0 ** 2 + 4.0 ** 2)
+  np.testing.assert_allclose(updates['conv_init']['kernel'], 0.0)
+  np.testing.assert_allclose(updates['BasicBlock_0']['kernel'], -0.1 * 3.0 / norm, rtol=1e-6)
+  np.testing.assert_allclose(updates['head_anp']['kernel'], -2.0 / norm, rtol=1e-6)
 
 
 def test_checkpoint_in_workdir_wins_over_init_from(data_dir, tmp_path, tiny_file, capsys):
@@ -258,6 +283,19 @@ def test_bad_inputs_are_clear_errors_before_compiling(data_dir, tmp_path, tiny_f
     trainer.build(tiny_config(data_dir, backbone_lr_multiplier=0.1))
   with pytest.raises(ValueError, match='config.freeze'):
     trainer.build(tiny_config(data_dir, freeze='(unclosed'))
+  # Patterns that match nothing would train everything / load everything without a word:
+  # a module name without '/.*', torchvision names.
+  for freeze in ('conv_init|bn_init', r'layer1\..*'):
+    with pytest.raises(pretrained.InitFromError,
+                       match=r"config.freeze=.* matches no parameter.*'conv_init/kernel'"):
+      trainer.build(tiny_config(data_dir, freeze=freeze))
+  with pytest.raises(pretrained.InitFromError,
+                     match=r"init_exclude pattern 'fc\\..\*' matches no name of the model"):
+    trainer.build(tiny_config(data_dir, init_from=path, init_exclude=('head_.*', r'fc\..*')))
+  frozen = trainer.build(tiny_config(data_dir, freeze=FROZEN)).frozen  # The start-up line.
+  assert re.fullmatch(r"freeze '.*': 9 of \d+ parameter arrays \([\d,]+ of [\d,]+ parameters\) "
+                      r'get no update; the running statistics of 3 BatchNorm layers stay as they '
+                      r'were', frozen), frozen
 
 
 def test_resnet18_weights_into_resnet50_name_the_first_mismatches(tmp_path):
