@@ -51,3 +51,11 @@ def pmean(tree: Any, axis_name, fuse: Optional[bool] = None) -> Any:
   """``jax.lax.pmean(tree, axis_name)`` (a `psum` divided by the axis size), fused likewise."""
   n = jax.lax.axis_size(axis_name)
   return jax.tree.map(lambda x: x / n, psum(tree, axis_name, fuse))
+
+
+def replica_mean(x):
+  """The mean of the replicas along axis 0 (local SGD's nodes), as ``x[0] + mean(x - x[0])``:
+  exactly ``x[0]`` when the replicas are equal (frozen parameters, a run averaged at its last
+  step), where a plain mean of n equal float32 values is not when n is not a power of two.
+  NumPy or JAX arrays; the dtype is kept."""
+  return (x[0] + (x - x[0]).mean(axis=0)).astype(x.dtype)

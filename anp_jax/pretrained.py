@@ -46,7 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from anp_jax import optim, runtime
+from anp_jax import collectives, optim, runtime
 from anp_jax.models import resnet
 
 TORCH_EXTENSIONS = ('.pth', '.pt')
@@ -223,7 +223,7 @@ def read_anp_jax(path: str) -> Dict[str, np.ndarray]:
     for name, value in flatten(state.get(collection) or {}).items():
       value = np.asarray(value)
       if method == 'local_sgd':  # One replica per node: their average.
-        value = value.mean(axis=0).astype(value.dtype)
+        value = collectives.replica_mean(value)
       out[f'{collection}/{name}'] = value
   return out
 
@@ -582,6 +582,18 @@ def create_optimizer(config, schedule: optax.Schedule,
         {FULL: optax.identity(), BACKBONE: optax.identity(), FROZEN: optax.set_to_zero()}, labels)
     tx = optax.chain(drop_frozen, optax.clip_by_global_norm(config.grad_clip_norm), tx)
   return tx
+
+
+def keep_frozen_params(config, old_params, new_params):
+  """Parameters matching config.freeze as they were in ``old_params``: local SGD's node average
+  of n equal float32 copies, (x + ... + x) / n, is not x when n is not a power of two, and
+  frozen parameters must not move at all. Static: decided from names at trace time."""
+  freeze = _compile('freeze', _patterns(config.freeze))
+  if not freeze:
+    return new_params
+  return jax.tree_util.tree_map_with_path(
+      lambda path, old, new: old if matches(freeze, path_name(path)) else new,
+      old_params, new_params)
 
 
 def keep_frozen_stats(config, old_stats, new_stats):

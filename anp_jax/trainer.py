@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from anp_jax import (checkpointing, distributed, durations, executors, models, optim,
+from anp_jax import (checkpointing, collectives, distributed, durations, executors, models, optim,
                      preemption, pretrained, reporting)
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
@@ -164,7 +164,7 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
   variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
   if config.method == 'local_sgd':  # One replica per node: their average.
-    variables = jax.tree.map(lambda x: np.mean(np.asarray(x), axis=0), variables)
+    variables = jax.tree.map(lambda x: collectives.replica_mean(np.asarray(x)), variables)
   return model, variables, config
 
 

@@ -17,7 +17,8 @@ import torch  # noqa: E402  (requirements-bench.txt, installed by test.sh: build
 from safetensors.numpy import save_file  # noqa: E402
 
 from anp_jax import models, pretrained, trainer  # noqa: E402
-from conftest import ROOT, assert_leaves_close, leaves, run_workers, tiny_config  # noqa: E402
+from conftest import (ROOT, assert_leaves_close, leaves, run_workers, subprocess_env,  # noqa: E402
+                      tiny_config)
 import torchvision_resnet as tvr  # noqa: E402
 
 
@@ -166,6 +167,38 @@ def test_freeze_keeps_loaded_leaves_and_their_bn_statistics(data_dir, tmp_path, 
       else:
         moved += not np.array_equal(value, loaded)
   assert moved >= 10  # The other stages' parameters and statistics train.
+
+
+@pytest.mark.slow(20)
+def test_local_sgd_over_three_nodes_keeps_frozen_leaves_bit_exact(data_dir, tmp_path, tiny_file):
+  # Averaging 3 equal float32 copies as (x + x + x) / 3 moves x by an ulp (8 devices allow only
+  # 2, 4 or 8 nodes, where it is exact): a process with 3 devices, 3 nodes, averaged every step.
+  path, sd = tiny_file
+  config = tiny_config(data_dir, init_from=path, freeze=FROZEN, num_train_steps=3,
+                       batch_size=24, eval_batch_size=24, bn_group_size=4, method='local_sgd',
+                       **{'local_sgd.nodes': 3, 'local_sgd.sync_every': 1})
+  out = tmp_path / 'out.json'
+  subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'mp_worker.py')], check=True,
+                 timeout=600, env=subprocess_env(3, MP_CONFIG=config.to_json(),
+                                                 MP_WORKDIR=tmp_path / 'work', MP_OUT=out))
+  with np.load(f'{out}.npz') as z:
+    final = [z[f'arr_{j}'] for j in range(len(z.files))]
+  checked = moved = 0
+  shapes = trainer.build(tiny_config(data_dir)).init_state()  # For the leaves' names.
+  flat = [(c, n) for c in ('params', 'batch_stats')
+          for n in pretrained.flatten(getattr(shapes, c))]
+  assert len(flat) == len(final)
+  for (collection, name), value in zip(flat, final, strict=True):
+    if name.startswith('head_'):
+      continue
+    loaded = pretrained.from_torch_layout(sd[_tv(f'{collection}/{name}')])
+    probe = name.rsplit('/', 1)[0] + '/scale' if collection == 'batch_stats' else name
+    if pretrained.matches([re.compile(FROZEN)], probe):
+      np.testing.assert_array_equal(value, loaded, err_msg=name)
+      checked += 1
+    else:
+      moved += not np.array_equal(value, loaded)
+  assert checked >= 9 and moved >= 10
 
 
 def _one_step(config):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from anp_jax import collectives, steps
+from anp_jax import collectives, pretrained, steps
 from anp_jax.executors.common import DEVICE, NODE, Executor, MeshHelper, per_device_functions
 
 
@@ -26,8 +26,7 @@ def _is_float(x) -> bool:
 def average_replicas(tree):
   """One model from the nodes' replicas (leading node axis): float leaves averaged, others
   (step counters) taken from node 0."""
-  return jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype) if _is_float(x) else x[0],
-                      tree)
+  return jax.tree.map(lambda x: collectives.replica_mean(x) if _is_float(x) else x[0], tree)
 
 
 def make(config, model, tx, setup, mesh) -> Executor:
@@ -48,11 +47,18 @@ def make(config, model, tx, setup, mesh) -> Executor:
       leaves[i] = mean
     return jax.tree.unflatten(treedef, leaves)
 
+  def average_model(local):
+    # Frozen parameters and their BN statistics are equal on every node and stay bit-exact.
+    return local.replace(
+        params=pretrained.keep_frozen_params(config, local.params, node_mean(local.params)),
+        batch_stats=pretrained.keep_frozen_stats(config, local.batch_stats,
+                                                 node_mean(local.batch_stats)))
+
   def step(state, batch, average: bool):
     local = jax.tree.map(lambda x: x[0], state)  # This node's replica.
     new, sums = train_fn(local, batch)
     if average:
-      new = new.replace(params=node_mean(new.params), batch_stats=node_mean(new.batch_stats))
+      new = average_model(new)
       if average_opt:
         new = new.replace(opt_state=node_mean(new.opt_state))
     grad_norm = sums.pop('_grad_norm')
@@ -63,9 +69,7 @@ def make(config, model, tx, setup, mesh) -> Executor:
 
   def eval_step(state, batch):
     # The node-averaged model (what a final average would give).
-    local = jax.tree.map(lambda x: x[0], state)
-    local = local.replace(params=node_mean(local.params),
-                          batch_stats=node_mean(local.batch_stats))
+    local = average_model(jax.tree.map(lambda x: x[0], state))
     return steps.per_device_eval_step(local, batch, model=model, config=config, axis_name=both)
 
   compiled = {average: helper.jit_train_step(functools.partial(step, average=average))
