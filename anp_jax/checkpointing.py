@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import jax
 
-from anp_jax import preemption, reporting
+from anp_jax import distributed, preemption, reporting
 from anp_jax.configs import default as default_config
 
 # Config fields that must match for a checkpoint to be restorable into this run. The data
@@ -117,6 +117,8 @@ class Checkpointer:
     self._last_save_time = time.time()
     self._agreement = preemption.StepAgreement()  # Installs the signal handler (once).
     self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
+    # Training wall time of the earlier segments of a resumed run (from its checkpoint).
+    self.restored_wall_time_s = 0.0
     if jax.process_index() == 0:
       remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
     single_writer_arrays()
@@ -153,14 +155,22 @@ class Checkpointer:
 
   # -- save / restore --------------------------------------------------------------------------
 
-  def save(self, step: int, state):
-    """Saves `state`, a pytree of arrays (all processes must call)."""
-    args = self._save_args(step, state)
+  def steps(self):
+    """The steps of the checkpoints in the directory."""
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state, wall_time_s: float = 0.0):
+    """Saves `state`, a pytree of arrays (all processes must call). ``wall_time_s``: this
+    segment's training time so far; the checkpoint records the run's total."""
+    args = self._save_args(step, state, wall_time_s=self.restored_wall_time_s + wall_time_s)
     if self.manager.latest_step() != step:
       try:
-        self.manager.save(step, args=args)
+        saved = self.manager.save(step, args=args)
       except Exception as e:
         raise self._save_error(step, e) from e
+      if not saved:  # orbax skips a step at or below its latest: never report it as written.
+        raise self._save_error(step, RuntimeError(
+            f'orbax declined the save (latest checkpoint: step {self.manager.latest_step()})'))
       self._last_saved_step = step
     self._last_save_time = time.time()
 
@@ -186,10 +196,16 @@ class Checkpointer:
     and sharding per leaf: the executor's `restore_target`, so that a state saved on other
     devices lands on this run's mesh).
 
-    Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones.
+    Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones and
+    moves them aside (``<step>.unreadable``, kept for inspection): orbax saves no step at or
+    below its latest, so left in place they would silently swallow every save, the preemption
+    save included, until the run passed them. If checkpoints exist but none restores (typically
+    a config change that shapes the optimizer state differently, e.g. ``grad_clip_norm`` or
+    ``momentum`` switched on), this is an error, never a silent restart from step 0.
     """
     ocp = self._ocp
     steps = sorted(self.manager.all_steps(), reverse=True)
+    failed = []  # (step, reason) of the newer checkpoints that could not be restored.
     for step in steps:
       meta_path = os.path.join(self.directory, str(step), 'meta', 'metadata')
       try:
@@ -198,18 +214,51 @@ class Checkpointer:
       except (OSError, ValueError) as e:
         reporting.say(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older '
                       'one.', logging.WARNING)
+        failed.append((step, f'{type(e).__name__}: {e}'))
         continue
       self._check_identity(meta, step)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target)))
-      except Exception as e:  # Corrupt or truncated files.
+      except Exception as e:  # Corrupt or truncated files, or a state of another layout.
         reporting.say(f'WARNING: checkpoint {step} could not be restored '
-                      f'({type(e).__name__}: {e}); falling back to an older one.',
+                      f'({type(e).__name__}: {_short(e)}); falling back to an older one.',
                       logging.WARNING)
+        failed.append((step, f'{type(e).__name__}: {_short(e)}'))
         continue
+      if failed:
+        self.move_aside([s for s, _ in failed], reason='unreadable')
+      self.restored_wall_time_s = float(meta.get('wall_time_s', 0.0))
       return restored['state'], step
+    if failed:
+      newest, reason = failed[0]
+      raise ValueError(
+          f'None of the {len(failed)} checkpoint(s) in {self.directory} could be restored into '
+          f"this run's state (newest, step {newest}: {reason}). If the config changed a field "
+          'that shapes the optimizer state (optimizer, momentum 0 vs not, grad_clip_norm 0 vs '
+          'not, freeze, backbone_lr_multiplier), rerun with the config the run started with, or '
+          'use a fresh --workdir; if the files are damaged, move the checkpoints folder away to '
+          'start over. Nothing was changed.')
     return target, 0
+
+  def move_aside(self, steps, reason: str):
+    """Renames checkpoints to ``<step>.<reason>[.N]`` (kept for inspection, never restored);
+    process 0 renames, every process then reloads the manager's step list. Returns the new
+    paths."""
+    moved = []
+    for step in steps:
+      source = os.path.join(self.directory, str(step))
+      dest, n = f'{source}.{reason}', 1
+      while os.path.exists(dest):
+        dest, n = f'{source}.{reason}.{n}', n + 1
+      moved.append(dest)
+      if jax.process_index() == 0:
+        os.rename(source, dest)
+        reporting.say(f'WARNING: moved the {reason} checkpoint {step} to {dest}.',
+                      logging.WARNING)
+    distributed.barrier('checkpoints_moved_aside')
+    self.manager.reload()
+    return moved
 
   def _check_identity(self, meta, step):
     saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
@@ -314,6 +363,12 @@ def restore_state(workdir: str, step: Optional[int] = None):
                           checkpointer.metadata(path).item_metadata)
     state = checkpointer.restore(path, target)
   return config, state
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+  """An orbax/tensorstore error on one line, cut to `limit` characters."""
+  text = ' '.join(str(error).split())
+  return text if len(text) <= limit else text[:limit] + ' ...'
 
 
 def remove_incomplete(directory: str):

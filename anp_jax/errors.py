@@ -23,7 +23,11 @@ class ConfigError(ValueError):
 
 
 class NonFiniteLossError(FloatingPointError):
-  """Training diverged: the loss became NaN or Inf."""
+  """Training diverged: the loss became NaN or Inf (first at ``step``, 1-based, if known)."""
+
+  def __init__(self, message: str, step: Optional[int] = None):
+    super().__init__(message)
+    self.step = step
 
 
 class Preempted(SystemExit):

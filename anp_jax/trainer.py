@@ -26,8 +26,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from anp_jax import (checkpointing, collectives, distributed, durations, executors, models, optim,
-                     preemption, pretrained, reporting)
+from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
+                     models, optim, preemption, pretrained, reporting)
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
@@ -104,11 +104,14 @@ class Run:
       record.update(noise_scale.log_fields(self.executor.fetch(state.noise_ema)))
     loss = record['train/loss']
     if not math.isfinite(loss):
+      # The first step of the window whose loss is NaN/Inf: its loss was computed from the
+      # state of the step before, which is therefore diverged too (see train_and_evaluate).
+      bad = [i for i, h in enumerate(host) if not math.isfinite(float(h['loss']))]
+      first = step - len(host) + 1 + bad[0] if bad else step
       raise NonFiniteLossError(
-          f'Training stopped: the loss is {loss} at step {step} (learning rate '
-          f'{record["train/lr"]:.4g}). Lower config.base_lr, add warmup (config.warmup_epochs) '
-          'or gradient clipping (config.grad_clip_norm). Checkpoints written before this step '
-          'are intact.')
+          f'Training stopped: the loss is {loss} at step {step}, first non-finite at step '
+          f'{first} (learning rate {record["train/lr"]:.4g}). Lower config.base_lr, add warmup '
+          '(config.warmup_epochs) or gradient clipping (config.grad_clip_norm).', step=first)
     return record
 
   def target_reached(self, evaluated: Optional[Dict[str, float]]) -> bool:
@@ -182,6 +185,22 @@ def _announce(run: Run) -> None:
     reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.')
 
 
+def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
+  """The error to raise for a NaN/Inf loss, after making sure no checkpoint holds the diverged
+  state: the loss of step s + 1 is computed from the state after step s, so if the first
+  non-finite loss is at the step right after a save, that checkpoint is moved aside (the rerun
+  with a lower learning rate then resumes from the one before)."""
+  ckpt.wait()
+  suspect = None if error.step is None else error.step - 1
+  if suspect and suspect in ckpt.steps():
+    dest = ckpt.move_aside([suspect], reason='diverged')[0]
+    note = (f' The checkpoint of step {suspect} gave this loss and was moved aside to {dest}; '
+            'earlier checkpoints are intact.')
+  else:
+    note = ' The checkpoints written before this step are intact.'
+  return NonFiniteLossError(str(error) + note, step=error.step)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
   """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
   t_start = time.time()
@@ -247,8 +266,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   step = start_step
   stopped_at_target = False
   run_ahead = preemption.RunAhead()  # Bounds the signal-to-checkpoint delay to a few steps.
-  if config.stop_at_metric and 0 < start_step < setup.total_steps:
-    # A resumed early-stopping run may have stopped at this checkpoint already.
+  if (config.stop_at_metric and 0 < start_step < setup.total_steps
+      and start_step % setup.eval_every_steps == 0):
+    # A resumed early-stopping run may have stopped at this checkpoint already (only at an
+    # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so an
+    # evaluation here could stop it where the uninterrupted run would not).
     final_eval = run.eval_record(state, step)
     stopped_at_target = run.target_reached(final_eval)
     if not stopped_at_target:
@@ -267,7 +289,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       # Metrics are fetched (and checked for NaN/Inf) before every save, so a diverged state is
       # never written over good checkpoints.
       if step % config.log_every_steps == 0 or last or save_now:
-        record = run.train_record(pending, state, step)
+        try:
+          record = run.train_record(pending, state, step)
+        except NonFiniteLossError as e:
+          raise _diverged(e, ckpt) from None
         pending = []
         record['train/steps_per_s'], record['train/images_per_s'] = bar.rates(step)
         log(step, record)
@@ -294,7 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       if save_now or evaluated:
         tree = executor.to_checkpoint(state)
         if save_now:
-          ckpt.save(step, tree)
+          ckpt.save(step, tree, wall_time_s=time.time() - t_start)
         if evaluated:
           ckpt.save_best(step, tree, evaluated)
       if preempted and not last:
@@ -313,13 +338,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     writer.close()
     ckpt.close()
   wall = time.time() - t_start
-  if is_main:
+  final_path = os.path.join(workdir, 'final_metrics.json')
+  # A rerun of a finished run trains nothing: its final_metrics.json (training time, whether it
+  # stopped at the target) stays as the run wrote it.
+  if is_main and not (step == start_step and os.path.exists(final_path)):
     # Its existence means "this run is done" to the sweep: never seen half-written.
-    reporting.write_json_atomic(os.path.join(workdir, 'final_metrics.json'), {
-        'step': step, 'wall_time_s': wall, 'stopped_at_target': stopped_at_target,
+    reporting.write_json_atomic(final_path, {
+        'step': step, 'wall_time_s': ckpt.restored_wall_time_s + wall,
+        'stopped_at_target': stopped_at_target,
         'examples_seen': durations.examples_seen(step, setup.batch_size),
         'passes': durations.passes(step, setup.batch_size, setup.train_size), **final_eval})
-    if records:
-      reporting.plot_curves(records, os.path.join(workdir, 'curves.png'))
+  if is_main and records:  # The whole history, earlier segments of a resumed run included.
+    reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
+                          os.path.join(workdir, 'curves.png'))
   distributed.barrier('train_and_evaluate_end')
   return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall)

@@ -251,7 +251,7 @@ def test_exit_codes_2_and_3_at_the_process_level(data_dir, tmp_path):
 
 
 def _in_process(data_dir, workdir, **kw):
-  config = tiny_config(data_dir, checkpoint_every_steps=3, **kw)
+  config = tiny_config(data_dir, **dict(dict(checkpoint_every_steps=3), **kw))
   return trainer.train_and_evaluate(config, str(workdir))
 
 
@@ -268,6 +268,12 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(data_dir, tmp_path
   assert 'checkpoint 6' in out and 'falling back' in out
   assert 'Resumed from checkpoint at step 3' in out
   assert result.records[0]['step'] > 3 and int(result.state.step) == 8
+  # Moved aside, so that step 6 was saved again (orbax saves no step at or below its latest:
+  # left in place, the corrupt 6 swallowed the saves, a preemption save included, up to 6).
+  names = os.listdir(tmp_path / 'checkpoints')
+  assert '6.unreadable' in names and {'6', '8'} <= set(names), names
+  _, restored, _ = trainer.load_checkpoint(str(tmp_path), 6)
+  assert int(restored['params'] is not None)
 
 
 def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, capsys):
@@ -278,6 +284,19 @@ def test_corrupt_latest_metadata_falls_back_to_the_previous(data_dir, tmp_path, 
   out = capsys.readouterr().out
   assert 'checkpoint 6 is unreadable' in out and 'Resumed from checkpoint at step 3' in out
   assert result.records[0]['step'] == 4 and int(result.state.step) == 8
+
+
+@pytest.mark.parametrize('overrides', [dict(grad_clip_norm=1.0), dict(momentum=0.0)])
+def test_a_config_change_that_reshapes_the_optimizer_state_is_refused(data_dir, tmp_path,
+                                                                     overrides):
+  # Not identity fields, but the optimizer state's tree differs: no checkpoint restores. That
+  # used to read as 'all corrupt' and the run silently started again from step 0.
+  _in_process(data_dir, tmp_path, num_train_steps=3)
+  before = sorted(os.listdir(tmp_path / 'checkpoints'))
+  with pytest.raises(ValueError, match=r'None of the 1 checkpoint\(s\) .* could be restored .* '
+                     r'grad_clip_norm 0 vs not'):
+    _in_process(data_dir, tmp_path, num_train_steps=6, **overrides)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == before
 
 
 @pytest.mark.parametrize('overrides,field', [
@@ -335,6 +354,18 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     _in_process(data_dir, tmp_path, num_train_steps=9, base_lr=1e30, log_every_steps=1)
   steps = sorted(int(n) for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit())
   assert steps == [3]
+  # Saving every step: the loss of step s + 1 is the first sign that the state saved at s
+  # diverged; that checkpoint is moved aside, so the rerun resumes from a healthy one.
+  with pytest.raises(errors.NonFiniteLossError, match=r'first non-finite at step (\d+).*The '
+                     r'checkpoint of step \d+ gave this loss and was moved aside') as info:
+    _in_process(data_dir, tmp_path, num_train_steps=9, base_lr=1e30, log_every_steps=1,
+                checkpoint_every_steps=1)
+  first = info.value.step
+  steps = sorted(int(n) for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit())
+  assert steps and max(steps) == first - 2, (steps, first)
+  assert f'{first - 1}.diverged' in os.listdir(tmp_path / 'checkpoints')
+  result = _in_process(data_dir, tmp_path, num_train_steps=9)  # The advised lower rate.
+  assert np.isfinite(result.final_eval['eval/loss'])
   _, variables, _ = trainer.load_checkpoint(str(tmp_path))
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(variables))
 
@@ -397,3 +428,36 @@ def test_best_checkpoint_is_kept_by_metric(data_dir, tmp_path):
   evals = {h['step']: h['eval/anp_top1'] for h in history if 'eval/anp_top1' in h}
   assert evals[int(best[0])] == max(evals.values())
   assert [n for n in os.listdir(tmp_path / 'checkpoints') if n.isdigit()] == ['6']
+
+
+def test_resumed_run_stops_logs_and_times_as_one_run(data_dir, tmp_path, monkeypatch):
+  """A run continued from a checkpoint that was not an evaluation step (here the end of a
+  shorter first run; also a preemption checkpoint): no extra evaluation there (it could stop an
+  early-stopping run where the whole run would not, and was never logged), wall_time_s counts
+  both segments, curves.png shows the whole history, and a rerun of the finished run leaves
+  final_metrics.json as it was."""
+  common = dict(stop_at_metric='eval/anp_top1', stop_at_value=1.0, eval_every_epochs=0.25,
+                log_every_steps=1, checkpoint_every_steps=0)
+  every = trainer.build(tiny_config(data_dir, **common)).setup.eval_every_steps
+  assert every > 1
+  first = every + 1  # Not an evaluation step of the longer run.
+  _in_process(data_dir, tmp_path, num_train_steps=first, **common)
+  meta = json.loads((tmp_path / 'checkpoints' / str(first) / 'meta' / 'metadata').read_text())
+  assert meta['wall_time_s'] > 0
+  evaluated, plotted = [], []
+  eval_record = trainer.Run.eval_record
+  monkeypatch.setattr(trainer.Run, 'eval_record',
+                      lambda self, state, step: evaluated.append(step) or
+                      eval_record(self, state, step))
+  monkeypatch.setattr(trainer.reporting, 'plot_curves',
+                      lambda records, path: plotted.extend(r['step'] for r in records))
+  t0 = time.time()
+  _in_process(data_dir, tmp_path, num_train_steps=3 * every, **common)
+  second = time.time() - t0
+  assert evaluated == [2 * every, 3 * every], evaluated
+  assert min(plotted) == 1 and max(plotted) == 3 * every
+  final = json.loads((tmp_path / 'final_metrics.json').read_text())
+  assert meta['wall_time_s'] < final['wall_time_s'] <= meta['wall_time_s'] + second
+  before = (tmp_path / 'final_metrics.json').read_bytes()
+  _in_process(data_dir, tmp_path, num_train_steps=3 * every, **common)  # Finished: re-evaluates.
+  assert (tmp_path / 'final_metrics.json').read_bytes() == before
