@@ -3,12 +3,14 @@
 One JSON object per line, ``{'step': int, 'time': float, '<kind>/<name>': float, ...}``, appended
 by `anp_jax.metrics.MetricWriter` (on process 0). This module is the one reader of that file; it
 imports only the standard library, so the planner (`anp_jax.research.plan`), the sweep reports
-and any script read logs without importing JAX, TensorFlow or clu.
+and any script read logs without importing JAX, TensorFlow or clu. `target_crossing` is where a
+run's evaluations reach a target: the one definition of "steps to target" for the sweep
+(`anp_jax.research.sweep`) and the planner's pilot alike.
 """
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 METRICS_FILE = 'metrics.jsonl'
 
@@ -39,3 +41,31 @@ def read_metrics(workdir: str, kind: Optional[str] = None) -> List[Dict[str, Any
       latest[(int(record['step']), record_kind(record) == 'eval')] = record
   return [latest[key] for key in sorted(latest)
           if kind is None or record_kind(latest[key]) == kind]
+
+
+def target_crossing(evals: Sequence[Mapping[str, Any]], target: float,
+                    metric: str = 'eval/anp_top1') -> Optional[Dict[str, Any]]:
+  """Where a run's evaluations first reach `target`: {'step', 'eval_step', 'interpolated'}.
+
+  Evaluations are points, every few thousand examples; the first one at or above the target
+  over-states the steps by up to one evaluation interval (±17 % at the small batches of the cpu
+  preset), which biases the B_crit fit. So the crossing is interpolated linearly in (step,
+  accuracy) between the last evaluation below the target and the first at or above it:
+  ``step = s0 + (target - a0) / (a1 - a0) * (s1 - s0)``. When already the first evaluation
+  reaches the target there is nothing to interpolate from: its step is returned (an upper bound;
+  ``interpolated`` False). None if the target is never reached. `evals` in step order; records
+  without `metric` (e.g. the train records of `read_metrics`) are skipped.
+  """
+  previous = None
+  for record in evals:
+    if metric not in record:
+      continue
+    step, value = float(record['step']), float(record[metric])
+    if value >= target:
+      if previous is None or previous[0] >= step:
+        return {'step': step, 'eval_step': int(record['step']), 'interpolated': False}
+      s0, a0 = previous
+      crossing = s0 + (target - a0) / (value - a0) * (step - s0)
+      return {'step': crossing, 'eval_step': int(record['step']), 'interpolated': True}
+    previous = (step, value)
+  return None

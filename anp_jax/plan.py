@@ -31,7 +31,9 @@ flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_c
 flags.DEFINE_string('cluster', 'minotauro', 'Preset or JSON/YAML cluster file.')
 cli.define_positive_ints('nodes', None, 'Node counts (default 1, 2, 4, ... up to the cluster).')
 cli.define_positive_ints('batches', None, 'Global batch sizes (default: the pilot batch x 1/4 '
-                         "... 32, or the sweep's batches).")
+                         "... 32, or the batch sizes of the sweep's fit, i.e. those where every "
+                         'seed reached the target; a default size that splits over none of the '
+                         "node counts' devices is left out, a given one is an error).")
 flags.DEFINE_string('methods', 'sync,mixed', f'Comma-separated, of {planner.PLAN_METHODS}.')
 cli.define_positive_ints('sync_periods', [4], 'H for local_sgd.')
 flags.DEFINE_string('penalty_results',

@@ -23,20 +23,25 @@ def _plan_cli(*args):
                         capture_output=True, text=True, timeout=600)
 
 
-def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0):
-  """A pilot workdir: noise EMAs every 2 steps (B_simple = trace / 1, drifting), evals every 10."""
+def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0,
+                 evals=None, **config):
+  """A pilot workdir: noise EMAs every 2 steps (B_simple = trace / 1, drifting), evals every 10
+  (top-1 0.1, then 0.5 from `reach_step`), or at the steps of `evals` ({step: top-1}); `config`
+  adds recorded config fields (e.g. method)."""
   path.mkdir(parents=True, exist_ok=True)
   (path / 'config.json').write_text(json.dumps({'batch_size': batch, 'stop_at_metric': '',
                                                 'model': {'name': 'resnet8', 'width': 0.5},
-                                                'image_size': 16}))
+                                                'image_size': 16, **config}))
   lines = []
   for s in range(2, steps + 1, 2):
     r = {'step': s, 'train/loss': 1.0}
     if noise:
       r.update({noise_scale.G2_FIELD: 1.0, noise_scale.TRACE_FIELD: trace + drift * s})
     lines.append(r)
-  for s in range(10, steps + 1, 10):
-    lines.append({'step': s, 'eval/anp_top1': 0.5 if s >= reach_step else 0.1})
+  if evals is None:
+    evals = {s: 0.5 if s >= reach_step else 0.1 for s in range(10, steps + 1, 10)}
+  for s, top1 in evals.items():
+    lines.append({'step': s, 'eval/anp_top1': top1})
   (path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
   return str(path)
 
@@ -45,9 +50,11 @@ def test_pilot_gives_s_min_and_a_range_that_vanishes_at_the_pilot_batch(tmp_path
   model = plan.load_pilot(_write_pilot(tmp_path / 'p', drift=2.0), target=0.3)
   # Window = steps 21..40: mean trace = 200 + 2 * mean(22..40) = 262.
   assert model.b_noise == pytest.approx(262.0)
-  assert model.s_min == pytest.approx(40 / (1 + 262 / 64))
+  # S0: top-1 0.1 at step 30, 0.5 at 40; the target 0.3 is crossed half-way, at step 35.
+  assert model.notes['pilot_steps'] == pytest.approx(35)
+  assert model.s_min == pytest.approx(35 / (1 + 262 / 64))
   central, lo, hi = model.steps(64)
-  assert central == pytest.approx(40) and lo == pytest.approx(40) and hi == pytest.approx(40)
+  assert central == pytest.approx(35) and lo == pytest.approx(35) and hi == pytest.approx(35)
   central, lo, hi = model.steps(512)
   assert lo < central < hi  # Windows disagree (the drift): a range away from the pilot batch.
   assert len(model.alternatives) == 4
@@ -63,6 +70,41 @@ def test_pilot_errors_say_what_to_change(tmp_path):
     plan.load_pilot(_write_pilot(tmp_path / 'c'))
   with pytest.raises(plan.PlanError, match='not a trainer workdir'):
     plan.load_pilot(str(tmp_path / 'missing'), target=0.3)
+
+
+def test_the_pilots_steps_to_target_are_the_sweeps_interpolated_crossing(tmp_path):
+  """S0 is where the evaluations cross the target, interpolated as the sweep does
+  (`metrics_io.target_crossing`): the first evaluation at or above it over-states the steps by
+  up to one evaluation interval. (Before: the pilot took that evaluation's step, 100 here, while
+  the same run as a sweep row had 81.8.)"""
+  evals = {20: 0.10, 40: 0.15, 60: 0.20, 80: 0.249, 100: 0.26}
+  model = plan.load_pilot(_write_pilot(tmp_path / 'p', batch=128, trace=256.0, steps=100,
+                                       evals=evals), target=0.25)
+  crossing = 80 + (0.25 - 0.249) / (0.26 - 0.249) * 20
+  assert model.notes['pilot_steps'] == pytest.approx(crossing)
+  assert model.s_min == pytest.approx(crossing / (1 + 256 / 128))
+  records = [{'step': s, 'eval/anp_top1': a} for s, a in evals.items()]
+  assert sweep_target_crossing(records, 0.25)['step'] == pytest.approx(crossing)
+  # Already the first evaluation at the target: its step (nothing to interpolate from).
+  first = plan.load_pilot(_write_pilot(tmp_path / 'q', evals={10: 0.5, 20: 0.6}), target=0.3)
+  assert first.notes['pilot_steps'] == 10
+
+
+def sweep_target_crossing(evals, target):
+  """`sweep.target_crossing`, which must stay the same function as the planner's."""
+  from anp_jax.research import sweep
+  from anp_jax import metrics_io
+  assert sweep.target_crossing is metrics_io.target_crossing
+  return sweep.target_crossing(evals, target)
+
+
+def test_a_pilot_must_be_a_synchronous_run(tmp_path):
+  """An asynchronous, mixed or local-SGD pilot's steps already include the cost of stale or
+  averaged updates, which the plan adds on top: refused. (Before: accepted as synchronous.)"""
+  for method in ('async', 'mixed', 'local_sgd'):
+    with pytest.raises(plan.PlanError, match=f"method '{method}'.*synchronous"):
+      plan.load_pilot(_write_pilot(tmp_path / method, method=method), target=0.3)
+  assert plan.load_pilot(_write_pilot(tmp_path / 'sync', method='sync'), target=0.3).s_min > 0
 
 
 def _sweep_rows(s_min=120.0, b_crit=200.0, batches=(32, 64, 128, 256, 512, 1024), jitter=0.0):
@@ -91,6 +133,62 @@ def test_sweep_fit_recovers_s_min_and_b_crit_and_shows_b_simple(tmp_path):
     plan.load_sweep(str(tmp_path), rule='linear', target=0.5)
   with pytest.raises(plan.PlanError, match='needs two'):
     plan.sweep_model(plan.sweep_points([dict(r, steps_to_target=None) for r in _sweep_rows()][1:]))
+
+
+def test_a_batch_where_a_seed_missed_the_target_is_left_out_of_the_fit(tmp_path):
+  """As in the sweep report (`sweep_report.aggregate`): a batch size where some finished seed
+  never reached the target is not averaged over the seeds that did, nor fitted, and the notes
+  say so. (Before: the lucky seed at B=1024 alone gave S_min=40.9, B_crit=602 for 100, 200.)"""
+  from anp_jax.research import sweep_report
+  rows = [dict(r, seed=seed, final_top1=0.3, best_top1=0.3, lr=0.1, total_steps=1000,
+               examples_to_target=r['steps_to_target'] * r['batch'])
+          for r in _sweep_rows(100.0, 200.0, batches=(32, 64, 128, 256)) for seed in (0, 1)]
+  lucky = dict(rows[0], batch=1024, steps_to_target=60.0, examples_to_target=60.0 * 1024)
+  rows += [lucky, dict(lucky, seed=1, steps_to_target=None, examples_to_target=None)]
+  points = plan.sweep_points(rows)
+  assert points[1024]['steps'] is None and points[1024]['missed'] == 1
+  assert points[1024]['seeds'] == 2
+  model = plan.sweep_model(points)
+  assert model.s_min == pytest.approx(100.0) and model.b_noise == pytest.approx(200.0)
+  report = sweep_report.fit_arms(sweep_report.aggregate(rows))[('linear', 'on')]
+  assert (model.s_min, model.b_noise) == pytest.approx((report['s_min'], report['b_crit']))
+  assert model.notes['batches'] == 4 and model.notes['fit_batches'] == [32, 64, 128, 256]
+  assert '1024 (1 of 2 seeds missed the target)' in model.notes['excluded']
+  text = plan.format_plan(plan.make_plan(model, pm.minotauro(nodes=2), pm.resnet50(), [1],
+                                         [128], ['sync']))
+  assert 'excluded = ' in text and '1024 (1 of 2 seeds missed the target)' in text
+
+
+def test_a_sweep_plans_for_its_own_batch_sizes_by_default(tmp_path):
+  """No --batches with --sweep: the batch sizes of its fit, as the flag's help says. (Before:
+  128 x 1/4 ... 32, batch sizes the sweep never ran.) A default size that splits over no
+  configuration's devices is left out (12 on 8-GPU nodes)."""
+  rows = _sweep_rows(batches=(12, 24, 48, 96)) + [
+      dict(_sweep_rows(batches=(2048,))[0], steps_to_target=None)]
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  p = plan.build_plan(sweep=str(tmp_path), methods='sync', cluster='minotauro')
+  assert sorted({r.global_batch for r in p.rows}) == [12, 24, 48, 96]
+  assert p.sprint_batch == 12
+  p = plan.build_plan(sweep=str(tmp_path), methods='sync', cluster='dgx_h200')
+  assert sorted({r.global_batch for r in p.rows}) == [24, 48, 96]
+
+
+def test_default_batch_sizes_that_fit_no_configuration_are_left_out(tmp_path):
+  """The default list (pilot batch x 1/4 ... 32) keeps only sizes that split over some node
+  count's devices; sizes the user gives must all fit. (Before: a pilot at B0=16 on 8-GPU nodes
+  was refused: 'Global batch 4 fits none of the configurations', for a --batches never given.)"""
+  pilot = _write_pilot(tmp_path / 'p', batch=16)
+  p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='dgx_h200')
+  assert sorted({r.global_batch for r in p.rows}) == [16 * k // 2 for k in range(1, 65) if
+                                                      k & (k - 1) == 0]  # 8 ... 512.
+  assert any('B=4' in s for s in p.skipped)
+  with pytest.raises(plan.PlanError, match='Global batch 4 fits none'):
+    plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='dgx_h200', batches=[4, 16])
+  # Three devices per node: no power-of-two multiple of the pilot batch splits over them.
+  (tmp_path / 'c.json').write_text(json.dumps({'nodes': 2, 'devices_per_node': 3,
+                                               'device': 'v100', 'interconnect': 'minotauro'}))
+  with pytest.raises(plan.PlanError, match=r'None of the default batch sizes \[4, 8, .*--batches'):
+    plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster=str(tmp_path / 'c.json'))
 
 
 def _curve(scale, epochs=4.0, cap=1.0):
@@ -154,6 +252,20 @@ def test_cluster_files_reject_unknown_fields(tmp_path):
     plan.cluster_from_dict(dict(good, nodes=0))
   with pytest.raises(plan.PlanError, match='neither a preset'):
     plan.load_cluster(str(tmp_path / 'nope.json'))
+
+
+def test_cluster_file_node_counts_must_be_a_list(tmp_path):
+  """A scalar ``node_counts: 4`` (a YAML slip) is a PlanError naming the fix (before: TypeError,
+  a traceback and exit 1 from the command line)."""
+  (tmp_path / 'c.yaml').write_text('nodes: 8\ndevices_per_node: 4\ndevice: v100\n'
+                                   'interconnect: minotauro\nnode_counts: 4\n')
+  with pytest.raises(plan.PlanError, match=r'node_counts must be a list.*\[1, 2, 4\]'):
+    plan.load_cluster(str(tmp_path / 'c.yaml'))
+  good = {'nodes': 8, 'devices_per_node': 4, 'device': 'v100', 'interconnect': 'minotauro'}
+  for bad in ([], [1, 'two'], [True], [1, 9]):
+    with pytest.raises(plan.PlanError, match='node_counts'):
+      plan.cluster_from_dict(dict(good, node_counts=bad))
+  assert plan.cluster_from_dict(dict(good, node_counts=[4, 2, 4]))[1] == [2, 4]
 
 
 def test_plan_picks_fastest_cheapest_and_sprint_and_rejects_batches_that_do_not_fit():

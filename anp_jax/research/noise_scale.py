@@ -28,6 +28,7 @@ values alike, and can be used outside the trainer (e.g. on gradients saved from 
 """
 
 import dataclasses
+import numbers
 from typing import Dict, List, Optional, Tuple
 
 # Keys of the trainer's ``TrainState.noise_ema``.
@@ -35,8 +36,13 @@ EMA_KEYS = ('g2', 'trace', 'weight')
 
 
 def _check_sizes(b_small, b_big):
-  """Both sizes are static Python numbers in every caller; catch the degenerate cases early."""
-  if isinstance(b_small, (int, float)) and isinstance(b_big, (int, float)):
+  """Catch the degenerate sizes early, wherever both are concrete numbers.
+
+  The trainer passes static Python ints, but sizes read from numpy arrays are numpy scalars
+  (np.int64 is no int, np.float32 no float): `numbers.Real` covers both, so they are checked
+  too. Traced JAX values (sizes under jit) are not numbers.Real and have no value to check.
+  """
+  if isinstance(b_small, numbers.Real) and isinstance(b_big, numbers.Real):
     if b_small <= 0 or b_big <= b_small:
       raise ValueError(f'The noise-scale estimator needs 0 < b_small < b_big, got b_small='
                        f'{b_small}, b_big={b_big}: with one device and no gradient accumulation '

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from anp_jax.configs import default as default_config
-from anp_jax.metrics_io import read_metrics
+from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import noise_scale
 from anp_jax.research import perfmodel as pm
 
@@ -49,15 +49,6 @@ PLAN_METHODS = ('sync', 'async', 'mixed', 'local_sgd')
 
 class PlanError(ValueError):
   """Bad planner input: the message says what to change."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading runs.
-
-
-def steps_to_target(records: Sequence[Dict], metric: str, target: float) -> Optional[int]:
-  """The step of the first evaluation with ``metric >= target`` (None if none reached it)."""
-  return next((r['step'] for r in records if r.get(metric, -math.inf) >= target), None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,13 +87,14 @@ class StepsModel:
   """S(B) = s_min (1 + b_noise / B), with alternative (s_min, b_noise) pairs for its range.
 
   ``source`` says where it comes from; ``notes`` are the estimates shown next to it (e.g. the
-  fitted B_crit and the measured B_simple of a sweep).
+  fitted B_crit and the measured B_simple of a sweep) and what they rest on (a sweep's
+  ``fit_batches``, and the batch sizes ``excluded`` from its fit with the reason).
   """
   s_min: float
   b_noise: float
   alternatives: List[Tuple[float, float]]
   source: str
-  notes: Dict[str, float] = dataclasses.field(default_factory=dict)
+  notes: Dict[str, object] = dataclasses.field(default_factory=dict)
 
   def steps(self, batch: float) -> Tuple[float, float, float]:
     """(central, low, high) steps to target at global batch ``batch`` (per update)."""
@@ -136,20 +128,32 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
                windows: int = 4) -> StepsModel:
   """The steps model of a pilot run's workdir (``metrics.jsonl`` + ``config.json``).
 
-  B_noise is `noise_scale.window_b_simple` over the second half of the steps the pilot trained
-  (as the sweep reports it), its range the `b_simple_windows` of ``windows`` sub-windows.
+  S0 is the pilot's steps to target as the sweep counts them (`metrics_io.target_crossing`:
+  interpolated between the evaluations around the crossing), so one run gives the same S0 as a
+  pilot and as a sweep row. B_noise is `noise_scale.window_b_simple` over the second half of
+  the steps the pilot trained (as the sweep reports it), its range the `b_simple_windows` of
+  ``windows`` sub-windows. The pilot must be synchronous (``config.method`` 'sync'; runs
+  recorded before the field existed were): the model's steps are synchronous updates, to which
+  the plan adds the asynchrony penalty itself.
   """
   records = read_metrics(workdir)
   cfg_path = os.path.join(workdir, 'config.json')
   if not records or not os.path.exists(cfg_path):
     raise PlanError(f'{workdir!r} is not a trainer workdir (no metrics.jsonl / config.json).')
   config = default_config.read_run_config(workdir)
+  if config.method != 'sync':
+    # Its steps to target already include the cost of stale (async, mixed) or averaged
+    # (local_sgd) updates: taken as synchronous, S_min would be too high and the plan would
+    # charge that cost a second time on the asynchronous rows.
+    raise PlanError(f"The pilot in {workdir!r} trained with method {config.method!r}: a pilot "
+                    "must be a synchronous run (config.method='sync'), whose steps measure the "
+                    'batch size alone. Use a synchronous run of the same model as the pilot.')
   if target is None:
     if not config.stop_at_metric:
       raise PlanError('Give --target (the pilot has no config.stop_at_metric to take it from).')
     metric, target = config.stop_at_metric, float(config.stop_at_value)
-  s0 = steps_to_target(records, metric, target)
-  if s0 is None:
+  crossing = target_crossing(records, target, metric)
+  if crossing is None:
     best = max((r[metric] for r in records if metric in r), default=None)
     raise PlanError(f'The pilot never reached {metric} >= {target} (best: {best}). Lower '
                     '--target, or train the pilot longer.')
@@ -164,7 +168,7 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
            ' missing') + '). Train it with config.noise_scale=True, more than one device (or '
         "grad_accum_steps > 1) and bn_mode='ghost' or 'per_device'.")
   samples = noise_scale.b_simple_windows(records, windows, last / 2, last)
-  model = pilot_model(int(config['batch_size']), float(s0), b_noise, samples,
+  model = pilot_model(int(config['batch_size']), crossing['step'], b_noise, samples,
                       source=f'pilot {os.path.basename(os.path.normpath(workdir))}')
   model.notes.update(target=target)
   return model
@@ -172,10 +176,14 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
 
 def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
                  warmup: Optional[str] = None) -> Dict[int, Dict]:
-  """Per batch: mean steps to target over the finished seeds that reached it, and B_simple.
+  """Per batch: mean steps to target over its finished seeds, and their median B_simple.
 
   ``rows`` are a sweep's ``results.json`` records; only the selected learning rate of each
-  batch (``best_lr``) and one (rule, warmup) arm count.
+  batch (``best_lr``) and one (rule, warmup) arm count. Each point: ``steps`` (None unless every
+  finished seed reached the target), ``b_simple``, ``seeds`` (finished) and ``missed`` (how many
+  of them never reached it). A batch size that some seeds miss gets no steps, as in the sweep
+  report (`sweep_report.aggregate`): the mean over the seeds that got there would flatter it
+  (only the lucky ones count) and pull the fit towards perfect scaling.
   """
   arms = sorted({(r['rule'], r['warmup']) for r in rows})
   chosen = [a for a in arms if (rule is None or a[0] == rule) and (warmup is None or a[1] == warmup)]
@@ -195,27 +203,38 @@ def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
       p['steps'].append(float(r['steps_to_target']))
     if r.get('b_simple') is not None:
       p['b_simple'].append(float(r['b_simple']))
-  return {b: {'steps': float(np.mean(p['steps'])) if p['steps'] else None,
+  return {b: {'steps': float(np.mean(p['steps'])) if p['steps'] and not p['missed'] else None,
               'b_simple': float(np.median(p['b_simple'])) if p['b_simple'] else None,
-              'missed': p['missed']} for b, p in sorted(points.items())}
+              'seeds': len(p['steps']) + p['missed'], 'missed': p['missed']}
+          for b, p in sorted(points.items())}
 
 
 def sweep_model(points: Dict[int, Dict], use: str = 'fit') -> StepsModel:
   """S_min and B_crit fitted to a sweep (``use='fit'``), or S_min for the measured B_simple.
 
   The range comes from the leave-one-batch-out fits (jackknife). Both B_crit (fit) and
-  B_simple (median over batch sizes of each run's window-mean estimate) are in ``notes``.
+  B_simple (median over batch sizes of each run's window-mean estimate) are in ``notes``, with
+  the batch sizes of the fit (``fit_batches``: where every finished seed reached the target;
+  the planner's default batch sizes for a sweep) and those left out (``excluded``, with how
+  many of their seeds missed the target).
   """
   reached = {b: p['steps'] for b, p in points.items() if p['steps'] is not None}
   if len(reached) < 2:
-    raise PlanError(f'Only {len(reached)} batch size(s) of the sweep reached the target: the fit '
-                    'needs two; lower the target or use one run as a pilot (--pilot).')
+    raise PlanError(f'Only {len(reached)} batch size(s) of the sweep reached the target with '
+                    'every seed: the fit needs two; lower the target or use one run as a pilot '
+                    '(--pilot).')
   batch = np.array(sorted(reached), np.float64)
   steps = np.array([reached[b] for b in sorted(reached)])
   s_min, b_crit = fit_steps_to_target(batch, steps)
   simple = [p['b_simple'] for p in points.values() if p['b_simple'] is not None]
   b_simple = float(np.median(simple)) if simple else None
-  notes = {'s_min_fit': s_min, 'b_crit_fit': b_crit, 'batches': len(reached)}
+  notes = {'s_min_fit': s_min, 'b_crit_fit': b_crit, 'batches': len(reached),
+           'fit_batches': sorted(reached)}
+  missed = {b: p for b, p in points.items() if p['steps'] is None and p.get('missed')}
+  if missed:
+    notes['excluded'] = '; '.join(
+        f'{b} ({p["missed"]} of {p.get("seeds", p["missed"])} seeds missed the target)'
+        for b, p in sorted(missed.items())) + ': not fitted'
   if b_simple is not None:
     notes['b_simple'] = b_simple
   if use == 'b_simple':
@@ -499,8 +518,17 @@ def cluster_from_dict(spec: Dict) -> Tuple[pm.Cluster, List[int]]:
     if isinstance(e, PlanError):
       raise
     raise PlanError(f'Bad cluster description: {e}') from e
-  counts = spec.get('node_counts') or _powers_of_two(cluster.nodes)
-  if any(not isinstance(n, int) or n < 1 or n > cluster.nodes for n in counts):
+  counts = spec.get('node_counts')
+  if counts is None:
+    counts = _powers_of_two(cluster.nodes)
+  elif not isinstance(counts, (list, tuple)) or not counts:
+    # A scalar (``node_counts: 4``) is a plausible slip for a one-element list; iterating it
+    # would be a TypeError and a traceback instead of this message.
+    raise PlanError(f'node_counts must be a list of node counts, e.g. [1, 2, 4], got {counts!r}; '
+                    'leave it out for 1, 2, 4, ... up to nodes.')
+  # bool is an int subclass, but `true` in YAML is no node count.
+  if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 or n > cluster.nodes
+         for n in counts):
     raise PlanError(f'node_counts {counts} must be integers in 1..nodes={cluster.nodes}.')
   return cluster, sorted(set(counts))
 
@@ -622,8 +650,13 @@ def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
               node_counts: Sequence[int], batches: Sequence[int], methods: Sequence[str],
               penalties: Optional[Dict[str, Penalty]] = None, sync_periods: Sequence[int] = (4,),
               sprint_batch: Optional[int] = None, tolerance: float = 0.10,
-              **predict_kwargs) -> Plan:
-  """Every (nodes, batch, method) that runs -> a `Row`; fastest, cheapest-near-fastest, SPRINT."""
+              drop_unfit: bool = False, **predict_kwargs) -> Plan:
+  """Every (nodes, batch, method) that runs -> a `Row`; fastest, cheapest-near-fastest, SPRINT.
+
+  A batch size that fits none of the configurations (splits over none of the node counts'
+  devices) is an error naming it, since the caller asked for it; with ``drop_unfit`` (a default
+  list the user never chose) it is left out and noted in ``skipped`` instead.
+  """
   penalties = penalties or {}
   bad = sorted(set(methods) - set(PLAN_METHODS))
   if bad:
@@ -632,6 +665,7 @@ def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
     raise PlanError('Asynchronous methods need a convergence penalty: pass --penalty_results '
                     '(the sync/async/mixed experiment results.json).')
   rows, skipped = [], []
+  devices = [n * cluster.devices_per_node for n in node_counts]
   for batch in batches:
     fits_somewhere = False
     for n in node_counts:
@@ -643,14 +677,20 @@ def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
             fits_somewhere = True
           except ValueError as e:
             skipped.append(f'{n} node(s), B={batch}, {method}: {e}')
-    if not fits_somewhere:
-      devices = [n * cluster.devices_per_node for n in node_counts]
+    if not fits_somewhere and drop_unfit:
+      skipped.append(f'B={batch}: fits none of the configurations (devices {devices}); left out '
+                     'of the default batch sizes')
+    elif not fits_somewhere:
       raise PlanError(f'Global batch {batch} fits none of the configurations (devices {devices}): '
                       f'{skipped[-1] if skipped else ""}. Use a multiple of the device counts.')
+  if not rows:  # Only with drop_unfit: every default batch size was left out.
+    raise PlanError(f'None of the default batch sizes {list(batches)} fits a configuration '
+                    f'(devices {devices}): give --batches, multiples of the device counts.')
   fastest = min(rows, key=lambda r: r.time)
   near = [r for r in rows if r.time <= (1 + tolerance) * fastest.time]
   cheapest = min(near, key=lambda r: (r.device_hours, r.time))
-  sprint_batch = sprint_batch or int(model.notes.get('pilot_batch', 0)) or min(batches)
+  sprint_batch = (sprint_batch or int(model.notes.get('pilot_batch', 0))
+                  or min(r.global_batch for r in rows))
   meets = [r for r in rows if r.method == 'sync' and r.global_batch >= sprint_batch]
   sprint = min(meets, key=lambda r: (r.epoch_time, r.devices)) if meets else None
   return Plan(rows, fastest, cheapest, sprint, sprint_batch, model, penalties, skipped)
@@ -839,10 +879,18 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   counts = nodes or counts
   if any(n > the_cluster.nodes or n < 1 for n in counts):
     raise PlanError(f'--nodes {counts}: the cluster has 1..{the_cluster.nodes} nodes.')
-  b0 = int(model.notes.get('pilot_batch', 128))
-  batches = batches or [b0 * k // 4 for k in (1, 2, 4, 8, 16, 32, 64, 128) if b0 * k % 4 == 0]
+  # Default batch sizes: around what was measured, where the model is best. A pilot's batch
+  # B0 x 1/4 ... 32; a sweep's own batch sizes (those of its fit). Sizes the user did not choose
+  # that split over none of the node counts' devices are dropped, not refused (`make_plan`).
+  default = not batches
+  if default and 'fit_batches' in model.notes:
+    batches = list(model.notes['fit_batches'])
+  elif default:
+    b0 = int(model.notes.get('pilot_batch', 128))
+    batches = [b0 * k // 4 for k in (1, 2, 4, 8, 16, 32, 64, 128) if b0 * k % 4 == 0]
   return make_plan(model, the_cluster, workload_for(workload, dataset_size, pilot), counts,
-                   batches, method_list, penalties, sync_periods, sprint_batch)
+                   batches, method_list, penalties, sync_periods, sprint_batch,
+                   drop_unfit=default)
 
 
 def write_plan(plan: Plan, out_dir: str) -> List[str]:

@@ -25,6 +25,7 @@ import dataclasses
 import io
 import itertools
 import json
+import math
 import os
 import runpy
 import sys
@@ -288,31 +289,10 @@ def estimate_seconds(runs, eval_size: int, images_per_s: float, overhead_s: floa
 # Reading results: the target crossing and the learning-rate choice.
 
 
-def target_crossing(evals: Sequence[Dict], target: float,
-                    metric: str = 'eval/anp_top1') -> Optional[Dict]:
-  """Where a run's evaluations first reach `target`: {'step', 'eval_step', 'interpolated'}.
-
-  Evaluations are points, every few thousand examples; the first one at or above the target
-  over-states the steps by up to one evaluation interval (±17 % at the small batches of the cpu
-  preset), which biases the B_crit fit. So the crossing is interpolated linearly in (step,
-  accuracy) between the last evaluation below the target and the first at or above it:
-  ``step = s0 + (target - a0) / (a1 - a0) * (s1 - s0)``. When already the first evaluation
-  reaches the target there is nothing to interpolate from: its step is returned (an upper bound;
-  ``interpolated`` False). None if the target is never reached. `evals` in step order.
-  """
-  previous = None
-  for record in evals:
-    if metric not in record:
-      continue
-    step, value = float(record['step']), float(record[metric])
-    if value >= target:
-      if previous is None or previous[0] >= step:
-        return {'step': step, 'eval_step': int(record['step']), 'interpolated': False}
-      s0, a0 = previous
-      crossing = s0 + (target - a0) / (value - a0) * (step - s0)
-      return {'step': crossing, 'eval_step': int(record['step']), 'interpolated': True}
-    previous = (step, value)
-  return None
+# Shared with the planner's pilot (`anp_jax.research.plan.load_pilot`), so one run has the same
+# steps to target whether it is read as a sweep row or as a pilot; it lives in the JAX-free log
+# reader, which both import.
+target_crossing = metrics_io.target_crossing
 
 
 def select_best_lr(rows: List[Dict], key: Callable[[Dict], object] = None) -> List[Dict]:
@@ -323,6 +303,11 @@ def select_best_lr(rows: List[Dict], key: Callable[[Dict], object] = None) -> Li
   competes on steps only if all its seeds finished and reached the target; if none does, the
   best mean final top-1 wins. A diverged or unfinished run is never chosen. Within one group
   every run has the same examples per step, so fewest steps is fewest examples.
+
+  Ties are common: a crossing at the first evaluation is not interpolated (`target_crossing`),
+  so every multiplier that is already above the target there has the same steps. They go to the
+  higher mean final top-1, then to the smaller multiplier (the more stable rate), never to the
+  order of the rows (run names sort as strings: 'lrx10' < 'lrx2').
   """
   key = key or (lambda r: (r['batch'], r['rule'], r['warmup']))
   groups = {}
@@ -335,11 +320,14 @@ def select_best_lr(rows: List[Dict], key: Callable[[Dict], object] = None) -> Li
 
     def score(mult):
       runs = by_mult[mult]
-      if all(r['status'] == 'finished' for r in runs):
-        if all(r['steps_to_target'] is not None for r in runs):
-          return (0, sum(r['steps_to_target'] for r in runs) / len(runs), 0.0)
-        return (1, 0.0, -sum(r['final_top1'] for r in runs) / len(runs))
-      return (2, 0.0, 0.0)
+      if not all(r['status'] == 'finished' for r in runs):
+        return (2, 0.0, 0.0, mult)
+      top1 = [r['final_top1'] for r in runs]
+      # A finished run without a final accuracy (no evaluation) loses every accuracy tie.
+      top1 = sum(top1) / len(top1) if None not in top1 else -math.inf
+      if all(r['steps_to_target'] is not None for r in runs):
+        return (0, sum(r['steps_to_target'] for r in runs) / len(runs), -top1, mult)
+      return (1, 0.0, -top1, mult)
 
     best = min(by_mult, key=score)
     if score(best)[0] == 2:
