@@ -26,8 +26,10 @@ ratio is the median of per-round ratios, so a machine whose load changes during 
 2-core reference machine is shared) biases neither side.
 
 FLOPs come from XLA's cost analysis of the compiled step (forward + backward + update, per
-image); MFU = achieved FLOP/s / the peak FLOP/s measured in the same run by a large matrix
-multiplication in the model's compute dtype.
+image; with gradient accumulation, of the same global batch without it: `train_step_flops`);
+MFU = achieved FLOP/s / the job's peak FLOP/s, from a large matrix multiplication in the model's
+compute dtype timed in the same run on one device (`job_peak_flops`: times the devices on
+accelerators, the host's own on CPU, where simulated devices share its cores).
 """
 
 import contextlib
@@ -39,7 +41,7 @@ import resource
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -165,6 +167,24 @@ def measure_peak_flops(dtype: str = 'float32', n: Optional[int] = None, repeats:
           'device': str(device.device_kind)}
 
 
+def job_peak_flops(device_peak: float, platform: str, devices: int,
+                   processes: int) -> Tuple[float, int, str]:
+  """The whole job's peak FLOP/s from `measure_peak_flops` on one device: (peak, multiplier, why).
+
+  An accelerator computes on its own: the job's peak is one device's times the devices. On CPU
+  the devices of a process (``--xla_force_host_platform_device_count``) are simulated: they share
+  the host's cores, and the matmul on one of them already runs on all of them (XLA:CPU's thread
+  pool), so multiplying by the simulated devices would state MFU that many times too low for the
+  same work. There the peak is the host's, counted once per process (each process is taken to
+  be its own host; processes sharing one host, as `scaling_runs`' layouts do, overstate it).
+  """
+  if platform == 'cpu':
+    return (device_peak * processes, processes,
+            f'the host\'s ({processes} process(es) x one matmul on all cores; simulated CPU '
+            'devices share them)')
+  return device_peak * devices, devices, f'one device\'s x {devices} devices'
+
+
 def memory_report(compiled=None) -> Dict[str, Any]:
   """Peak device memory (when the backend reports it), XLA's buffer plan, host peak RSS."""
   import jax
@@ -259,6 +279,31 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   return BareStep(setup, state, batch, compiled, compile_s, model, tx)
 
 
+def train_step_flops(config, bare: BareStep) -> float:
+  """FLOPs of one train step of the whole job (every device), from XLA's cost analysis.
+
+  The compiled step is the per-device SPMD program, so its count is one device's share. With
+  gradient accumulation (``grad_accum_steps`` k > 1) the micro-batches run in a `lax.scan`
+  (`anp_jax.steps`), whose body the cost analysis counts once, not k - 1 times: FLOPs and MFU
+  came out at about 2/k of the truth. The count is then taken from the same global batch with
+  k = 1: the same examples through the same model and one optimizer update, i.e. the same work
+  (accumulation only splits it in time). That step is lowered and compiled for the analysis only,
+  never run, so its activations need not fit in memory.
+  """
+  import jax
+  from anp_jax import executors, setup as run_setup
+  compiled = bare.compiled
+  if bare.setup.accum_steps > 1:
+    c = config.copy_and_resolve_references()
+    c.grad_accum_steps = 1
+    big = int(c.batch_size) * 10_000  # As in `build_bare_step`: only the schedule uses it.
+    setup = run_setup.resolve_setup(c, big, big)
+    executor = executors.make_executor(c, bare.model, bare.tx, setup, executors.make_mesh())
+    # Same state and batch (shapes and shardings): lowering neither runs nor donates them.
+    compiled = executor.train_step.lower(bare.state, bare.batch).compile()
+  return compiled_flops(compiled) * jax.device_count()
+
+
 def build_reference_step(config, seed: int = 0):
   """A plain jax.jit + optax loop of the same model on one device: no framework code.
 
@@ -335,6 +380,28 @@ def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
           'loop_reported_images_per_s': float(last.get('train/images_per_s', float('nan')))}
 
 
+# What a training run leaves in its workdir (`trainer`, `checkpointing`).
+RUN_FILES = ('metrics.jsonl', 'final_metrics.json', 'checkpoints', 'checkpoints_best')
+
+
+def check_loop_workdir(workdir: Optional[str]):
+  """Raises `errors.ConfigError` (exit 2) if `workdir` already holds a training run.
+
+  The trainer resumes whatever run it finds there: with the same settings it trains nothing and
+  the rate would be the old run's, read from its metrics.jsonl; with more steps the timed window
+  would span both invocations. A benchmark measures this invocation, so it needs a fresh one.
+  """
+  from anp_jax import errors
+  if workdir is None:
+    return
+  found = [f for f in RUN_FILES if os.path.exists(os.path.join(workdir, f))]
+  if found:
+    raise errors.ConfigError(
+        f'The loop workdir {workdir} already holds a training run ({", ".join(found)}): the '
+        'trainer would resume it instead of timing a new one. Pass an empty or new --workdir '
+        '(or none: a temporary directory), or delete that run.')
+
+
 def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str, Any]:
   """Runs `trainer.train_and_evaluate` and reads its steady-state rate from metrics.jsonl.
 
@@ -343,8 +410,15 @@ def measure_loop(config, steps: int, workdir: Optional[str] = None) -> Dict[str,
   steps and the timed window runs from the first log line (step L: compilation and warm-up are
   before it) to the last. Evaluation runs only at the end (after the window); the config's
   checkpoint cadence is kept.
+
+  `workdir` (default: a temporary directory, deleted afterwards) keeps the loop's files for
+  inspection. It must not hold a run already (`check_loop_workdir` raises a ValueError before
+  anything is trained): the trainer would resume that run, and a rerun of the benchmark into the
+  same directory would report the earlier run's rate without training a step. Refused rather
+  than timed in a fresh subdirectory, so the files are always where the user pointed.
   """
   from anp_jax import trainer
+  check_loop_workdir(workdir)
   c = config.copy_and_resolve_references()
   every = max(1, int(c.log_every_steps))
   c.num_train_steps = every * (1 + max(1, -(-steps // every)))
@@ -409,8 +483,9 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   bare = build_bare_step(config)
   progress(f'compiled in {bare.compile_s:.1f} s')
   b = config.batch_size
-  # The compiled step is the per-device SPMD program: its cost analysis is one device's share.
-  flops_step = compiled_flops(bare.compiled) * jax.device_count()
+  if config.grad_accum_steps > 1:
+    progress('compiling the step without gradient accumulation for its FLOP count...')
+  flops_step = train_step_flops(config, bare)
   result['compile_s'] = bare.compile_s
   result['flops_per_image_train'] = flops_step / b
   sizes = head_sizes(config)
@@ -465,12 +540,14 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   progress('measuring the matmul peak FLOP/s...')
   peak = measure_peak_flops(config.model.dtype, peak_n)
   progress(f'peak {peak["flops_per_s"] / 1e9:.1f} GFLOP/s')
+  # The peak was timed on one device; the step runs on all devices of the job.
+  job_peak, multiplier, why = job_peak_flops(peak['flops_per_s'], jax.local_devices()[0].platform,
+                                             jax.device_count(), jax.process_count())
+  peak.update(job_flops_per_s=job_peak, job_multiplier=multiplier, job_peak=why)
   result['peak'] = peak
-  n_dev = jax.device_count()
   achieved = result['bare']['images_per_s'] * result['flops_per_image_train']
   result['achieved_flops_per_s'] = achieved
-  # Peak is per device; the step runs on all devices of the job.
-  result['mfu'] = achieved / (peak['flops_per_s'] * n_dev)
+  result['mfu'] = achieved / job_peak
 
   result['loop'] = None
   if loop:
@@ -487,8 +564,7 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
     bracket = 0.5 * (result['bare']['images_per_s'] + result['bare_after_loop']['images_per_s'])
     result['loop'] = lr
     result['ratios']['loop/bare'] = lr['images_per_s'] / bracket
-    result['loop']['mfu'] = lr['images_per_s'] * result['flops_per_image_train'] / (
-        peak['flops_per_s'] * n_dev)
+    result['loop']['mfu'] = lr['images_per_s'] * result['flops_per_image_train'] / job_peak
   else:
     result['loop_skipped'] = 'disabled (--noloop)'
   return result
@@ -512,6 +588,8 @@ def table(result: Dict[str, Any]) -> str:
            f"GFLOP/image/train step ({result['flops_per_image_forward'] / 1e9:.3f} forward) | "
            f"peak {result['peak']['flops_per_s'] / 1e9:.1f} GFLOP/s ({result['peak']['dtype']} "
            f"{result['peak']['n']}^3 matmul) | params {result['n_params']:,}",
+           f"MFU against the job peak {result['peak']['job_flops_per_s'] / 1e9:.1f} GFLOP/s: "
+           f"{result['peak']['job_peak']}",
            f"{'':24s}{'images/s':>10s}{'step ms':>10s}{'p10-p90 ms':>16s}{'MFU':>8s}"]
 
   def row(name, r, mfu=None):
@@ -555,15 +633,50 @@ def write_json(result: Dict[str, Any], path: str):
 SCALING_LAYOUTS = (('1proc_x_1dev', 1, 1), ('1proc_x_2dev', 1, 2), ('2proc_x_1dev', 2, 1))
 
 
+# Flags of experiments/benchmark.py that `scaling_runs` sets for each child itself: a flag with
+# a value (its space-separated value goes too), and booleans (--x, --nox, --x=v; no value).
+SCALING_OWN_FLAGS = ('out',)
+SCALING_OWN_BOOLS = ('scaling',)
+
+
+def scaling_child_args(args: Sequence[str]) -> List[str]:
+  """The parent's command-line arguments without those `scaling_runs` sets per child.
+
+  Every spelling absl accepts is removed: ``--out=PATH``, ``--out PATH`` (the value too: left
+  behind it would be a stray positional argument and the child would exit with "Unexpected
+  arguments"), ``-out``, and ``--scaling`` / ``--noscaling`` / ``--scaling=true``. Anything else
+  (``--config.x=y``, ``--outline``) is passed on as it was.
+  """
+  out, skip, flags_end = [], False, False
+  for arg in args:
+    if skip:
+      skip = False
+      continue
+    flags_end = flags_end or arg == '--'  # After '--' everything is positional: kept as is.
+    name, has_value = arg, False
+    if arg.startswith('-') and not flags_end:
+      name, has_value = arg.lstrip('-').split('=', 1)[0], '=' in arg
+    if name in SCALING_OWN_FLAGS:
+      skip = not has_value
+      continue
+    if name in SCALING_OWN_BOOLS or (name.startswith('no') and name[2:] in SCALING_OWN_BOOLS):
+      continue
+    out.append(arg)
+  return out
+
+
 def scaling_runs(script: str, args: Sequence[str], out_dir: str,
                  timeout_s: float = 1800) -> Dict[str, Any]:
   """Runs `script` (experiments/benchmark.py) once per `SCALING_LAYOUTS` entry; same global batch.
 
-  Each run times only the bare step (no loop, reference or torch). Returns per layout images/s,
-  step times and speed-up / efficiency relative to one process with one device.
+  `args`: the parent's command line (``sys.argv[1:]``); its ``--out`` and ``--scaling`` in any
+  form are dropped (`scaling_child_args`) and each child gets its own. Each run times only the
+  bare step (no loop, reference or torch). Returns per layout images/s, step times and speed-up
+  / efficiency relative to one process with one device.
   """
   import subprocess
   os.makedirs(out_dir, exist_ok=True)
+  args = scaling_child_args(args)
   rows = {}
   for name, procs, local in SCALING_LAYOUTS:
     children = []

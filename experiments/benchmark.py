@@ -37,7 +37,8 @@ flags.DEFINE_bool('torch', True, 'Also time PyTorch (CPU, float32) when it is in
 flags.DEFINE_bool('cpu_flags', True, "anp_jax's XLA:CPU defaults (anp_jax/xla_flags.py: "
                   'convolutions through Eigen instead of YNNPACK); --nocpu_flags: without them.')
 flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
-flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp dir).')
+flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp '
+                    'dir); must not hold a run already (the trainer would resume it): exit 2.')
 flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1 device, 1 x 2 '
                   'simulated devices and 2 processes x 1 device (127.0.0.1), same global batch; '
                   'JSON per layout next to --out.')
@@ -58,14 +59,19 @@ def main(argv):
   if not FLAGS.cpu_flags:
     xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
   if FLAGS.scaling:
-    args = [a for a in sys.argv[1:] if not a.startswith(('--out', '--scaling'))]
-    rows = benchmarking.scaling_runs(os.path.abspath(__file__), args,
+    # scaling_runs drops --out and --scaling in every spelling (--out PATH with its value too).
+    rows = benchmarking.scaling_runs(os.path.abspath(__file__), sys.argv[1:],
                                      os.path.splitext(FLAGS.out)[0] + '_scaling')
     benchmarking.write_json(rows, FLAGS.out)
     for name, r in rows.items():
       print(f"{name:14s} {r['images_per_s']:8.1f} images/s  step {1e3 * r['step_time_median_s']:7.1f}"
             f" ms  speed-up {r['speedup']:.2f}  efficiency {r['efficiency']:.2f}", flush=True)
     return 0
+  try:  # Before minutes of compiling and timing, not after.
+    benchmarking.check_loop_workdir(FLAGS.workdir if FLAGS.loop else None)
+  except ValueError as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   distributed.initialize()  # Multi-process runs (ANP_* environment); nothing for one process.
   result = benchmarking.run_benchmark(
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,

@@ -55,8 +55,9 @@ def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   assert peak['flops_per_s'] == pytest.approx(2 * 256 ** 3 / peak['seconds'], rel=1e-9)
   assert loaded['achieved_flops_per_s'] == pytest.approx(
       loaded['bare']['images_per_s'] * loaded['flops_per_image_train'], rel=1e-9)
+  # 8 simulated CPU devices share the host's cores: the job's peak is the host's.
   assert loaded['mfu'] == pytest.approx(loaded['achieved_flops_per_s'] /
-                                        (8 * peak['flops_per_s']), rel=1e-9)
+                                        peak['flops_per_s'], rel=1e-9)
   assert 0 < loaded['mfu'] < 2
   loop = loaded['loop']
   assert loop['timed_steps'] == 2
@@ -95,6 +96,99 @@ def test_scaling_runs_each_layout_as_its_own_job_at_the_same_global_batch(data_d
     assert row['speedup'] == pytest.approx(row['images_per_s'] / base, rel=1e-12)
     assert row['efficiency'] == pytest.approx(row['speedup'] / row['devices'], rel=1e-12)
     assert (tmp_path / 'scaling' / f'{name}.json').exists()
+
+
+_QUICK = {}
+
+
+def _quick_benchmark(data_dir, accum):
+  """`run_benchmark` of the tiny model, bare step only, one timed step: the cheap figures
+  (FLOPs, peak, MFU). Batch 128 on 8 devices: micro-batches of 4 (bn_group_size) at k = 4."""
+  if accum not in _QUICK:
+    config = tiny_config(data_dir, batch_size=128, grad_accum_steps=accum)
+    _QUICK[accum] = benchmarking.run_benchmark(
+        config, warmup_steps=0, windows=1, steps_per_window=1, loop=False, reference=False,
+        torch_compare=False, peak_n=128)
+  return _QUICK[accum]
+
+
+@pytest.mark.slow(10)
+def test_train_flops_per_image_do_not_depend_on_grad_accumulation(data_dir):
+  """Accumulated micro-batches run in a `lax.scan`, whose body XLA's cost analysis counts once:
+  the same examples through the same model are the same FLOPs, whatever k."""
+  one, four = _quick_benchmark(data_dir, 1), _quick_benchmark(data_dir, 4)
+  assert four['config']['grad_accum_steps'] == 4
+  assert four['flops_per_image_train'] == pytest.approx(one['flops_per_image_train'], rel=0.03)
+  assert four['achieved_flops_per_s'] == pytest.approx(
+      four['bare']['images_per_s'] * four['flops_per_image_train'], rel=1e-9)
+
+
+@pytest.mark.slow(5)
+def test_cpu_mfu_is_against_the_hosts_peak_not_one_per_simulated_device(data_dir):
+  """8 simulated CPU devices share the host's cores, and the matmul peak on one of them already
+  uses all of them: the job's peak is the host's, not 8 times it."""
+  result = _quick_benchmark(data_dir, 1)
+  assert result['environment']['devices'] == 8 and result['environment']['processes'] == 1
+  peak = result['peak']
+  assert result['mfu'] == pytest.approx(result['achieved_flops_per_s'] / peak['flops_per_s'],
+                                        rel=1e-9)
+  assert peak['job_flops_per_s'] == peak['flops_per_s'] and peak['job_multiplier'] == 1
+  assert 'host' in peak['job_peak']
+  # Devices with their own compute: the job's peak is one device's times the devices.
+  assert benchmarking.job_peak_flops(1e12, 'gpu', 8, 2)[:2] == (8e12, 8)
+  # CPU processes: one host each (processes sharing a host, as --scaling's, overstate it).
+  assert benchmarking.job_peak_flops(1e11, 'cpu', 8, 2)[:2] == (2e11, 2)
+  assert 'job peak' in benchmarking.table(result)
+
+
+@pytest.mark.slow(15)
+def test_loop_workdir_that_already_holds_a_run_is_refused(data_dir, tmp_path):
+  """A second measurement in the same --workdir would resume the finished run, train nothing and
+  report the first run's rate from its metrics.jsonl."""
+  config = tiny_config(data_dir)
+  workdir = tmp_path / 'loop'
+  first = benchmarking.measure_loop(config, 2, str(workdir))
+  metrics = (workdir / 'metrics.jsonl').read_text()
+  with pytest.raises(ValueError, match='already holds a training run') as e:
+    benchmarking.measure_loop(config, 2, str(workdir))
+  assert 'Pass an empty or new --workdir' in str(e.value)
+  assert (workdir / 'metrics.jsonl').read_text() == metrics  # Left as it was.
+  assert first['timed_steps'] == 2
+  # Checkpoints alone (a run preempted before its first log line) are a run too.
+  (tmp_path / 'ckpt' / 'checkpoints').mkdir(parents=True)
+  with pytest.raises(ValueError, match='already holds a training run'):
+    benchmarking.check_loop_workdir(str(tmp_path / 'ckpt'))
+  # An empty or missing directory is fine.
+  (tmp_path / 'empty').mkdir()
+  benchmarking.check_loop_workdir(str(tmp_path / 'empty'))
+  benchmarking.check_loop_workdir(str(tmp_path / 'missing'))
+
+
+FAKE_BENCHMARK = """
+import json, sys
+out = [a.split('=', 1)[1] for a in sys.argv[1:] if a.startswith('--out=')][-1]
+json.dump({'argv': sys.argv[1:], 'compile_s': 1.0, 'environment': {'load_average': [0, 0, 0]},
+           'bare': {'images_per_s': 10.0, 'step_time_median_s': 0.1}}, open(out, 'w'))
+"""
+
+
+def test_scaling_children_get_the_arguments_without_out_or_scaling_in_any_form(tmp_path):
+  """`benchmark.py --scaling --out PATH`: the children get their own --out; the parent's, in
+  any spelling (and the value of its space-separated form), must not reach them."""
+  script = tmp_path / 'fake_benchmark.py'
+  script.write_text(FAKE_BENCHMARK)
+  kept = ['--config=c.py', '--config.batch_size', '64', '--workdir', '/w', '--windows=2',
+          '--outline=1']
+  argv = ['--scaling', '--out', '/tmp/parent.json', kept[0], '-out', '/p2', *kept[1:3],
+          '--out=/p3', '--scaling=true', '--noscaling', *kept[3:]]
+  benchmarking.scaling_runs(str(script), argv, str(tmp_path / 'scaling'), timeout_s=60)
+  for name, _, _ in benchmarking.SCALING_LAYOUTS:
+    child = json.loads((tmp_path / 'scaling' / f'{name}.json').read_text())['argv']
+    out = os.path.join(str(tmp_path / 'scaling'), name + '.json')
+    assert child == kept + ['--noloop', '--noreference', '--notorch', '--noscaling',
+                            f'--out={out}'], name
+  assert benchmarking.scaling_child_args(argv) == kept
+  assert benchmarking.scaling_child_args(['--out', 'x', '--', '--out']) == ['--', '--out']
 
 
 def test_reference_step_runs_and_counts_the_same_params(data_dir):

@@ -327,6 +327,31 @@ def test_best_lr_per_batch_is_fewest_steps_then_best_accuracy():
   assert best == {(64, 0.5), (128, 2.0)}
 
 
+def test_best_lr_tie_in_steps_goes_to_the_better_accuracy_not_the_name():
+  """Two multipliers whose first evaluation already reaches the target tie on steps (that
+  evaluation's step, not interpolated); run names sort as strings (lrx10 < lrx2)."""
+  hi = [{'step': 100, 'eval/anp_top1': 0.30}, {'step': 200, 'eval/anp_top1': 0.62}]
+  lo = [{'step': 100, 'eval/anp_top1': 0.26}, {'step': 200, 'eval/anp_top1': 0.31}]
+
+  def row(mult, evals, seed=0):
+    steps = sweep.target_crossing(evals, 0.25)['step']
+    return dict(_row(32, mult, seed, steps, evals[-1]['eval/anp_top1']),
+                name=f'b00032-linear-warmup-lrx{mult:g}-s{seed}')
+
+  for evals_2, evals_10, winner in ((hi, lo, 2.0), (lo, hi, 10.0)):
+    rows = sorted([row(2, evals_2), row(10, evals_10)], key=lambda r: r['name'])
+    assert rows[0]['steps_to_target'] == rows[1]['steps_to_target'] == 100
+    best = [r['lr_mult'] for r in sweep.select_best_lr(rows) if r['best_lr']]
+    assert best == [winner]
+  # A full tie (steps and accuracy): the smaller multiplier, whatever the row order.
+  for order in (1, -1):
+    rows = [row(2, hi), row(10, hi)][::order]
+    assert [r['lr_mult'] for r in sweep.select_best_lr(rows) if r['best_lr']] == [2.0]
+  # None reaches the target: best accuracy, then the smaller multiplier.
+  rows = [_row(32, 10, 0, None, 0.2), _row(32, 2, 0, None, 0.2), _row(32, 4, 0, None, 0.1)]
+  assert [r['lr_mult'] for r in sweep.select_best_lr(rows) if r['best_lr']] == [2]
+
+
 # ----------------------------------------------------------------------------------------------
 # (d) A tiny sweep end to end.
 

@@ -62,15 +62,26 @@ def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
   target over the seeds, only when every finished seed reached it: a mean over the survivors
   alone would flatter the batch sizes that reach it only sometimes; such entries are left out of
   the B_crit fit and the table names the count), steps_reached / examples_reached (mean over the
-  seeds that reached it, whatever the others did), b_simple (median), lr, diverged (count).
+  seeds that reached it, whatever the others did), b_simple (median), lr, diverged / unfinished
+  (counts of runs).
+
+  A batch size whose learning-rate search made no choice (with ``--lr_search``: every multiplier
+  has a diverged or unfinished seed, so no row is ``best_lr``) is kept, not dropped: an entry
+  with n = 0, lr None (no rate was chosen) and the diverged / unfinished counts over all its
+  runs, as a batch size with a single diverged multiplier shows (a blow-up at large batch is a
+  result).
   """
   out = {}
   for arm in _arms(rows):
     entries = []
-    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm and r.get('best_lr', True)]
-    for batch in sorted({r['batch'] for r in arm_rows}):
+    all_arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm]
+    arm_rows = [r for r in all_arm_rows if r.get('best_lr', True)]
+    for batch in sorted({r['batch'] for r in all_arm_rows}):
       runs = [r for r in arm_rows if r['batch'] == batch]
-      done = [r for r in runs if r['status'] == 'finished']
+      chosen = bool(runs)
+      if not chosen:  # No multiplier chosen: count every run, report no accuracy.
+        runs = [r for r in all_arm_rows if r['batch'] == batch]
+      done = [r for r in runs if r['status'] == 'finished'] if chosen else []
       reached = [r for r in done if r['steps_to_target'] is not None]
       noise = [r['b_simple'] for r in done if r['b_simple'] is not None]
       top1 = [r['final_top1'] for r in done]
@@ -81,7 +92,8 @@ def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
       every = bool(done) and len(reached) == len(done)
       entries.append({
           'batch': batch, 'n': len(done),
-          'diverged': sum(r['status'] == 'diverged' for r in runs),
+          'runs': len(runs), 'diverged': sum(r['status'] == 'diverged' for r in runs),
+          'unfinished': sum(r['status'] not in ('finished', 'diverged') for r in runs),
           'top1': float(np.mean(top1)) if top1 else None,
           'top1_std': float(np.std(top1)) if top1 else None,
           'best_top1': float(np.mean([r['best_top1'] for r in done])) if done else None,
@@ -90,7 +102,7 @@ def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
           'steps_reached': steps_reached, 'examples_reached': examples_reached,
           'reached': len(reached), 'not_reached': len(done) - len(reached),
           'b_simple': float(np.median(noise)) if noise else None,
-          'lr': runs[0]['lr'], 'total_steps': runs[0]['total_steps'],
+          'lr': runs[0]['lr'] if chosen else None, 'total_steps': runs[0]['total_steps'],
       })
     out[arm] = entries
   return out
@@ -192,12 +204,23 @@ def plot_steps(agg, target: float, path: str) -> str:
   return _finish(fig, ax, path)
 
 
+def _run_counts(e) -> str:
+  """'2 diverged', '1 diverged, 1 unfinished': what the runs of an entry without a result did
+  (finished ones too: a searched rate with one diverged seed is not chosen, its other seeds
+  may have finished)."""
+  finished = e['runs'] - e['diverged'] - e['unfinished']
+  counts = (('diverged', e['diverged']), ('unfinished', e['unfinished']), ('finished', finished))
+  return ', '.join(f'{n} {what}' for what, n in counts if n)
+
+
 def _missed(agg) -> List[str]:
-  """Per arm, the batch sizes with finished seeds that did not reach the target (and how many)."""
+  """Per arm, the batch sizes with finished seeds that did not reach the target (and how many),
+  and those with no finished run at all (diverged or unfinished: no point either)."""
   out = []
   for arm, entries in agg.items():
-    batches = [f"{e['batch']} ({e['not_reached']} of {e['n']} seeds)" for e in entries
-               if e['n'] and e['not_reached']]
+    batches = [f"{e['batch']} ({e['not_reached']} of {e['n']} seeds)" if e['n'] else
+               f"{e['batch']} (no result: {_run_counts(e)})" for e in entries
+               if (e['n'] and e['not_reached']) or (not e['n'] and e['runs'])]
     if batches:
       out.append(f'{arm_label(*arm)}: B = {", ".join(batches)}')
   return out
@@ -333,7 +356,9 @@ def make_report(out_dir: str) -> str:
       top1 = _pct(e['top1']) + (f' ± {100 * e["top1_std"]:.2f}' if e['n'] > 1 else '')
       if e['n'] == 0:
         top1 = 'diverged' if e['diverged'] else 'unfinished'
-      lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {e["lr"]:.4g} | {top1} | '
+        if e['runs'] > 1:  # Seeds or searched rates: say how many, and what they did.
+          top1 = f'{e["runs"]} runs: {_run_counts(e)}'
+      lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {_fmt(e["lr"], ".4g")} | {top1} | '
                    f'{_pct(e["best_top1"])} | {steps} | {_fmt(e["examples_reached"])} | '
                    f'{_fmt(e["b_simple"], ".1f")} |')
   lines.append('')
@@ -359,8 +384,11 @@ def make_report(out_dir: str) -> str:
   lines += ['## Critical batch size (McCandlish et al. 2018)', '',
             '![fit](noise_scale_fit.png)', '',
             'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '
-            'linear in 1/B); E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² is the median over runs '
-            'of each run\'s median logged noise scale over the second half of training.', '',
+            'linear in 1/B); E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² of a run is the ratio '
+            'of the means of its logged tr(Σ) and |G|² estimates over the second half of the '
+            'steps it trained (not a statistic of the per-step ratios, which is biased); the '
+            'table above shows the median over seeds, this one the median over batch sizes.',
+            '',
             '| arm | points | S_min | B_crit | E_min | median measured B_simple | note |',
             '|---|---:|---:|---:|---:|---:|---|']
   for arm, fit in fits.items():

@@ -1,0 +1,99 @@
+"""Edges of the batch-size sweep report (anp_jax/research/sweep_report.py) on hand-made rows.
+
+A batch size where no learning-rate multiplier produced a choice (all diverged or unfinished)
+stays in the report, and the report describes B_simple as it is computed. No training: the rows
+are what `sweep.collect_results` would return.
+"""
+
+import json
+
+import pytest
+
+from anp_jax.research import noise_scale, sweep
+from anp_jax.research import sweep_report as report
+
+
+def _row(batch, mult, status, steps=None, top1=None, seed=0, b_simple=None):
+  return {'name': f'b{batch:05d}-linear-warmup-lrx{mult:g}-s{seed}', 'batch': batch,
+          'rule': 'linear', 'warmup': 'on', 'seed': seed, 'lr_mult': mult, 'lr': 0.1 * mult,
+          'base_lr': 0.1, 'warmup_epochs': 1.0, 'epochs': 1.0, 'devices': 1,
+          'per_device_batch': batch, 'accum_steps': 1, 'steps_per_epoch': 10,
+          'total_steps': 100, 'status': status, 'final_step': 100, 'final_top1': top1,
+          'final_top5': top1, 'best_top1': top1, 'target_top1': 0.25, 'steps_to_target': steps,
+          'examples_to_target': None if steps is None else steps * batch,
+          'epochs_to_target': None, 'wall_time_s': 1.0, 'b_simple': b_simple, 'best_lr': True,
+          'error': None}
+
+
+def _searched_rows():
+  """--lr_search 1,2: B=32 has a best rate; every multiplier of B=1024 diverged; B=2048 has one
+  diverged and one unfinished (interrupted) multiplier."""
+  return [_row(32, 1, 'finished', 50, 0.5), _row(32, 2, 'finished', 40, 0.5),
+          _row(1024, 1, 'diverged'), _row(1024, 2, 'diverged'),
+          _row(2048, 1, 'diverged'), _row(2048, 2, 'incomplete')]
+
+
+def test_batch_with_no_chosen_lr_stays_in_the_report_with_its_counts(tmp_path):
+  rows = sweep.select_best_lr(_searched_rows())
+  assert {(r['batch'], r['lr_mult']) for r in rows if r['best_lr']} == {(32, 2)}
+  entries = {e['batch']: e for e in report.aggregate(rows)[('linear', 'on')]}
+  # Every batch size of the sweep is in the table, as with a single multiplier.
+  assert sorted(entries) == [32, 1024, 2048]
+  assert (entries[1024]['n'], entries[1024]['diverged'], entries[1024]['unfinished']) == (0, 2, 0)
+  assert (entries[2048]['n'], entries[2048]['diverged'], entries[2048]['unfinished']) == (0, 1, 1)
+  assert entries[1024]['top1'] is None and entries[1024]['steps'] is None
+  assert entries[1024]['lr'] is None  # No rate was chosen: no "peak lr" to show.
+  assert entries[32]['lr'] == pytest.approx(0.2) and entries[32]['unfinished'] == 0
+  # Without a choice nothing enters the fit.
+  assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['points'] == 1
+
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  text = open(report.make_report(str(tmp_path))).read()
+  table = [line for line in text.splitlines() if line.startswith('| linear rule, warmup |')]
+  cells = {int(line.split('|')[2]): line for line in table[:3]}
+  assert sorted(cells) == [32, 1024, 2048]
+  assert '| 2 runs: 2 diverged |' in cells[1024] and '| 1024 | — |' in cells[1024]
+  assert '| 2 runs: 1 diverged, 1 unfinished |' in cells[2048]
+  # ... and named under the steps figure with the runs that did not reach the target.
+  missed = text.split('did not reach', 1)[1].split('##', 1)[0]
+  assert '1024 (no result: 2 diverged)' in missed
+  assert '2048 (no result: 1 diverged, 1 unfinished)' in missed
+
+
+def test_searched_rate_with_one_diverged_seed_counts_its_finished_seed():
+  rows = sweep.select_best_lr([_row(64, 1, 'finished', 50, 0.5, seed=0),
+                               _row(64, 1, 'diverged', seed=1),
+                               _row(64, 2, 'diverged', seed=0), _row(64, 2, 'diverged', seed=1)])
+  assert not any(r['best_lr'] for r in rows)
+  (entry,) = report.aggregate(rows)[('linear', 'on')]
+  assert (entry['n'], entry['runs'], entry['diverged'], entry['unfinished']) == (0, 4, 3, 0)
+  assert entry['top1'] is None  # No accuracy of a rate that was not chosen.
+  assert report._run_counts(entry) == '3 diverged, 1 finished'
+
+
+def test_single_multiplier_diverged_batch_is_reported_as_before():
+  rows = sweep.select_best_lr([_row(32, 1, 'finished', 50, 0.5), _row(1024, 1, 'diverged')])
+  entries = {e['batch']: e for e in report.aggregate(rows)[('linear', 'on')]}
+  assert sorted(entries) == [32, 1024]
+  assert (entries[1024]['n'], entries[1024]['diverged']) == (0, 1)
+  assert entries[1024]['lr'] == pytest.approx(0.1)  # Its only rate is its rate.
+
+
+def test_report_describes_b_simple_as_summarize_run_computes_it(tmp_path):
+  # The method: per run, mean tr(Σ) / mean |G|² over the window, not a median of per-step
+  # ratios; here the two differ (ratios 1, 1, 10: median 1; means 1 / 0.7).
+  records = [{'step': s, noise_scale.G2_FIELD: g2, noise_scale.TRACE_FIELD: tr}
+             for s, g2, tr in ((2, 1.0, 1.0), (4, 1.0, 1.0), (6, 0.1, 1.0))]
+  assert noise_scale.window_b_simple(records) == pytest.approx(3.0 / 2.1)
+  rows = [_row(32, 1, 'finished', 50, 0.5, b_simple=2.0),
+          _row(64, 1, 'finished', 30, 0.5, b_simple=4.0, seed=0),
+          _row(64, 1, 'finished', 30, 0.5, b_simple=8.0, seed=1)]
+  rows[2]['name'] = 'b00064-linear-warmup-lrx1-s1'
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  text = ' '.join(open(report.make_report(str(tmp_path))).read().split())
+  assert 'median logged noise scale' not in text
+  assert ('ratio of the means of its logged tr(Σ) and |G|² estimates over the second half of '
+          'the steps it trained') in text
+  # Table: median over seeds (B=64: 6.0); fit table: median over batch sizes (of 2 and 6: 4).
+  assert '| linear rule, warmup | 64 |' in text and '| 6.0 |' in text
+  assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['b_simple_median'] == 4.0
