@@ -43,7 +43,8 @@ def to_steps(*, steps_per_epoch: float, epochs: Optional[float] = None,
   elif rounding == 'floor':
     n = math.floor(raw + _EPS)
   else:
-    n = int(math.floor(raw + 0.5))  # Half up, not Python's half-to-even.
+    # Half up, not Python's half-to-even; _EPS: 2.3 x 25 = 57.49999... means 57.5.
+    n = int(math.floor(raw + 0.5 + _EPS))
   return max(int(minimum), int(n))
 
 

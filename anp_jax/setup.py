@@ -152,9 +152,59 @@ def validate_config(config) -> None:
     if config.eval_every_epochs <= 0:
       raise ConfigError('config.stop_at_metric needs periodic evaluation: set '
                        'config.eval_every_epochs > 0.')
+  _check_ranges(config)
   methods.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
+
+
+# Numeric fields and their valid ranges, (low, high, low inclusive, high inclusive) and why:
+# each would otherwise fail late (a traceback at the first batch or log, after the workdir is
+# written) or run silently wrong (a negative clip norm flips every update into an ascent).
+_RANGES = {
+    'grad_clip_norm': (0.0, None, True, None, '0 disables clipping'),
+    'weight_decay': (0.0, None, True, None, ''),
+    'momentum': (0.0, 1.0, True, False, '0 = plain SGD'),
+    'label_smoothing': (0.0, 1.0, True, False, ''),
+    'bn_momentum': (0.0, 1.0, True, True, 'the running statistics\' decay'),
+    'warmup_epochs': (0.0, None, True, None, ''),
+    'step_factor': (0.0, 1.0, False, True, 'the decay factor at each of step_epochs'),
+    'noise_scale_ema': (0.0, 1.0, True, False, ''),
+    'crop_fraction': (0.0, 1.0, False, True, "the centre crop's share of the image"),
+    'log_every_steps': (1, None, True, None, ''),
+    'keep_checkpoints': (1, None, True, None, '0 would delete the last checkpoint too, so a '
+                         'preempted run could not resume'),
+    'checkpoint_every_steps': (0, None, True, None, '0 disables step-based saves'),
+    'checkpoint_every_minutes': (0.0, None, True, None, '0 disables time-based saves'),
+    'shuffle_buffer': (1, None, True, None, ''),
+}
+
+
+def _check_ranges(config) -> None:
+  for field, (low, high, low_in, high_in, note) in _RANGES.items():
+    value = config[field]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        (value >= low if low_in else value > low)
+        and (high is None or (value <= high if high_in else value < high)))
+    if not ok:
+      interval = (f'{"[" if low_in else "("}{low}, {high}{"]" if high_in else ")"}'
+                  if high is not None else f'{">=" if low_in else ">"} {low}')
+      raise ConfigError(f'config.{field}={value!r} is out of range: use a number '
+                        + (f'in {interval}' if high is not None else interval)
+                        + (f' ({note}).' if note else '.'))
+  if config.bn_mode == 'ghost' and int(config.bn_group_size) < 1:
+    raise ConfigError(f'config.bn_group_size={config.bn_group_size} must be >= 1 with '
+                      "bn_mode='ghost' (examples per BatchNorm group).")
+  if config.augment == 'cifar' and not 0 <= int(config.crop_padding) < int(config.image_size):
+    raise ConfigError(f'config.crop_padding={config.crop_padding} must be in [0, image_size) '
+                      f'= [0, {config.image_size}) for the cifar augmentation.')
+  best = config.keep_best_metric
+  if best:
+    head = best.split('/', 1)[-1]
+    if not (best.startswith('eval/') and (head == 'loss' or (
+        head.rsplit('_', 1)[0] in HEADS and head.rsplit('_', 1)[-1] in ('top1', 'top5', 'loss')))):
+      raise ConfigError(f'config.keep_best_metric={best!r} is not an evaluation metric: use e.g. '
+                        "'eval/anp_top1', 'eval/noun_top5', 'eval/loss' (or '' for none).")
 
 
 def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,

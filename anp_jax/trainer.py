@@ -82,9 +82,13 @@ class Run:
       sums = self.executor.eval_step(state, batch)
       total = sums if total is None else jax.tree.map(jnp.add, total, sums)
       n += 1
-    if n != self.setup.num_eval_batches:
-      raise RuntimeError(f'Evaluation produced {n} batches, expected '
-                         f'{self.setup.num_eval_batches}.')
+    split = split or self.meta.eval_split
+    expected = (self.setup.num_eval_batches if split == self.meta.eval_split else
+                pipeline.num_eval_batches(self.builder.info.splits[split].num_examples,
+                                          self.setup.process_count,
+                                          self.setup.eval_per_process_batch))
+    if n != expected:
+      raise RuntimeError(f'Evaluation of {split!r} produced {n} batches, expected {expected}.')
     return summarize(self.executor.fetch(total), 'eval')
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
@@ -178,8 +182,10 @@ def _announce(run: Run) -> None:
     reporting.say(f'anp_jax | {run.executor.describe}')
   if run.frozen:
     reporting.say(f'anp_jax | {run.frozen}')
+  # The devices one step's gradient all-reduce spans: a node's under local SGD.
+  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
   unmeasurable = (run.config.noise_scale
-                  and noise_scale.unmeasurable_reason(run.config.bn_mode, run.setup.devices))
+                  and noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices))
   if unmeasurable:  # Logged as a warning by every process; the terminal line on process 0.
     logging.warning('Noise scale not measured: %s.', unmeasurable)
     reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.')

@@ -55,6 +55,41 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
     assert repr(value) in message, (field, value, message)
 
 
+@pytest.mark.parametrize('field,value,message', [
+    ('grad_clip_norm', -1.0, r'grad_clip_norm=-1.0 is out of range: use a number >= 0.0'),
+    ('weight_decay', -1e-4, 'weight_decay'),
+    ('momentum', 1.0, r'momentum=1.0 is out of range: use a number in \[0.0, 1.0\)'),
+    ('label_smoothing', 1.0, 'label_smoothing'),
+    ('bn_momentum', 1.5, 'bn_momentum'),
+    ('step_factor', 0.0, 'step_factor'),
+    ('crop_fraction', 0.0, 'crop_fraction'),
+    ('crop_fraction', 1.2, 'crop_fraction'),
+    ('log_every_steps', 0, 'log_every_steps'),
+    ('keep_checkpoints', 0, r'keep_checkpoints=0 .* could not resume'),
+    ('shuffle_buffer', 0, 'shuffle_buffer'),
+    ('bn_group_size', 0, r"bn_group_size=0 must be >= 1 with bn_mode='ghost'"),
+    ('crop_padding', 16, r'crop_padding=16 must be in \[0, image_size\) = \[0, 16\)'),
+    ('crop_padding', -1, 'crop_padding'),
+    ('keep_best_metric', 'eval/top1', r"keep_best_metric='eval/top1' is not an evaluation metric"),
+    ('momentum', True, 'momentum'),
+])
+def test_out_of_range_numbers_fail_before_anything_runs(field, value, message):
+  # Before: a negative clip norm trained uphill, keep_checkpoints=0 deleted every checkpoint,
+  # log_every_steps=0 / bn_group_size=0 / shuffle_buffer=0 / bad crops failed with a traceback
+  # after the workdir was written, a mistyped keep_best_metric kept nothing, silently.
+  config = tiny_config('/nonexistent', augment='cifar')
+  _set(config, field, value)
+  with pytest.raises(setup.ConfigError, match=message):
+    setup.validate_config(config)
+
+
+def test_valid_edge_values_pass():
+  config = tiny_config('/nonexistent', grad_clip_norm=0.0, momentum=0.0, weight_decay=0.0,
+                       crop_fraction=1.0, bn_momentum=1.0, keep_best_metric='eval/loss',
+                       checkpoint_every_steps=0, checkpoint_every_minutes=0.0)
+  setup.validate_config(config)
+
+
 def test_unknown_augment_fails_in_build_before_anything_else(tmp_path):
   # Before the fix an unknown augment silently trained flip-only.
   config = tiny_config(tmp_path / 'never_created', augment='randaugment')

@@ -65,6 +65,7 @@ def test_to_steps_rounding_and_input_checks():
   assert durations.to_steps(steps_per_epoch=8000 / 1024, epochs=10, rounding='ceil') == 79
   assert durations.to_steps(steps_per_epoch=8000 / 1024, epochs=10, rounding='floor') == 78
   assert durations.to_steps(steps_per_epoch=2.5, epochs=1) == 3  # Half up.
+  assert durations.to_steps(steps_per_epoch=25, epochs=2.3) == 58  # 57.49999... is 57.5.
   assert durations.to_steps(steps_per_epoch=1.0, examples=100, batch_size=32,
                             rounding='ceil') == 4
   assert durations.to_steps(steps_per_epoch=10, epochs=0.01, minimum=1) == 1

@@ -146,3 +146,14 @@ def test_bad_local_sgd_config_fails_before_compilation(data_dir, tmp_path, overr
   with pytest.raises(ValueError, match=message):
     trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / 'checkpoints')
+
+
+def test_noise_scale_warning_judges_a_nodes_devices(data_dir, tmp_path, capsys):
+  """One device per node: global BN normalises over that device's own micro-batch, so B_simple
+  is measured (and logged); the start-up line must not say it is not (it judged all 8)."""
+  config = tiny_config(data_dir, method='local_sgd', bn_mode='global', grad_accum_steps=2,
+                       noise_scale=True, num_train_steps=2, log_every_steps=1,
+                       **{'local_sgd.nodes': 8})
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert 'B_simple is not measured' not in capsys.readouterr().out
+  assert any('train/noise_scale_b_simple' in r for r in result.records)
