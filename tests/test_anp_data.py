@@ -5,6 +5,7 @@ import collections
 import csv
 import io
 import os
+import re
 import shutil
 
 import numpy as np
@@ -369,3 +370,100 @@ def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   n_eval = folder_builder.info.splits['validation'].num_examples
   top1 = result.final_eval['eval/anp_top1'] * n_eval
   assert abs(top1 - round(top1)) < 1e-4  # A mean over exactly the validation examples.
+
+
+def _write_files(root: str, files) -> None:
+  for name, data in files.items():
+    os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+    with open(os.path.join(root, name), 'wb') as f:
+      f.write(data)
+
+
+def _scan(root: str, **options):
+  """(ScanResult, {file_name: bytes} of every stored file) for `root` scanned with `options`."""
+  result = anp.scan(root, anp.make_config(layout='folder', **options))
+  stored = {}
+  for items in result.splits.values():
+    for c in items:
+      with open(c.path, 'rb') as f:
+        stored[c.file_name] = f.read()
+  return result, stored
+
+
+def _assert_truthful(result, stored):
+  """Every duplicates row names a kept file that is in the dataset, with the same bytes, and no
+  bytes are stored twice."""
+  for dropped, kept in result.duplicates:
+    assert kept in stored, (dropped, kept)
+    assert dropped not in stored
+  assert len(set(stored.values())) == len(stored)
+
+
+def test_a_duplicate_is_kept_in_an_anp_that_stays(tmp_path):
+  """Bytes listed in two ANPs are kept in one that is in the dataset: de-duplication runs among
+  the ANPs that min_images_per_anp keeps (before: the first copy was kept, its ANP then dropped,
+  and the image was lost from the surviving ANP too, while duplicates.txt named the dropped
+  copy as kept; the survivor's shrunken count could drop it as well)."""
+  png = lambda seed: encode(photo(seed, 20, 20), 'RGB', 'PNG')  # noqa: E731
+  root = str(tmp_path / 'manual')
+  _write_files(root, {'aaa_x/shared.png': png(0), 'bbb_y/1.png': png(1), 'bbb_y/2.png': png(2),
+                      'bbb_y/shared_copy.png': png(0)})
+  # bbb_y has 3 distinct images: it stays (before: "Every ANP ... has fewer than ...").
+  result, stored = _scan(root, min_images_per_anp=3, split_fractions=(1.0, 0.0, 0.0))
+  assert result.anps == ['bbb_y'] and result.dropped == [('aaa_x', 1)]
+  assert sorted(stored) == ['bbb_y/1.png', 'bbb_y/2.png', 'bbb_y/shared_copy.png']
+  assert result.duplicates == [('aaa_x/shared.png', 'bbb_y/shared_copy.png')]
+  _assert_truthful(result, stored)
+
+  # bbb_y and ccc_z share an image: the first copy in listing order (bbb_y's) stays, which takes
+  # ccc_z below the minimum; ccc_z is dropped with the count that decided it.
+  _write_files(root, {'bbb_y/3.png': png(3), 'ccc_z/1.png': png(4), 'ccc_z/2.png': png(5),
+                      'ccc_z/copy_of_3.png': png(3)})
+  result, stored = _scan(root, min_images_per_anp=3, split_fractions=(1.0, 0.0, 0.0))
+  assert result.anps == ['bbb_y'] and result.dropped == [('aaa_x', 1), ('ccc_z', 2)]
+  assert 'bbb_y/shared_copy.png' in stored and 'bbb_y/3.png' in stored
+  assert result.duplicates == [('aaa_x/shared.png', 'bbb_y/shared_copy.png'),
+                               ('ccc_z/copy_of_3.png', 'bbb_y/3.png')]
+  _assert_truthful(result, stored)
+
+
+def test_a_duplicate_left_out_by_max_images_per_anp_is_kept_elsewhere(tmp_path):
+  """max_images_per_anp samples each ANP before de-duplication, so a kept copy is never one the
+  sample left out (before: aaa_x's copies were kept, then sampled away, bbb_y's copies were
+  reported as duplicates of files not in the dataset, and bbb_y kept only its 3 own images)."""
+  png = lambda seed: encode(photo(seed, 20, 20), 'RGB', 'PNG')  # noqa: E731
+  root = str(tmp_path / 'manual')
+  files = {}
+  for i in range(6):
+    files[f'aaa_x/s{i}.png'] = files[f'bbb_y/copy_s{i}.png'] = png(i)
+  for i in range(3):
+    files[f'bbb_y/own{i}.png'] = png(10 + i)
+  _write_files(root, files)
+  result, stored = _scan(root, max_images_per_anp=4, split_fractions=(1.0, 0.0, 0.0))
+  _assert_truthful(result, stored)
+  # bbb_y's sampled copies that aaa_x keeps are made up from the rest of bbb_y: both ANPs are
+  # full, and 8 of the 9 byte strings are stored; the one left out is counted as capped.
+  assert collections.Counter(name.split('/')[0] for name in stored) == {'aaa_x': 4, 'bbb_y': 4}
+  assert len(set(files.values()) - set(stored.values())) == 1
+  assert 'bbb_y' in result.capped and set(result.capped.values()) == {1}
+  # Every byte string of the source that is not stored was left out by both samples.
+  assert len(result.duplicates) == sum(1 for name, data in files.items()
+                                       if name not in stored and data in stored.values())
+
+
+@pytest.mark.parametrize('bad', ['happy_dog ', ' happy_dog', 'happy\tdog', 'happy_dog\u00a0'])
+def test_anp_names_that_label_files_would_change_are_refused(tmp_path, bad):
+  """TFDS reads label files back with every name stripped, one per line, and the reports are
+  tab separated: a folder 'happy_dog ' beside 'happy_dog' prepared as two ANPs and loaded as one
+  name twice. Such names are refused, naming the folder (or CSV line)."""
+  root = str(tmp_path / 'manual')
+  write_class(root, 'happy_dog', 2, 0)
+  write_class(root, bad, 2, 1)
+  with pytest.raises(ValueError, match=r'whitespace at either end or a control character'):
+    anp.scan(root, anp.make_config(layout='folder'))
+  with pytest.raises(ValueError, match=f'{re.escape(repr(bad))} \\(folder .*\\)'):
+    anp.scan(root, anp.make_config(layout='folder'))
+  write_csv(os.path.join(root, 'images.csv'), [('happy_dog/img_00.jpg', 'happy_dog'),
+                                               ('happy_dog/img_01.png', 'sad\ncat')])
+  with pytest.raises(ValueError, match=r"'sad\\ncat' \(images\.csv line \d+\) has whitespace"):
+    anp.scan(root, anp.make_config(layout='csv'))

@@ -120,3 +120,103 @@ def test_missing_data_dir_for_anp_dataset(tmp_path):
   config = tiny_config(tmp_path / 'nope', dataset='anp')
   with pytest.raises(FileNotFoundError, match='does not exist'):
     setup.validate_config(config)
+
+
+def test_default_synthetic_options_use_the_registered_builder_config(tmp_path, monkeypatch):
+  """config.synthetic equal to SyntheticAnpConfig's defaults names the config registered in
+  BUILDER_CONFIGS, and TFDS refuses a new config object of that name (before: "Cannot name a
+  custom BuilderConfig the same as an available BuilderConfig"). Only the builder is made here:
+  generating the default 11,200 images is not the point."""
+  from anp_jax.data import synthetic
+  monkeypatch.setattr(pipeline, '_prepared', lambda make, data_dir: make())
+  config = tiny_config(tmp_path)
+  defaults = synthetic.SyntheticAnpConfig(name='defaults')
+  config.synthetic.update({k: getattr(defaults, k) for k in synthetic._OPTION_NAMES})
+  builder = pipeline.get_builder(config)
+  assert builder.builder_config is synthetic.SyntheticAnp.BUILDER_CONFIGS[0]
+  other = pipeline.get_builder(tiny_config(tmp_path))  # Any other options: their own config.
+  assert other.builder_config.name != builder.builder_config.name
+  assert other.builder_config.num_pairs == TINY_SYNTHETIC['num_pairs']
+
+
+def _as_process(monkeypatch, index, count=2):
+  """Makes this process look like process `index` of `count`; returns the barriers it passes."""
+  from anp_jax import distributed
+  barriers = []
+  monkeypatch.setattr(jax, 'process_count', lambda: count)
+  monkeypatch.setattr(jax, 'process_index', lambda: index)
+  monkeypatch.setattr(distributed, 'barrier', barriers.append)
+  return barriers
+
+
+@pytest.mark.parametrize('index', [0, 1])
+def test_a_prepared_data_dir_is_read_without_the_preparation_lock(data_dir, monkeypatch, index):
+  """A prepared data_dir may be a read-only shared folder: every process of a multi-process job
+  reads it without the lock (before: process 0 created data_dir/.prepare.lock first, and failed
+  with PermissionError where a single-process job read the same folder), and still passes the
+  barrier, which the other processes wait at."""
+  def no_lock(*args, **kwargs):
+    raise AssertionError('the dataset is prepared: no lock, no preparation')
+  monkeypatch.setattr(pipeline, '_prepare_once', no_lock)
+  barriers = _as_process(monkeypatch, index)
+  builder = pipeline.get_builder(tiny_config(data_dir))
+  assert builder.info.splits['train'].num_examples == TRAIN_SIZE
+  assert barriers == ['anp_jax_prepare_dataset']
+
+
+def test_process_0_prepares_a_missing_dataset_before_the_barrier(tmp_path, monkeypatch):
+  """An empty data_dir: process 0 prepares it (under the lock) before the others pass the
+  barrier, and they then read it."""
+  calls = []
+  monkeypatch.setattr(pipeline, '_prepare_once',
+                      lambda builder, data_dir: calls.append(('prepare', data_dir)))
+  barriers = _as_process(monkeypatch, 0)
+  monkeypatch.setattr(pipeline, '_is_prepared', lambda builder: bool(barriers))
+  pipeline.get_builder(tiny_config(tmp_path))
+  assert calls == [('prepare', str(tmp_path))] and barriers == ['anp_jax_prepare_dataset']
+
+
+def test_label_noise_needs_a_second_anp():
+  """Label noise replaces a label by another ANP: with one ANP there is none. Refused when the
+  config is made (before: it passed, then generation failed in numpy, rng.integers(1, 1))."""
+  from anp_jax.data import synthetic
+  one = dict(num_adjectives=1, num_nouns=1, num_pairs=1, image_size=16, train_per_class=2,
+             eval_per_class=1)
+  with pytest.raises(ValueError, match=r'label_noise=0\.5 needs num_pairs >= 2'):
+    synthetic.make_config(label_noise=0.5, **one)
+  assert synthetic.make_config(**one).label_noise == 0.0  # One ANP without noise is fine.
+
+
+def test_a_failed_preparation_on_process_0_fails_every_process_at_once(tmp_path, monkeypatch):
+  """Process 0 fails to prepare: it still passes the barrier (before: it raised first, and the
+  others waited there until the job was aborted), leaves its error in the coordination service,
+  and every other process raises it, as the same kind of error (exit code 2 for an OSError)."""
+  from anp_jax import distributed
+
+  class Store:  # The key-value part of jax.distributed's coordination client.
+    def __init__(self):
+      self.values = {}
+
+    def key_value_set(self, key, value):
+      self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+      return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+  def disk_full(builder, data_dir):
+    raise OSError(28, 'No space left on device')
+
+  store = Store()
+  monkeypatch.setattr(distributed, 'coordination_client', lambda: store)
+  monkeypatch.setattr(pipeline, '_prepare_once', disk_full)
+  monkeypatch.setattr(pipeline, '_prepare_uses', 0, raising=False)
+  barriers = _as_process(monkeypatch, 0)
+  with pytest.raises(OSError, match='No space left on device'):
+    pipeline.get_builder(tiny_config(tmp_path))
+  assert barriers == ['anp_jax_prepare_dataset'] and len(store.values) == 1
+  monkeypatch.setattr(pipeline, '_prepare_uses', 0)  # Process 1's first call, in the same job.
+  barriers = _as_process(monkeypatch, 1)
+  with pytest.raises(OSError, match=f'Process 0 failed to prepare the dataset in {tmp_path}: '
+                                    r'OSError: \[Errno 28\] No space left on device'):
+    pipeline.get_builder(tiny_config(tmp_path))
+  assert barriers == ['anp_jax_prepare_dataset']

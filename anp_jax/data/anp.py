@@ -19,9 +19,11 @@ is written, so class and split sizes are known up front:
 * every image is decoded with PIL and converted to RGB (greyscale, CMYK, palette, RGBA composited on
   white, 16-bit, GIF first frame, EXIF orientation applied); corrupt, truncated, zero-byte and
   non-image files are skipped, never fatal;
-* byte-identical files (SHA-1) are kept once, the first in listing order;
 * ANPs with fewer than ``min_images_per_anp`` usable images are dropped; at most
   ``max_images_per_anp`` (a seeded sample) are kept;
+* byte-identical files (SHA-1) are then stored once, the first in listing order among the images
+  that are in the dataset otherwise; an ANP that this takes below ``min_images_per_anp`` is
+  dropped too (`scan` says in which order);
 * without source splits, each ANP is split train/validation/test by ``split_fractions`` with a
   seeded permutation (stratified: every class appears in every split in proportion).
 
@@ -32,7 +34,7 @@ line, tab separated):
 
   anps.txt, adjectives.txt, nouns.txt   the vocabularies, in label order (sorted)
   skipped_files.txt                     file <TAB> reason
-  duplicates.txt                        dropped file <TAB> kept file (same bytes)
+  duplicates.txt                        left-out file <TAB> stored file (same bytes)
   dropped_classes.txt                   anp <TAB> usable images <TAB> reason
   summary.json                          source, options and per-split per-class counts
 
@@ -163,11 +165,23 @@ def _validate(c: AnpConfig):
                      f'{c.source_tag!r}.')
 
 
+# Characters an ANP name must not hold: label files are read back one name a line, stripped, and
+# the reports are tab separated.
+_CONTROL = re.compile(r'[\x00-\x1f\x7f-\x9f\u2028\u2029]')
+
+
 def parse_anp(name: str, separator: str = '_', where: str = '') -> Tuple[str, str]:
   """Splits ``adjective<sep>noun`` on the first separator; raises naming the ANP and `where`."""
+  at = f' ({where})' if where else ''
+  if name != name.strip() or _CONTROL.search(name):
+    # Refused, not stripped: TFDS strips the names in the label file it reads back, so
+    # 'happy_dog ' beside 'happy_dog' would load as one name twice, and stripping here would
+    # silently merge two folders that the user kept apart.
+    raise ValueError(f'ANP {name!r}{at} has whitespace at either end or a control character '
+                     '(tab, newline): label files cannot hold it. Rename it (the folder or the '
+                     'CSV field) without them.')
   idx = name.find(separator)
   if idx <= 0 or idx + len(separator) >= len(name):
-    at = f' ({where})' if where else ''
     raise ValueError(f'ANP {name!r}{at} is not of the form adjective{separator}noun: it needs a '
                      f'non-empty adjective and noun around the separator {separator!r}.')
   return name[:idx], name[idx + len(separator):]
@@ -466,16 +480,35 @@ class ScanResult:
 
 
 def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult:
-  """Lists, validates and de-duplicates every image, then fixes classes and splits."""
+  """Lists and validates every image, fixes the classes and their samples, then de-duplicates.
+
+  The order keeps every report true: bytes listed more than once are stored once, as the first
+  copy in listing order among the images that are otherwise in the dataset, so a kept copy is
+  never in a dropped ANP nor left out by ``max_images_per_anp`` (de-duplicating first lost such
+  images from every ANP, and named a file not in the dataset as kept).
+
+  1. ANPs with fewer distinct usable images than ``min_images_per_anp`` are dropped.
+  2. Each other ANP keeps a seeded sample of at most ``max_images_per_anp`` distinct images; its
+     seeded order also assigns the splits.
+  3. Among the samples, a byte string stays with its first copy. An ANP this takes below the
+     minimum (or to no image at all) is dropped, one at a time, fewest images first: its copies
+     go back to the next ANP that has them, which only raises the others' counts.
+  4. An ANP that lost sampled copies to others is topped up to ``max_images_per_anp`` from the
+     rest of its order, with bytes no ANP stores yet.
+
+  ``capped`` counts each ANP's distinct images that are nowhere in the dataset because of the
+  cap; ``duplicates`` pairs every other usable file whose bytes are stored with the stored copy.
+  """
   layout = resolve_layout(manual_dir, config)
   lister = list_csv if layout == 'csv' else list_folder
   candidates, source_splits = lister(manual_dir, config)
   log.info('anp: scanning %d listed files in %s (%s layout).', len(candidates), manual_dir,
            layout)
 
-  skipped, duplicates = [], []
-  first_by_hash: Dict[str, _Candidate] = {}
-  usable: Dict[str, List[_Candidate]] = collections.defaultdict(list)
+  skipped = []
+  usable: List[Tuple[_Candidate, str]] = []  # (candidate, sha1) of every usable file, listed.
+  # Per ANP its distinct images: the first copy of each byte string, (listing position, copy).
+  distinct: Dict[str, Dict[str, Tuple[int, _Candidate]]] = collections.defaultdict(dict)
   results = _ordered_map(lambda c: inspect_file(c.path, config.resize), candidates, num_workers)
   for i, (cand, (digest, reason)) in enumerate(zip(candidates, results)):
     if i and i % 10000 == 0:
@@ -484,21 +517,48 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
       where = f' ({cand.origin})' if layout == 'csv' else ''
       skipped.append((cand.file_name, reason + where))
       continue
-    if digest in first_by_hash:
-      duplicates.append((cand.file_name, first_by_hash[digest].file_name))
-      continue
-    first_by_hash[digest] = cand
-    usable[cand.anp].append(cand)
+    usable.append((cand, digest))
+    distinct[cand.anp].setdefault(digest, (i, cand))
 
   if not usable:
     sample = '; '.join(f'{f}: {r}' for f, r in skipped[:5])
     raise ValueError(f'No usable images in {manual_dir!r}: all {len(candidates)} listed files '
                      f'were skipped (e.g. {sample}).')
-  dropped = sorted((anp, len(items)) for anp, items in usable.items()
-                   if len(items) < config.min_images_per_anp)
-  for anp, _ in dropped:
-    del usable[anp]
-  if not usable:
+  # 1. Too few distinct images: no sample and no de-duplication can change that.
+  dropped = {anp: len(d) for anp, d in distinct.items() if len(d) < config.min_images_per_anp}
+  # 2. The samples, in their seeded order.
+  samples: Dict[str, List[Tuple[int, _Candidate, str]]] = {}
+  rest: Dict[str, List[Tuple[int, _Candidate, str]]] = {}  # Left out by the cap, in order.
+  for anp in sorted(set(distinct) - set(dropped)):
+    items = sorted(((i, c, d) for d, (i, c) in distinct[anp].items()),
+                   key=lambda x: x[1].file_name)
+    rng = np.random.default_rng([config.split_seed, _stable_seed(anp)])
+    items = [items[j] for j in rng.permutation(len(items))]
+    cap = config.max_images_per_anp or len(items)
+    samples[anp], rest[anp] = items[:cap], items[cap:]
+  # 3. De-duplication among the samples. Only bytes in several samples can change hands: each
+  # round recounts those (`shared`) on top of the images only one ANP has (`own`).
+  holders: Dict[str, List[Tuple[int, str]]] = collections.defaultdict(list)
+  for anp, items in samples.items():
+    for i, _, digest in items:
+      holders[digest].append((i, anp))
+  own = collections.Counter(h[0][1] for h in holders.values() if len(h) == 1)
+  shared = [sorted(h) for h in holders.values() if len(h) > 1]
+  alive = set(samples)
+  while True:
+    counts = collections.Counter({anp: own[anp] for anp in alive})
+    for h in shared:
+      first = next((anp for _, anp in h if anp in alive), None)
+      if first is not None:
+        counts[first] += 1
+    below = [anp for anp in alive if counts[anp] < max(1, config.min_images_per_anp)]
+    if not below:
+      break
+    worst = min(below, key=lambda anp: (counts[anp], anp))
+    dropped[worst] = counts[worst]
+    alive.remove(worst)
+  dropped = sorted(dropped.items())
+  if not alive:
     largest = max(n for _, n in dropped)
     raise ValueError(f'Every ANP in {manual_dir!r} has fewer than min_images_per_anp='
                      f'{config.min_images_per_anp} usable images (the largest has {largest}); '
@@ -506,17 +566,36 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
   for anp, n in dropped:
     log.warning('anp: dropped ANP %r: %d usable images < min_images_per_anp=%d.', anp, n,
                 config.min_images_per_anp)
+  kept: Dict[str, _Candidate] = {}  # sha1 -> the copy in the dataset.
+  for digest, h in holders.items():
+    first = next((i for i, anp in sorted(h) if anp in alive), None)
+    if first is not None:
+      kept[digest] = candidates[first]
+  # 4. An ANP whose sample lost copies to others is topped up from the rest of its order (ANPs
+  # in name order) with bytes that no ANP stores: max_images_per_anp stays a cap, not a loss.
+  stored: Dict[str, List[_Candidate]] = {}
+  capped = {}
+  for anp in sorted(alive):
+    items = [c for _, c, digest in samples[anp] if kept[digest] is c]
+    for _, c, digest in rest[anp]:
+      if len(items) >= config.max_images_per_anp:
+        break
+      if digest not in kept:
+        kept[digest] = c
+        items.append(c)
+    stored[anp] = items
+    left_out = sum(1 for _, _, digest in rest[anp] if digest not in kept)
+    if left_out:
+      capped[anp] = left_out
+  # Every other usable file with bytes in the dataset is reported with the copy that has them
+  # (the others are in dropped ANPs, or left out by max_images_per_anp).
+  duplicates = [(cand.file_name, kept[digest].file_name) for cand, digest in usable
+                if digest in kept and kept[digest] is not cand]
 
   splits: Dict[str, List[_Candidate]] = {s: [] for s in SPLITS}
-  capped = {}
   fractions = _parse_fractions(config.split_fractions)
-  for anp in sorted(usable):
-    items = sorted(usable[anp], key=lambda c: c.file_name)
-    rng = np.random.default_rng([config.split_seed, _stable_seed(anp)])
-    items = [items[j] for j in rng.permutation(len(items))]
-    if config.max_images_per_anp and len(items) > config.max_images_per_anp:
-      capped[anp] = len(items) - config.max_images_per_anp
-      items = items[:config.max_images_per_anp]
+  for anp in sorted(alive):
+    items = stored[anp]
     if source_splits:
       for c in items:
         splits[c.split].append(c)
@@ -529,7 +608,7 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
   if 'train' not in splits:
     log.warning('anp: the source has no train images; splits: %s.', sorted(splits))
 
-  anps = sorted(usable)
+  anps = sorted(alive)
   pairs = [parse_anp(a, config.separator) for a in anps]
   return ScanResult(layout=layout, source_splits=source_splits, num_listed=len(candidates),
                     splits=splits, anps=anps, adjectives=sorted({a for a, _ in pairs}),
@@ -608,8 +687,11 @@ class Anp(tfds.core.GeneratorBasedBuilder):
       _write_lines(out / _VOCAB_FILES[key], ([v] for v in values))
     _write_lines(out / 'skipped_files.txt', result.skipped)
     _write_lines(out / 'duplicates.txt', result.duplicates)
-    reason = f'fewer than min_images_per_anp={self.builder_config.min_images_per_anp}'
-    _write_lines(out / 'dropped_classes.txt', ((a, n, reason) for a, n in result.dropped))
+    minimum = self.builder_config.min_images_per_anp
+    _write_lines(out / 'dropped_classes.txt',
+                 ((a, n, f'fewer than min_images_per_anp={minimum}' if n < minimum else
+                   'no images of its own (each is kept in another ANP)')
+                  for a, n in result.dropped))
     counts = {split: dict(sorted(collections.Counter(c.anp for c in items).items()))
               for split, items in result.splits.items()}
     summary = {

@@ -58,7 +58,7 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   data_dir = os.path.expanduser(config.data_dir)
   if config.dataset == 'synthetic_anp':
     from anp_jax.data import synthetic
-    builder_config = synthetic.make_config(**dict(config.synthetic))
+    builder_config = synthetic.builder_config(**dict(config.synthetic))
     def make():
       return synthetic.SyntheticAnp(config=builder_config, data_dir=data_dir,
                                     file_format='tfrecord')
@@ -86,17 +86,65 @@ def _prepared(make, data_dir: str) -> tfds.core.DatasetBuilder:
   existed has no splits, so it is made afresh after generation. A process that still finds no
   dataset (a node-local data_dir, or a single process) generates it under the file lock, which
   also serialises independent jobs sharing a data_dir.
+
+  A dataset that is already there is only read, by every process: no lock is taken and nothing
+  is written, so a prepared data_dir may be a read-only shared folder, as for a single process.
+
+  When process 0 fails to prepare, it still reaches the barrier and leaves its error in the
+  coordination service's key-value store; every other process then raises it too, and the job
+  exits at once with the cause in every log (a process 0 that raised before the barrier left
+  the others waiting there, and every process was then aborted with JAX's "another task died"
+  after ``ANP_SHUTDOWN_TIMEOUT`` seconds, exit code 134).
   """
   if jax.process_count() > 1:
-    if jax.process_index() == 0:
-      _prepare_once(make(), data_dir)
     from anp_jax import distributed
+    global _prepare_uses
+    key = f'anp_jax/prepare_dataset_failed/{_prepare_uses}/'  # Every process counts the same.
+    _prepare_uses += 1
+    failure = None
+    if jax.process_index() == 0:
+      try:
+        builder = make()
+        if not _is_prepared(builder):  # Before the lock: that would write into data_dir.
+          _prepare_once(builder, data_dir)
+      except Exception as e:  # pylint: disable=broad-except  # Re-raised after the barrier.
+        failure = e
+        _share_failure(key, e)
     distributed.barrier('anp_jax_prepare_dataset')
+    if failure is not None:
+      raise failure
+    _raise_shared_failure(key, data_dir)
   builder = make()
   if not _is_prepared(builder):
     _prepare_once(builder, data_dir)
     builder = make()
   return builder
+
+
+_prepare_uses = 0  # Calls of `_prepared` in a multi-process job: a fresh key for each.
+# Process 0's error becomes the same kind of error on the others, so that every process exits
+# with the same code (the entry points map ValueError and OSError to 2).
+_FAILURE_KINDS = {'ValueError': ValueError, 'OSError': OSError}
+
+
+def _share_failure(key: str, error: Exception) -> None:
+  from anp_jax import distributed
+  client = distributed.coordination_client()
+  if client is None:  # No key-value store: the others find no dataset and try themselves.
+    return
+  kind = next((k for k, cls in _FAILURE_KINDS.items() if isinstance(error, cls)), 'RuntimeError')
+  client.key_value_set(f'{key}0', f'{kind}\n{type(error).__name__}: {error}')
+
+
+def _raise_shared_failure(key: str, data_dir: str) -> None:
+  from anp_jax import distributed
+  client = distributed.coordination_client()
+  entries = client.key_value_dir_get(key) if client is not None else []
+  for _, value in entries:
+    kind, message = value.split('\n', 1)
+    raise _FAILURE_KINDS.get(kind, RuntimeError)(
+        f'Process 0 failed to prepare the dataset in {data_dir}: {message} (see process 0\'s '
+        'log).')
 
 
 def _is_prepared(builder) -> bool:

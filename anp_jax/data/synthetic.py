@@ -91,6 +91,11 @@ def _validate(c: SyntheticAnpConfig):
     raise ValueError('synthetic.train_per_class and eval_per_class must be >= 1.')
   if not 0.0 <= c.label_noise < 1.0:
     raise ValueError(f'synthetic.label_noise must be in [0, 1), got {c.label_noise}.')
+  if c.label_noise and c.num_pairs < 2:
+    # A noisy label is another ANP, drawn from the num_pairs - 1 others.
+    raise ValueError(f'synthetic.label_noise={c.label_noise} needs num_pairs >= 2 (a noisy label '
+                     f'is another ANP), got num_pairs={c.num_pairs}; set label_noise to 0 or '
+                     'raise num_pairs (with num_adjectives or num_nouns).')
 
 
 def choose_pairs(num_adjectives: int, num_nouns: int, num_pairs: int,
@@ -265,3 +270,13 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
           adj, noun = pairs[label]
         yield f'{split}_{cls}_{i}', {'image': image, 'label_anp': label,
                                      'label_adjective': adj, 'label_noun': noun}
+
+
+def builder_config(**options) -> SyntheticAnpConfig:
+  """`make_config(**options)`, or the equal config registered in `SyntheticAnp.BUILDER_CONFIGS`:
+  TFDS refuses a new config object named like a registered one ("Cannot name a custom
+  BuilderConfig the same as an available BuilderConfig"), and the defaults' name is registered."""
+  config = make_config(**options)
+  registered = SyntheticAnp.builder_configs.get(config.name)
+  # The name encodes every option; equality also guards the fields it does not (description).
+  return registered if registered == config else config
