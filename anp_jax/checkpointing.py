@@ -36,21 +36,22 @@ from anp_jax.configs import default as default_config
 # Config fields that must match for a checkpoint to be restorable into this run. The data
 # position is a function of the step and the batch size (see `anp_jax.data.pipeline`), so a
 # resume with another batch_size (or accumulation, BN mode, dtype: another computation) is
-# refused rather than silently continued at another point of the data.
+# refused rather than silently continued at another point of the data. So is another seed: the
+# data order and the augmentation draws are functions of it.
 IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.noun_head',
                    'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
                    'grad_accum_steps', 'bn_mode', 'model.dtype', 'init_from', 'freeze',
-                   'backbone_lr_multiplier')
+                   'backbone_lr_multiplier', 'seed')
 # Identity fields added later: a checkpoint without them was written with these values.
 IDENTITY_DEFAULTS = {'method': 'sync', 'init_from': '', 'freeze': '',
                      'backbone_lr_multiplier': 1.0}
 # Identity entries added later without a safe default: not compared for checkpoints that lack them.
 IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype',
-                                'num_anps', 'num_adjectives', 'num_nouns')
+                                'num_anps', 'num_adjectives', 'num_nouns', 'seed')
 # Fields that only shape the training (the data position, the initialisation, the updates): an
 # evaluation (config.eval_only) of the checkpoint does not depend on them.
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
-                          'backbone_lr_multiplier')
+                          'backbone_lr_multiplier', 'seed')
 
 
 def single_writer_arrays() -> None:

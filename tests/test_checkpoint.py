@@ -303,6 +303,7 @@ def test_a_config_change_that_reshapes_the_optimizer_state_is_refused(data_dir, 
     ({'model.width': 1.0}, r'model\.width: checkpoint 0\.5 vs config 1\.0'),
     ({'optimizer': 'adamw'}, "optimizer: checkpoint 'nesterov' vs config 'adamw'"),
     ({'image_size': 24}, 'image_size: checkpoint 16 vs config 24'),
+    ({'seed': 1}, 'seed: checkpoint 0 vs config 1'),  # Another data order and augmentation.
     ({'dataset': None}, "dataset: checkpoint 'anp' vs config 'synthetic_anp'"),
 ])
 def test_checkpoint_of_another_configuration_is_rejected_by_name(data_dir, tmp_path, overrides,
