@@ -227,10 +227,12 @@ class Checkpointer:
                       logging.WARNING)
         failed.append((step, f'{type(e).__name__}: {_short(e)}'))
         continue
+      self._agree(step, failed)
       if failed:
         self.move_aside([s for s, _ in failed], reason='unreadable')
       self.restored_wall_time_s = float(meta.get('wall_time_s', 0.0))
       return restored['state'], step
+    self._agree(0, failed)
     if failed:
       newest, reason = failed[0]
       raise ValueError(
@@ -241,6 +243,15 @@ class Checkpointer:
           'use a fresh --workdir; if the files are damaged, move the checkpoints folder away to '
           'start over. Nothing was changed.')
     return target, 0
+
+  def _agree(self, step: int, failed) -> None:
+    """Every process restored the same step and found the same checkpoints unrestorable (a
+    file readable from some nodes only would otherwise start them at different steps, or leave
+    some at `move_aside`'s barrier)."""
+    distributed.check_same_everywhere(
+        'restored checkpoint', {'step': int(step), 'unrestorable': [int(s) for s, _ in failed]},
+        hint=f'Some processes could not read checkpoints in {self.directory} that others could: '
+        'check that every node sees the same files (a shared file system, no stale cache).')
 
   def move_aside(self, steps, reason: str):
     """Renames checkpoints to ``<step>.<reason>[.N]`` (kept for inspection, never restored);

@@ -312,3 +312,25 @@ def test_a_process_stuck_before_a_collective_fails_the_others_instead_of_hanging
   waited = float(log.split('SECOND ENDED after ')[1].split(' s')[0])
   assert 4 < waited < 60, log[-3000:]
   assert 'Gloo' in log and 'Timed out' in log, log[-3000:]
+
+
+@pytest.mark.slow(40)
+def test_two_processes_resume_past_a_corrupt_checkpoint_and_move_it_aside_once(data_dir,
+                                                                               tmp_path):
+  """Both processes fall back to step 3, agree on it, process 0 alone renames the corrupt 6, and
+  the job saves 6 again (orbax skipped every save up to a corrupt newer step left in place)."""
+  workdir = tmp_path / 'work'
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, checkpoint_every_steps=3),
+                             str(workdir))
+  for path in (workdir / 'checkpoints' / '6' / 'state').rglob('*'):
+    if path.is_file():
+      path.write_bytes(path.read_bytes()[:path.stat().st_size // 3])
+  procs = launch(main_cmd(data_dir, workdir, num_train_steps=8, checkpoint_every_steps=3), 2, 1,
+                 tmp_path)
+  logs = finish(procs, tmp_path)
+  assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:]
+  assert 'Resumed from checkpoint at step 3' in logs[0], logs[0][-2000:]
+  assert all('checkpoint 6 could not be restored' in log for log in logs)  # Both fell back.
+  assert ['moved the unreadable checkpoint 6' in log for log in logs] == [True, False]
+  names = set(os.listdir(workdir / 'checkpoints'))
+  assert {'3', '6', '6.unreadable', '8'} <= names, names
