@@ -19,7 +19,7 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-from anp_jax import plotting
+from anp_jax import metrics_io, plotting
 from anp_jax.configs import default
 
 METRIC = 'eval/anp_top1'
@@ -68,21 +68,40 @@ def task_config(preset: str, task: str, steps: int, data_dir: str, **overrides):
 
 
 def _train(config, workdir: str, every_steps: int):
+  """Trains (or resumes, or re-evaluates a finished) run in `workdir`; returns its curve, final
+  evaluation, training time and init report.
+
+  The curve is every evaluation in the run's log (`metrics_io.read_metrics`), not the records
+  of this invocation: a rerun of a finished run logs none, a resumed one only its last segment.
+  The final evaluation and the training time are those of ``final_metrics.json`` (which a rerun
+  leaves as the run wrote it; its wall time adds up the segments). So a rerun or a resumed run
+  gives what one uninterrupted invocation gives.
+  """
   from anp_jax import trainer
   run = trainer.build(config)  # Only for the epoch length: evaluation is given in epochs.
   config.eval_every_epochs = every_steps / run.setup.steps_per_epoch
   t = time.time()
   result = trainer.train_and_evaluate(config, workdir)
-  curve = [(0, None)] + [(h['step'], h[METRIC]) for h in result.records if METRIC in h]
-  return {'curve': [(s, a) for s, a in curve if a is not None], 'final': result.final_eval,
-          'wall_s': time.time() - t, 'init_report': run.init.report if run.init else ''}
+  wall = time.time() - t
+  curve = [(int(r['step']), r[METRIC]) for r in metrics_io.read_metrics(workdir, 'eval')
+           if METRIC in r]
+  final_path = os.path.join(workdir, 'final_metrics.json')
+  recorded = {}
+  if os.path.exists(final_path):
+    with open(final_path) as f:
+      recorded = json.load(f)
+  final = {k: v for k, v in recorded.items() if k.startswith('eval/')} or result.final_eval
+  return {'curve': curve, 'final': final, 'wall_s': recorded.get('wall_time_s', wall),
+          'init_report': run.init.report if run.init else ''}
 
 
 def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
         freeze: str = '', backbone_lr_multiplier: float = 1.0) -> Dict:
   """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
 
-  A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates).
+  A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates);
+  an interrupted one resumes from its last checkpoint. Either way the curves come from the runs'
+  whole logs (`_train`), so the summary is that of one uninterrupted invocation.
   """
   p = PRESETS[preset]
   data_dir = data_dir or os.path.join(work_dir, 'tfds')

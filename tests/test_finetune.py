@@ -422,3 +422,42 @@ def test_transfer_steps_to_target_and_report(tmp_path):
   assert all(os.path.getsize(p) > 0 for p in paths)
   md = open(paths[1]).read()
   assert '| 1.0 | 50.0 % | 20 | 20 |' in md and 'loaded 3 arrays' in md
+
+
+@pytest.mark.slow(60)
+def test_transfer_rerun_and_resume_give_the_curves_of_one_invocation(tmp_path, monkeypatch,
+                                                                     capsys):
+  # A rerun on a finished workdir trains nothing (train_and_evaluate re-evaluates only), and a
+  # resumed run trains only the steps after its checkpoint: the curves must come from each run's
+  # whole log, so both give the summary of one uninterrupted invocation. (Before: every curve
+  # of the rerun was empty and summarize failed on max(); a resumed run's curve lost its start.)
+  # Checkpoints every 2 steps (the evaluation interval), so that a run can be cut at step 2;
+  # BatchNorm groups of 4 for the 8 devices of the tests (the preset's batch is for one device).
+  import shutil
+  from anp_jax import metrics_io, transfer
+  make = transfer.task_config
+  monkeypatch.setattr(transfer, 'task_config', lambda *a, **k: make(
+      *a, **k, checkpoint_every_steps=2, bn_group_size=4))
+  work = tmp_path / 'work'
+  first = transfer.run(str(work), 'tiny')
+  assert [s for s, _ in first['runs']['pretrain']['curve']] == [2, 4, 6]
+  assert [s for s, _ in first['runs']['finetune']['curve']] == [2, 4]
+  assert [s for s, _ in first['runs']['scratch']['curve']] == [2, 4]
+  assert first['runs']['scratch']['final'][transfer.METRIC] == (
+      first['runs']['scratch']['curve'][-1][1])
+  second = transfer.run(str(work), 'tiny')
+  assert second == first  # wall_s included: the training time the runs recorded.
+  # The scratch run cut after its checkpoint at step 2 (its later log lines stay, as after a
+  # kill), then resumed by a third invocation.
+  scratch = work / 'runs' / 'scratch'
+  shutil.rmtree(scratch / 'checkpoints' / '4')
+  os.remove(scratch / 'final_metrics.json')
+  capsys.readouterr()
+  third = transfer.run(str(work), 'tiny')
+  assert f'Resumed from checkpoint at step 2 in {scratch}' in capsys.readouterr().out
+  assert len(metrics_io.read_metrics(str(scratch), 'eval')) == 2
+  for name in ('pretrain', 'finetune', 'scratch'):
+    assert third['runs'][name]['curve'] == first['runs'][name]['curve'], name
+    assert third['runs'][name]['final'] == first['runs'][name]['final'], name
+  for key in ('best_scratch', 'best_finetune', 'steps_to_target'):
+    assert third[key] == first[key], key
