@@ -27,7 +27,11 @@ best learning rate, not at one fixed rule).
   exactly one large batch, see tests/test_train.py). ``--max_per_device_batch 0`` disables it.
 * **Validation before any training**: unknown rules / warmup values, an empty grid, a target
   outside (0, 1], batch sizes that do not split over devices × micro-batches × BN groups (all bad
-  ones are listed) or do not fit the dataset, and runs in DIR trained with other settings.
+  ones are listed) or do not fit the dataset, a run directory in DIR trained with other settings,
+  and other runs in DIR (other batch sizes, seeds, ...) trained with settings that differ from
+  this invocation's outside the swept fields (`sweep.check_sweep_directory`: every run there is
+  fitted together, so one DIR holds one sweep; extending it with new batch sizes, seeds, lr
+  multipliers or warmup arms under the same settings works).
 * **Resumable**: a run with ``final_metrics.json`` is skipped; an interrupted one continues from
   its checkpoints (saved every ``--checkpoint_every_epochs``). A run whose loss becomes NaN/Inf is
   recorded as diverged (its ``final_metrics.json`` says so) and not retried. Preemption (SIGTERM)
@@ -39,7 +43,7 @@ best learning rate, not at one fixed rule).
   seed, lr (peak), final / best top-1, top-5, steps / examples / epochs to the target (the
   first crossing, interpolated linearly between the two evaluations around it, see
   `anp_jax.research.sweep.target_crossing`; epochs = examples / train_size; None if never), the
-  step of the first evaluation reaching it, wall time (of the invocation that finished the run),
+  step of the first evaluation reaching it, wall time (all the run's segments),
   and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
   trained, see `anp_jax.research.noise_scale.window_b_simple`). Rows are recomputed from the run
   directories on every invocation, so a new

@@ -463,6 +463,8 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
     (['--config.model.depth=3'], 'Unknown config field --config.model.depth'),
     (['--config.bn_group_size=abc'], 'expected int'),
     (['--config.grad_accum_steps=2'], 'max_per_device_batch 0'),
+    (['--noconfig.no_such_field'], 'Unknown config field --config.no_such_field'),
+    (['-config.no_such_field=1'], 'Unknown config field --config.no_such_field'),
 ])
 def test_bad_sweep_input_fails_before_training(data_dir, tmp_path, extra, message):
   out = tmp_path / 'bad'
@@ -477,6 +479,34 @@ def test_bad_input_exits_2_with_a_message(data_dir, tmp_path, capsys):
   assert err.startswith('ERROR:') and 'unreachable target' in err
 
 
+@pytest.mark.parametrize('extra,key,value', [
+    (['--config.checkpoint_every_steps', '7'], 'checkpoint_every_steps', 7),
+    (['--noconfig.noise_scale'], 'noise_scale', False),
+    (['--config.noise_scale=false'], 'noise_scale', False),
+    (['--config.noise_scale', '--epochs', '1'], 'noise_scale', True),  # Bare boolean.
+    (['-config.log_every_steps=3'], 'log_every_steps', 3),  # absl takes one dash too.
+    (['--config.base_lr=0.3', '--config.base_lr', '0.2'], 'base_lr', 0.2),  # The last one.
+])
+def test_every_absl_form_of_a_config_override_is_recorded(data_dir, tmp_path, extra, key, value):
+  """The overrides (the fields the sweep leaves alone, sweep.json's record) are what absl
+  parsed: a ``--noconfig.x`` or one-dash form counts, a bare boolean does not take the next
+  argument as its value."""
+  out = tmp_path / 'sweep'
+  args, config, overrides = sweep.parse_args(_argv(out, data_dir, *extra))
+  assert config[key] == value
+  if '--epochs' in extra:
+    assert args.epochs == 1.0
+  sw = sweep.resolve(args, config, overrides)
+  assert sw.user_fields == {'data_dir', key}
+  out.mkdir()
+  sweep._record_invocation(str(out), args, overrides, sw, 8)
+  recorded = json.load(open(out / 'sweep.json'))['invocations'][-1]['overrides']
+  assert recorded == [f'--config.data_dir={data_dir}', f'--config.{key}={value}']
+  # The record gives the same config again.
+  _, again, _ = sweep.parse_args(['--preset', 'tiny', '--out', str(out), *recorded])
+  assert again[key] == value
+
+
 def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
   out = tmp_path / 'sweep'
   plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir,
@@ -489,6 +519,49 @@ def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
   with pytest.raises(sweep.SweepError, match=r'other settings \(num_epochs: 3.0 there vs 0.75'):
     sweep.sweep(_argv(out, data_dir, '--batch_sizes', '32'))
   assert not (run_dir / 'final_metrics.json').exists()
+
+
+def _fake_finished_run(out, data_dir, *extra):
+  """The directory of a finished run planned from `_argv(out, data_dir, *extra)` (one grid point),
+  as the sweep leaves it (sweep_run.json, config.json, final_metrics.json), without training."""
+  plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir, *extra))))
+  (plan,) = plans
+  run = out / 'runs' / plan.spec.name
+  run.mkdir(parents=True)
+  (run / 'sweep_run.json').write_text(json.dumps(sweep.run_info(plan)))
+  (run / 'config.json').write_text(plan.config.to_json_best_effort())
+  (run / 'final_metrics.json').write_text(json.dumps({'step': 6, 'eval/anp_top1': 0.3}))
+  return plan.spec.name
+
+
+def test_runs_of_other_settings_are_not_mixed_into_one_sweep_directory(data_dir, tmp_path):
+  """Every run under DIR/runs is fitted and reported together, whatever its batch size: adding
+  runs made with another budget or base config is refused before training, naming the fields
+  and the runs; new batch sizes, seeds or lr multipliers under the same settings are added."""
+  out = tmp_path / 'sweep'
+  first = _fake_finished_run(out, data_dir, '--batch_sizes', '32', '--epochs', '1.5',
+                             '--config.model.width=1.0')
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.sweep(_argv(out, data_dir, '--batch_sizes', '64', '--no_report'))
+  assert (f'model.width: 1.0 there vs 0.5 now ({first}); num_epochs: 1.5 there vs 0.75 now '
+          f'({first})') in str(e.value)
+  assert 'Use another --out' in str(e.value)
+  assert sorted(os.listdir(out / 'runs')) == [first]  # Nothing trained.
+  # The same settings with another batch size, seed and multiplier (the swept fields): planned.
+  sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(
+      out, data_dir, '--batch_sizes', '64', '--seeds', '1', '--lr_search', '2', '--epochs',
+      '1.5', '--config.model.width=1.0', '--config.checkpoint_every_steps=5'))))
+  # A run of the first format (no train_size) and another base lr, --stop_at_target: refused.
+  other = tmp_path / 'other'
+  run = _fake_finished_run(other, data_dir, '--batch_sizes', '32', '--lr_search', '2',
+                           '--config.base_lr=0.2')
+  info = json.loads((other / 'runs' / run / 'sweep_run.json').read_text())
+  del info['train_size'], info['eval_every_steps']
+  (other / 'runs' / run / 'sweep_run.json').write_text(json.dumps(info))
+  parsed = sweep.parse_args(_argv(other, data_dir, '--batch_sizes', '64', '--stop_at_target'))
+  with pytest.raises(sweep.SweepError, match=rf"base_lr: 0.4 there vs 0.2 now \({run}\); "
+                                             rf"stop_at_metric: '' there vs 'eval/anp_top1'"):
+    sweep.plan_runs(sweep.resolve(*parsed))
 
 
 def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_path):

@@ -94,6 +94,9 @@ def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_di
 @pytest.mark.parametrize('extra,message', [
     (['--workers', '0'], 'must be >= 1'),
     (['--config.method=async'], 'set per run'),
+    (['--noconfig.async_sgd.staleness_aware_lr'], 'set per run'),  # absl's boolean "off".
+    (['--config.async_sgd.staleness_aware_lr', '--epochs', '1'], 'set per run'),
+    (['-config.method=async'], 'set per run'),  # One dash is absl too.
     (['--nodes', '3'], 'does not divide the 8 devices'),
     (['--config.no_such_field=1'], 'Unknown config field --config.no_such_field'),
     (['--mixed', '3'], 'N must divide 16'),
@@ -105,6 +108,21 @@ def test_bad_input_is_reported_before_training(data_dir, tmp_path, capsys, extra
   assert sam.main(argv) == 2
   assert message in capsys.readouterr().err
   assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_an_explicit_checkpoint_or_log_cadence_is_kept(data_dir, tmp_path):
+  """The runner's checkpoint (one per epoch) and log (4 per epoch) cadences are defaults: an
+  explicit ``--config.checkpoint_every_steps`` / ``--config.log_every_steps`` is used as given
+  (results are read from the evaluations, whatever was checkpointed or logged)."""
+  argv = ['--preset', 'tiny', '--out', str(tmp_path), f'--config.data_dir={data_dir}']
+  runs, _ = sam.plan_runs(sam.resolve(argv), devices=8)
+  assert {(r.config.checkpoint_every_steps, r.config.log_every_steps) for r in runs} != {(1, 1)}
+  runs, _ = sam.plan_runs(sam.resolve(argv + ['--config.checkpoint_every_steps=1',
+                                              '--config.log_every_steps=1']), devices=8)
+  assert [(r.config.checkpoint_every_steps, r.config.log_every_steps) for r in runs] == [
+      (1, 1)] * len(runs)
+  runs, _ = sam.plan_runs(sam.resolve(argv + ['--config.checkpoint_every_steps=0']), devices=8)
+  assert [r.config.checkpoint_every_steps for r in runs] == [0] * len(runs)  # 0: none.
 
 
 def _record(arm, mult, steps, top1, status='finished'):

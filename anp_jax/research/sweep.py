@@ -12,7 +12,9 @@ Two layers:
   per-arm learning-rate choice), `estimate_seconds` and atomic result writes.
 * **The batch-size sweep** (global batch sizes × scaling-rule/warmup arms × seeds × learning-rate
   multipliers): `resolve`, `plan_runs`, `summarize_run`, `collect_results`, `write_results`,
-  `sweep` / `main`. The command line and what it writes are documented in
+  `sweep` / `main`; `check_sweep_directory` refuses to add runs to a directory whose other runs
+  (of other batch sizes, seeds...) were trained with other settings, since the results and the
+  report fit every run there together. The command line and what it writes are documented in
   ``experiments/batch_size_sweep.py``; the presets are ``anp_jax/configs/sweep_*.py``.
 
 Results stay readable across versions: run names (``b00032-linear-warmup-lrx1-s0``),
@@ -27,6 +29,7 @@ import itertools
 import json
 import math
 import os
+import re
 import runpy
 import sys
 import time
@@ -76,17 +79,37 @@ def load_preset(prefix: str, name: str) -> Tuple[ml_collections.ConfigDict, Dict
   return module['get_config'](), dict(module['get_sweep']())
 
 
-def _override_items(argv: Sequence[str]) -> List[Tuple[str, str]]:
-  """(dotted key, raw value) of every ``--config.x=y`` (or ``--config.x y``), in order."""
-  out = []
-  for i, item in enumerate(argv):
-    if item.startswith('--config.'):
-      if '=' in item:
-        key, raw = item[len('--config.'):].split('=', 1)
-      else:
-        key, raw = item[len('--config.'):], argv[i + 1] if i + 1 < len(argv) else ''
-      out.append((key, raw))
-  return out
+def _override_items(fv) -> List[Tuple[str, object]]:
+  """(dotted key, parsed value) of every config field the command line set, in order.
+
+  Read from the parsed config flag (``ml_collections``' `override_values`), not from argv: every
+  absl form counts once with the value absl gave it (``--config.x=y``, ``--config.x y``, a bare
+  boolean ``--config.x``, ``--noconfig.x``, one dash, a ``--flagfile``), and a repeated field
+  has its last value.
+  """
+  return list(fv['config'].override_values.items())
+
+
+def override_args(overrides: Sequence[Tuple[str, object]]) -> List[str]:
+  """`overrides` as ``--config.x=value`` arguments that give the same config again (sweep.json's
+  record of an invocation, in the format of the first sweeps; a boolean as ``=True``/``=False``
+  and a tuple as ``=(1, 2)``, which absl and ml_collections accept)."""
+  return [f'--config.{k}={v}' for k, v in overrides]
+
+
+def _unknown_prefixed_field(argv: Sequence[str], config_file: str) -> str:
+  """The unknown-field message for a ``--noconfig.x`` or one-dash ``-config.x`` ('' if none).
+
+  `cli.check_config_argv` checks the ``--config.x`` form only; ml_collections raises a bare
+  AttributeError for the others while the flag is being defined.
+  """
+  keys = [re.sub(r'^-{1,2}(no)?config\.', '', a.split('=', 1)[0]) for a in argv
+          if re.match(r'^-{1,2}(no)?config\.', a) and not a.startswith('--config.')]
+  if not keys:
+    return ''
+  fields = cli.config_fields(cli.load_config_file(config_file))
+  unknown = [k for k in keys if k not in fields]
+  return cli.unknown_field_message(unknown[0], fields) if unknown else ''
 
 
 def _value_error(error: flags.Error, config_file: str) -> str:
@@ -126,7 +149,8 @@ def parse_command_line(argv: Sequence[str], prefix: str, define_flags: Callable,
     return None
   if name not in preset_names(prefix):
     raise SweepError(f'Unknown preset {name!r}; choose one of {preset_names(prefix)}.')
-  message = cli.check_config_argv(argv, 'config', config_file)
+  message = (cli.check_config_argv(argv, 'config', config_file)
+             or _unknown_prefixed_field(argv, config_file))
   if message:
     raise SweepError(message)
   config_flags.DEFINE_config_file('config', config_file, 'The preset config; override with '
@@ -141,7 +165,7 @@ def parse_command_line(argv: Sequence[str], prefix: str, define_flags: Callable,
   if rest[1:]:
     raise SweepError(f'unrecognized argument(s) {rest[1:]} (config overrides are '
                      '--config.x.y=value).')
-  return fv, fv.config, _override_items(argv)
+  return fv, fv.config, _override_items(fv)
 
 
 def run_cli(main: Callable[[List[str]], int]):
@@ -184,6 +208,18 @@ NEUTRAL_FIELDS = ('progress_bar', 'data_dir', 'checkpoint_every_steps',
                   'log_every_steps', 'keep_best_metric', 'eval_only')
 
 
+def config_diff(old: Dict, config) -> Dict[str, Tuple]:
+  """(value there, value now) of every field but the `NEUTRAL_FIELDS` where a run's recorded
+  ``config.json`` (`old`, as loaded) and `config` differ. A field added to the config after that
+  run was trained counts as its default value there."""
+  old = flat_fields(old)
+  new = flat_fields(json.loads(config.to_json_best_effort()))
+  defaults = flat_fields(json.loads(default_config.get_config().to_json_best_effort()))
+  old.update({k: defaults[k] for k in new if k not in old and k in defaults})
+  return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+          if k not in NEUTRAL_FIELDS and old.get(k) != new.get(k)}
+
+
 def check_existing(run_dir: str, config):
   """A run directory already trained with other settings is an error, not silently reused.
 
@@ -197,14 +233,9 @@ def check_existing(run_dir: str, config):
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = flat_fields(json.load(f))
-  new = flat_fields(json.loads(config.to_json_best_effort()))
-  defaults = flat_fields(json.loads(default_config.get_config().to_json_best_effort()))
-  old.update({k: defaults[k] for k in new if k not in old and k in defaults})
-  diff = {k: (old.get(k), new.get(k)) for k in set(old) | set(new)
-          if k not in NEUTRAL_FIELDS and old.get(k) != new.get(k)}
+    diff = config_diff(json.load(f), config)
   if diff:
-    detail = ', '.join(f'{k}: {a!r} there vs {b!r} now' for k, (a, b) in sorted(diff.items()))
+    detail = ', '.join(f'{k}: {a!r} there vs {b!r} now' for k, (a, b) in diff.items())
     raise SweepError(f'{run_dir} was trained with other settings ({detail}). Use another --out, '
                      'or the settings of that sweep.')
 
@@ -443,7 +474,7 @@ def define_sweep_flags(fv):
 
 def parse_args(argv: Sequence[str], doc: str = __doc__):
   """(args, base config, overrides): the flags as a namespace with the historical names (recorded
-  in sweep.json), the preset config with the overrides applied, and the (key, raw) overrides."""
+  in sweep.json), the preset config with the overrides applied, and the (key, value) overrides."""
   parsed = parse_command_line(argv, PREFIX, define_sweep_flags, doc)
   if parsed is None:
     return None
@@ -587,6 +618,51 @@ def dataset_meta(base):
     raise SweepError(f'The dataset {base.dataset!r} is not usable: {e}') from e
 
 
+def check_sweep_directory(sw: Sweep, planned: Sequence[str]):
+  """Refuses to add runs to ``--out`` when its other runs were trained with other settings.
+
+  `collect_results` and the report fit every run under ``DIR/runs`` together (sweeps split over
+  several jobs add up), and `check_existing` guards only the directories this invocation trains
+  again. So every other run there (one with ``sweep_run.json`` and ``config.json``) is planned
+  again from its grid point (batch, rule, warmup, seed, lr multiplier, and its own accumulation)
+  under this invocation's settings, and must come out as the config it was trained with, up to
+  the `NEUTRAL_FIELDS`: another epoch budget, base lr, model, dataset, target stop... would put
+  two experiments into one fit, and the report's header would describe only the latest. Reruns
+  and resumes of an invocation, and new batch sizes, rules, seeds or multipliers under the same
+  settings, pass.
+  """
+  runs_dir = os.path.join(sw.out, 'runs')
+  if not os.path.isdir(runs_dir):
+    return
+  planned = set(planned)
+  differ = {}  # field -> (value there, value now) -> run names.
+  for name in sorted(os.listdir(runs_dir)):
+    info_path = os.path.join(runs_dir, name, 'sweep_run.json')
+    config_path = os.path.join(runs_dir, name, 'config.json')
+    if name in planned or not (os.path.exists(info_path) and os.path.exists(config_path)):
+      continue
+    with open(info_path) as f:
+      info = json.load(f)
+    with open(config_path) as f:
+      old = json.load(f)
+    spec = RunSpec(int(info['batch']), info['rule'], info['warmup'] in ('on', True),
+                   int(info['seed']), float(info.get('lr_mult', 1.0)))
+    again = make_run_config(sw.base, spec, int(old.get('grad_accum_steps', 1)))
+    for key, (a, b) in config_diff(old, again).items():
+      differ.setdefault(key, {}).setdefault((repr(a), repr(b)), []).append(name)
+  if differ:
+    def runs(names):
+      return ', '.join(names[:3]) + (f' and {len(names) - 3} more' if len(names) > 3 else '')
+    detail = '; '.join(f'{key}: {a} there vs {b} now ({runs(names)})'
+                       for key, by_values in sorted(differ.items())
+                       for (a, b), names in by_values.items())
+    raise SweepError(
+        f'{runs_dir} holds runs trained with other settings than this invocation, apart from '
+        f'the swept batch size, rule, warmup, seed and lr multiplier ({detail}). The results and '
+        'the report would fit them together with the new runs. Use another --out, or the '
+        'settings of those runs.')
+
+
 def plan_runs(sw: Sweep, devices: Optional[int] = None):
   """(plans, dataset meta): every grid point's config and sizes, checked before any training."""
   base = sw.base
@@ -635,6 +711,7 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
                      f'({meta.train_size} training examples): {listing}')
   for p in plans:
     check_existing(os.path.join(sw.out, 'runs', p.spec.name), p.config)
+  check_sweep_directory(sw, [p.spec.name for p in plans])
   return plans, meta
 
 
@@ -745,7 +822,7 @@ def _record_invocation(out, args, overrides, sw: Sweep, devices: int):
                 dataset=base.dataset, target_top1=sw.target_top1)
   record.setdefault('invocations', []).append(
       {'time': time.time(), 'args': vars(args),
-       'overrides': [f'--config.{k}={v}' for k, v in overrides]})
+       'overrides': override_args(overrides)})
   write_text_atomic(path, json.dumps(record, indent=2, default=str))
 
 

@@ -218,6 +218,8 @@ class Experiment:
   dry_run: bool
   cpu_devices: int
   lr_extensions: int = 0
+  # Config fields set with --config (the runner's checkpoint and log cadences give way to them).
+  user_fields: frozenset = frozenset()
   # Multipliers added beyond the grid's edge, per arm name, in the order they were added.
   extended: Dict[str, List[float]] = dataclasses.field(default_factory=dict)
 
@@ -278,7 +280,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
                     lr_grid=mults, target_top1=float(target), sync_devices=fv.sync_devices,
                     out=os.path.abspath(os.path.expanduser(fv.out)), dry_run=fv.dry_run,
                     cpu_devices=preset.cpu_devices if fv.cpu_devices is None else fv.cpu_devices,
-                    lr_extensions=int(extensions))
+                    lr_extensions=int(extensions), user_fields=frozenset(keys))
 
 
 def plan_runs(ex: Experiment, devices: int):
@@ -292,9 +294,15 @@ def plan_runs(ex: Experiment, devices: int):
       setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
     except ValueError as e:
       raise ExperimentError(f'Run {point.name}: {e}') from None
-    config.checkpoint_every_steps = setup.steps(1.0, minimum=1)
-    config.log_every_steps = max(1, min(int(config.log_every_steps),
-                                        setup.steps(0.25, rounding='floor')))
+    # Defaults of the cadences, not requirements: results are read from the evaluations and
+    # final metrics, whatever was logged or checkpointed, so an explicit --config value wins
+    # (as in the batch-size sweep). Unset: a checkpoint per epoch (a killed run loses at most
+    # an epoch) and at least 4 training-log records per epoch.
+    if 'checkpoint_every_steps' not in ex.user_fields:
+      config.checkpoint_every_steps = setup.steps(1.0, minimum=1)
+    if 'log_every_steps' not in ex.user_fields:
+      config.log_every_steps = max(1, min(int(config.log_every_steps),
+                                          setup.steps(0.25, rounding='floor')))
     sweep.check_existing(os.path.join(ex.out, 'runs', point.name), config)
     runs.append(sweep.GridRun(point.name, config, setup))
   return runs, meta
