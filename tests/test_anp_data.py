@@ -213,6 +213,11 @@ def test_reuse_and_read_only_loading(folder_builder, manual_dir):
   shutil.copytree(manual_dir, elsewhere, dirs_exist_ok=True)
   with pytest.raises(ValueError, match='was prepared from'):
     anp.prepare(elsewhere, data_dir, layout='folder', min_images_per_anp=MIN, resize=RESIZE)
+  # The same folder through a symlink is the same source (it was refused as another one).
+  link = os.path.join(os.path.dirname(manual_dir), 'linked_manual')
+  os.symlink(manual_dir, link)
+  linked = anp.prepare(link, data_dir, layout='folder', min_images_per_anp=MIN, resize=RESIZE)
+  assert linked.info.splits['train'].num_examples == 60
 
 
 def test_csv_layout(manual_dir, tmp_path):
@@ -467,3 +472,21 @@ def test_anp_names_that_label_files_would_change_are_refused(tmp_path, bad):
                                                ('happy_dog/img_01.png', 'sad\ncat')])
   with pytest.raises(ValueError, match=r"'sad\\ncat' \(images\.csv line \d+\) has whitespace"):
     anp.scan(root, anp.make_config(layout='csv'))
+
+
+@pytest.mark.parametrize('mode,key', [('RGB', (10, 200, 30)), ('L', 77)])
+def test_a_png_colour_key_is_composited_on_white(tmp_path, mode, key):
+  """A PNG tRNS chunk on an RGB or greyscale image marks one colour transparent, like alpha: it
+  becomes white, as RGBA and palette transparency do (it kept its key colour before)."""
+  from PIL import Image
+  from anp_jax.data import anp
+  img = Image.new(mode, (4, 4), key)
+  img.putpixel((0, 0), (1, 2, 3) if mode == 'RGB' else 5)
+  path = tmp_path / 'keyed.png'
+  img.save(path, transparency=key)
+  with Image.open(path) as loaded:
+    assert 'transparency' in loaded.info
+    rgb = np.asarray(anp._to_rgb(loaded))
+  assert rgb.shape == (4, 4, 3)
+  assert (rgb[1:, 1:] == 255).all()  # The keyed colour.
+  assert tuple(rgb[0, 0]) == ((1, 2, 3) if mode == 'RGB' else (5, 5, 5))

@@ -210,8 +210,9 @@ def _orientation(img: Image.Image) -> int:
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:
-  """Any PIL mode -> RGB: alpha is composited on white, high bit depths are rescaled."""
-  if img.mode == 'RGB':
+  """Any PIL mode -> RGB: alpha, and a PNG tRNS colour key (palette, greyscale or RGB), is
+  composited on white; high bit depths are rescaled."""
+  if img.mode == 'RGB' and 'transparency' not in img.info:
     return img
   if img.mode in ('I;16', 'I;16L', 'I;16B', 'I;16N', 'I', 'F'):
     arr = np.asarray(img, dtype=np.float64)
@@ -221,7 +222,7 @@ def _to_rgb(img: Image.Image) -> Image.Image:
       arr = arr * 255.0
     img = Image.fromarray(np.clip(arr, 0, 255).round().astype(np.uint8), 'L')
   if img.mode in ('RGBA', 'LA', 'PA', 'La', 'RGBa') or (
-      img.mode == 'P' and 'transparency' in img.info):
+      img.mode in ('P', 'L', 'RGB') and 'transparency' in img.info):
     rgba = img.convert('RGBA')
     background = Image.new('RGBA', rgba.size, (255, 255, 255, 255))
     return Image.alpha_composite(background, rgba).convert('RGB')
@@ -769,7 +770,7 @@ def prepare(manual_dir: str, data_dir: str, *, overwrite: bool = False,
         builder = make()
       else:
         source = _read_summary(dataset_dir).get('manual_dir')
-        if source and source != manual_dir:
+        if source and os.path.realpath(source) != os.path.realpath(manual_dir):  # Symlinks too.
           raise ValueError(f'{dataset_dir!r} was prepared from {source!r}, not {manual_dir!r}; '
                            'pass overwrite=True (--overwrite), another data_dir, or a '
                            'source_tag to keep both.')
