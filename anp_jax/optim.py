@@ -40,7 +40,10 @@ def create_lr_schedule(config, steps_per_epoch: float, total_steps: int) -> opta
   step-decay boundaries (``config.step_epochs``) are converted to steps by `anp_jax.durations`.
   A step-decay boundary at or before the end of warmup is not dropped: its factor applies to the
   peak, i.e. the ramp goes up to ``peak * step_factor^k`` (k such boundaries), the rate the step
-  schedule has at the end of warmup, and the later boundaries decay from there.
+  schedule has at the end of warmup, and the later boundaries decay from there. A run shorter
+  than its warmup (e.g. a ``num_train_steps`` override) ramps to the peak over the whole run
+  (warmup = min(warmup, total_steps)), so it is not a prefix of the longer run; neither is any
+  run of another length under cosine decay, whose length is the run's.
   """
   peak = scaled_lr(config)
   warmup = durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=config.warmup_epochs)
