@@ -129,16 +129,8 @@ class Checkpointer:
         create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.best_metric = config.keep_best_metric
-    self.best_manager = None
-    if self.best_metric:
-      metric = self.best_metric
-      self.best_manager = ocp.CheckpointManager(
-          os.path.join(workdir, 'checkpoints_best'),
-          options=ocp.CheckpointManagerOptions(
-              max_to_keep=1, best_fn=lambda m: m[metric],
-              best_mode='min' if 'loss' in metric else 'max',
-              keep_checkpoints_without_metrics=False,
-              enable_async_checkpointing=False, create=True))
+    self.best_directory = os.path.join(workdir, 'checkpoints_best')
+    self.best_manager = None  # Made at the first evaluation: a refused resume creates nothing.
 
   # -- preemption ------------------------------------------------------------------------------
 
@@ -177,8 +169,17 @@ class Checkpointer:
 
   def save_best(self, step: int, state, eval_metrics: Dict[str, float]):
     """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
-    if self.best_manager is None or self.best_metric not in eval_metrics:
+    if not self.best_metric or self.best_metric not in eval_metrics:
       return
+    if self.best_manager is None:
+      metric = self.best_metric
+      self.best_manager = self._ocp.CheckpointManager(
+          self.best_directory,
+          options=self._ocp.CheckpointManagerOptions(
+              max_to_keep=1, best_fn=lambda m: m[metric],
+              best_mode='min' if 'loss' in metric else 'max',
+              keep_checkpoints_without_metrics=False,
+              enable_async_checkpointing=False, create=True))
     value = float(eval_metrics[self.best_metric])
     args = self._save_args(step, state, **{self.best_metric: value})
     self.best_manager.save(step, args=args,

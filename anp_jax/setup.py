@@ -205,6 +205,11 @@ def _check_ranges(config) -> None:
         head.rsplit('_', 1)[0] in HEADS and head.rsplit('_', 1)[-1] in ('top1', 'top5', 'loss')))):
       raise ConfigError(f'config.keep_best_metric={best!r} is not an evaluation metric: use e.g. '
                         "'eval/anp_top1', 'eval/noun_top5', 'eval/loss' (or '' for none).")
+    head_name = head.rsplit('_', 1)[0]
+    if head != 'loss' and head_name != 'anp' and not config.model.get(f'{head_name}_head', True):
+      raise ConfigError(f'config.keep_best_metric={best!r} names the {head_name} head, which '
+                        f'config.model.{head_name}_head=False turns off (nothing would be kept); '
+                        "use a head the model has, e.g. 'eval/anp_top1'.")
 
 
 def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,

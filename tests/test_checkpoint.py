@@ -295,8 +295,10 @@ def test_a_config_change_that_reshapes_the_optimizer_state_is_refused(data_dir, 
   before = sorted(os.listdir(tmp_path / 'checkpoints'))
   with pytest.raises(ValueError, match=r'None of the 1 checkpoint\(s\) .* could be restored .* '
                      r'grad_clip_norm 0 vs not'):
-    _in_process(data_dir, tmp_path, num_train_steps=6, **overrides)
+    _in_process(data_dir, tmp_path, num_train_steps=6, keep_best_metric='eval/anp_top1',
+                **overrides)
   assert sorted(os.listdir(tmp_path / 'checkpoints')) == before
+  assert not (tmp_path / 'checkpoints_best').exists()  # Made at the first evaluation only.
 
 
 @pytest.mark.parametrize('overrides,field', [

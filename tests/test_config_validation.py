@@ -72,12 +72,16 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
     ('crop_padding', -1, 'crop_padding'),
     ('keep_best_metric', 'eval/top1', r"keep_best_metric='eval/top1' is not an evaluation metric"),
     ('momentum', True, 'momentum'),
+    ('model.adjective_head', False, r"keep_best_metric='eval/adjective_top1' names the adjective "
+                                    r'head, which config.model.adjective_head=False turns off'),
 ])
 def test_out_of_range_numbers_fail_before_anything_runs(field, value, message):
   # Before: a negative clip norm trained uphill, keep_checkpoints=0 deleted every checkpoint,
   # log_every_steps=0 / bn_group_size=0 / shuffle_buffer=0 / bad crops failed with a traceback
   # after the workdir was written, a mistyped keep_best_metric kept nothing, silently.
   config = tiny_config('/nonexistent', augment='cifar')
+  if field == 'model.adjective_head':
+    config.keep_best_metric = 'eval/adjective_top1'
   _set(config, field, value)
   with pytest.raises(setup.ConfigError, match=message):
     setup.validate_config(config)
