@@ -44,7 +44,7 @@ PRESETS = {
 
 
 def task_config(preset: str, task: str, steps: int, data_dir: str, **overrides):
-  """The default config sized by `preset` for task 'a' or 'b' (constant lr, no warmup)."""
+  """The default config sized by `preset` for task 'a' or 'b' (cosine decay, no warmup)."""
   p = PRESETS[preset]
   c = default.get_config()
   c.data_dir = data_dir
