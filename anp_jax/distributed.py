@@ -52,29 +52,49 @@ def _int_env(name: str) -> Optional[int]:
     raise ValueError(f'Environment variable {name}={value!r} must be an integer.') from None
 
 
+def _expand_counts(value: str) -> Optional[List[int]]:
+  """SLURM's compressed per-node list, '2(x3),1' -> [2, 2, 2, 1] (None if malformed)."""
+  out = []
+  for part in value.split(','):
+    match = re.fullmatch(r'\s*(\d+)(?:\(x(\d+)\))?\s*', part)
+    if not match:
+      return None
+    out += [int(match.group(1))] * int(match.group(2) or 1)
+  return out
+
+
 def _slurm_tasks_per_node() -> Optional[int]:
-  """Tasks on this node: SLURM_NTASKS_PER_NODE, else the first entry of SLURM_*TASKS_PER_NODE."""
-  direct = _int_env('SLURM_NTASKS_PER_NODE')
-  if direct:
-    return direct
+  """Tasks of this step on this node: this node's entry (SLURM_NODEID) of the step's
+  SLURM_STEP_TASKS_PER_NODE (else the job's SLURM_TASKS_PER_NODE), else SLURM_NTASKS_PER_NODE
+  (the job's request, which a step may not follow). An uneven step ('1,3') differs per node."""
+  node = _int_env('SLURM_NODEID') or 0
   for var in ('SLURM_STEP_TASKS_PER_NODE', 'SLURM_TASKS_PER_NODE'):
-    value = os.environ.get(var)
-    if value:
-      match = re.match(r'(\d+)', value)
-      if match:
-        return int(match.group(1))
-  return None
+    counts = _expand_counts(os.environ.get(var) or '')
+    if counts and node < len(counts):
+      return counts[node]
+  return _int_env('SLURM_NTASKS_PER_NODE')
+
+
+# Where the NVIDIA driver lists the node's GPUs (one folder each), for nodes whose SLURM set-up
+# exports no GPU variables (no GRES): without ids, JAX's SLURM detection would give the one task
+# of a node only GPU SLURM_LOCALID = 0.
+NVIDIA_GPUS_DIR = '/proc/driver/nvidia/gpus'
 
 
 def _node_gpu_ids() -> Optional[List[int]]:
-  """GPUs that this node gives the task, from CUDA_VISIBLE_DEVICES or SLURM's GPU variables."""
+  """GPUs that this node gives the task: CUDA_VISIBLE_DEVICES, SLURM's GPU count, else every GPU
+  the NVIDIA driver lists (None on a machine without one)."""
   visible = os.environ.get('CUDA_VISIBLE_DEVICES')
   if visible not in (None, ''):
     return list(range(len([v for v in visible.split(',') if v.strip()])))
   count = _int_env('SLURM_GPUS_ON_NODE')
   if count:
     return list(range(count))
-  return None
+  try:
+    count = len(os.listdir(NVIDIA_GPUS_DIR))
+  except OSError:
+    return None
+  return list(range(count)) if count else None
 
 
 def _check_address(address: str) -> None:
@@ -93,7 +113,11 @@ def detect_topology(coordinator_address: Optional[str] = None,
   num_processes = num_processes if num_processes is not None else _int_env('ANP_NUM_PROCESSES')
   process_id = process_id if process_id is not None else _int_env('ANP_PROCESS_ID')
   local_ids = os.environ.get('ANP_LOCAL_DEVICE_IDS')
-  local_device_ids = [int(x) for x in local_ids.split(',')] if local_ids else None
+  try:
+    local_device_ids = [int(x) for x in local_ids.split(',')] if local_ids else None
+  except ValueError:
+    raise ValueError(f'ANP_LOCAL_DEVICE_IDS={local_ids!r} must be comma-separated device ids, '
+                     'e.g. 0,1,2,3.') from None
 
   explicit = [coordinator_address, num_processes, process_id]
   if any(v is not None for v in explicit):
@@ -110,6 +134,11 @@ def detect_topology(coordinator_address: Optional[str] = None,
     _check_address(coordinator_address)
     if num_processes == 1:
       return Topology('single', local_device_ids=local_device_ids)
+    if (local_device_ids is None and os.environ.get('SLURM_STEP_ID') is not None
+        and _slurm_tasks_per_node() == 1):
+      # Explicit addresses inside an srun step: JAX still detects SLURM for what is unset and
+      # would pin the node's one task to GPU SLURM_LOCALID; it gets the node's GPUs instead.
+      local_device_ids = _node_gpu_ids()
     return Topology('explicit', coordinator_address, num_processes, process_id, local_device_ids)
 
   ntasks = _int_env('SLURM_NTASKS') or _int_env('SLURM_NPROCS')
@@ -179,8 +208,20 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
         'Check that the coordinator (process 0) is running and reachable, and that every '
         'process was given the same number of processes.') from e
   _initialized = True
+  _restore_python_signal_handlers()
   share_host_cores(topo.process_id, topo.num_processes)
   return topo
+
+
+def _restore_python_signal_handlers() -> None:
+  """jax.distributed's client installs its own SIGTERM handler (C++, for its preemption
+  notifier), which replaces the one `anp_jax.preemption` installed before it, at the start of
+  the entry points: re-registering the Python handlers puts them back."""
+  import signal
+  for sig in (signal.SIGTERM, signal.SIGUSR1):
+    handler = signal.getsignal(sig)
+    if callable(handler):
+      signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------

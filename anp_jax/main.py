@@ -10,7 +10,7 @@ import sys
 
 from absl import app, flags, logging
 
-from anp_jax import cli, distributed, runtime
+from anp_jax import cli, distributed, preemption, runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
@@ -26,6 +26,9 @@ flags.mark_flags_as_required(['workdir'])
 
 
 def main(argv):
+  # First: a signal during the imports, the wait for the other processes or compilation still
+  # gives a checkpoint (or, before step 1, a stop at step 1) and exit 75, not a killed process.
+  preemption.install()
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:  # In a fraction of a second, before TensorFlow's import: bad topology, port taken.
@@ -42,8 +45,7 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
-  from anp_jax import errors, preemption, trainer
-  preemption.install()  # A signal during set-up or compilation still gives a checkpoint + 75.
+  from anp_jax import errors, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
   try:

@@ -30,9 +30,7 @@ import logging
 import signal
 from typing import Any, Optional, Tuple
 
-import jax
-
-from anp_jax import distributed, reporting
+from anp_jax import distributed  # No JAX: `install` runs before the slow imports.
 from anp_jax.errors import EXIT_PREEMPTED, Preempted
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_IN_FLIGHT = 2  # Steps dispatched beyond the last one known to have finished.
@@ -83,6 +81,7 @@ def reset() -> None:
 
 def any_process_requested() -> bool:
   """Whether any process got the signal. A collective: every process must call it."""
+  import jax
   local = _signal is not None
   if jax.process_count() == 1:
     return local
@@ -94,6 +93,7 @@ def any_process_requested() -> bool:
 def exit_if_requested(what: str = 'the next run') -> None:
   """Between runs: raises `Preempted` (exit 75) on every process if any got the signal."""
   if any_process_requested():
+    from anp_jax import reporting
     reporting.say(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the '
                   'launcher requeues the job; rerun the same command to continue.')
     raise Preempted()
@@ -110,6 +110,7 @@ class RunAhead:
     """Call after dispatching a step with (some of) its outputs; may wait for an older step."""
     self._outputs.append(outputs)
     while len(self._outputs) > self.limit:
+      import jax
       jax.block_until_ready(self._outputs.popleft())
 
 
@@ -126,6 +127,7 @@ class StepAgreement:
     """The arguments replace jax.distributed's client, the process index/count and the run's
     key prefix (tests simulate several processes in one)."""
     install()
+    import jax
     count = jax.process_count() if process_count is None else process_count
     self.multi = count > 1
     self.index = jax.process_index() if process_index is None else process_index

@@ -13,11 +13,13 @@ from conftest import coordinator_like_listener
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-  """No SLURM_*, ANP_* or CUDA_VISIBLE_DEVICES from the machine running the tests."""
+def clean_env(monkeypatch, tmp_path):
+  """No SLURM_*, ANP_* or CUDA_VISIBLE_DEVICES from the machine running the tests, and no GPU
+  listed by a driver (a test that wants some lists them in NVIDIA_GPUS_DIR)."""
   for name in list(os.environ):
     if name.startswith(('SLURM_', 'ANP_')) or name == 'CUDA_VISIBLE_DEVICES':
       monkeypatch.delenv(name)
+  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(tmp_path / 'no_nvidia_driver'))
   return monkeypatch
 
 
@@ -86,6 +88,50 @@ def test_slurm_one_task_per_node_gets_all_local_gpus(monkeypatch):
   monkeypatch.setenv('SLURM_TASKS_PER_NODE', '1(x2)')
   monkeypatch.setenv('SLURM_GPUS_ON_NODE', '8')
   assert distributed.detect_topology().local_device_ids == list(range(8))
+
+
+def test_one_task_per_node_finds_its_nodes_gpus_without_slurm_gpu_variables(monkeypatch,
+                                                                            tmp_path):
+  # No GRES: no CUDA_VISIBLE_DEVICES, no SLURM_GPUS_ON_NODE. JAX's SLURM detection would then
+  # pin the node's one task to GPU SLURM_LOCALID (0): one of four GPUs used, silently.
+  gpus = tmp_path / 'gpus'
+  for bus in ('0000:17:00.0', '0000:65:00.0', '0000:ca:00.0', '0000:e3:00.0'):
+    (gpus / bus).mkdir(parents=True)
+  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(gpus))
+  _slurm(monkeypatch, procid=1, ntasks=2, SLURM_TASKS_PER_NODE='1(x2)')
+  assert distributed.detect_topology().local_device_ids == [0, 1, 2, 3]
+  # Explicit addresses inside an srun step: the same (JAX detects SLURM for what is unset).
+  _set(monkeypatch, dict(ANP_COORDINATOR_ADDRESS='10.0.0.1:12345', ANP_NUM_PROCESSES='2',
+                         ANP_PROCESS_ID='1'))
+  assert distributed.detect_topology().local_device_ids == [0, 1, 2, 3]
+  # Outside SLURM nothing is pinned (several explicit processes may share a node).
+  monkeypatch.delenv('SLURM_STEP_ID')
+  assert distributed.detect_topology().local_device_ids is None
+  # A CPU machine: no driver folder, nothing pinned.
+  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(tmp_path / 'none'))
+  _set(monkeypatch, dict(SLURM_STEP_ID='0'))
+  assert distributed.detect_topology().local_device_ids is None
+
+
+@pytest.mark.parametrize('step_tasks,node,expected', [
+    ('1,3', 0, [0, 1, 2, 3]),  # This node's one task: all its GPUs.
+    ('1,3', 1, None),          # Three tasks here: one GPU each, JAX's choice.
+    ('3,1', 1, [0, 1, 2, 3]),
+    ('2(x2),1', 2, [0, 1, 2, 3]),
+    ('2(x2),1', 1, None),
+])
+def test_tasks_per_node_is_this_nodes_entry_of_the_steps_list(monkeypatch, step_tasks, node,
+                                                              expected):
+  # Before: the first node's count for every node, and the job's SLURM_NTASKS_PER_NODE first.
+  _slurm(monkeypatch, procid=0, ntasks=4, SLURM_NODEID=node, SLURM_STEP_TASKS_PER_NODE=step_tasks,
+         SLURM_NTASKS_PER_NODE=2, CUDA_VISIBLE_DEVICES='0,1,2,3')
+  assert distributed.detect_topology().local_device_ids == expected
+
+
+def test_malformed_local_device_ids_name_the_variable(monkeypatch):
+  monkeypatch.setenv('ANP_LOCAL_DEVICE_IDS', '0,1,')
+  with pytest.raises(ValueError, match=r"ANP_LOCAL_DEVICE_IDS='0,1,' must be comma-separated"):
+    distributed.detect_topology()
 
 
 def test_slurm_one_task_per_gpu_leaves_the_devices_to_jax(monkeypatch):

@@ -245,3 +245,28 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(data_dir, tmp_path):
   log0 = finish(procs, tmp_path, timeout=300)[0]
   assert [p.returncode for p in procs] == [0, 0], log0[-3000:]
   assert f'Resumed from checkpoint at step {stops[0]}' in log0
+
+
+def test_a_signal_during_start_up_still_gives_a_checkpoint_and_exit_75(data_dir, tmp_path):
+  """SIGUSR1 while the trainer imports TensorFlow (before: the handler came after the imports and
+  jax.distributed's wait for the other processes, so the signal's default action killed it: no
+  checkpoint, no exit 75, no requeue)."""
+  import subprocess
+  import sys
+  from conftest import config_flags, subprocess_env
+  code = ('import os, signal\n'
+          'from anp_jax import runtime\n'
+          'configure = runtime.configure\n'
+          'def signalled(*args, **kwargs):\n'
+          '  os.kill(os.getpid(), signal.SIGUSR1)\n'
+          '  return configure(*args, **kwargs)\n'
+          'runtime.configure = signalled\n'
+          'from anp_jax import main\n'
+          'main.run()\n')
+  workdir = tmp_path / 'work'
+  out = subprocess.run(
+      [sys.executable, '-c', code, f'--workdir={workdir}',
+       *config_flags(tiny_config(data_dir, num_train_steps=6))],
+      env=subprocess_env(), capture_output=True, text=True, timeout=600)
+  assert out.returncode == errors.EXIT_PREEMPTED, (out.returncode, out.stderr[-3000:])
+  assert _checkpoint_steps(workdir) == [1]

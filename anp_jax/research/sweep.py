@@ -836,6 +836,7 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
 
   `make_report(out)` (experiments/report.py's) writes the report at the end unless --no_report.
   """
+  preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
   parsed = parse_args(argv, doc)
   if parsed is None:
     return []
@@ -843,7 +844,6 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
   preset = sweep_preset(args.preset)
   simulate_cpu_devices(preset.cpu_devices if args.cpu_devices is None else args.cpu_devices)
   distributed.initialize()  # Multi-process jobs (SLURM / ANP_* variables); no-op otherwise.
-  preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
   sw = resolve(args, config, overrides)
   plans, meta = plan_runs(sw)
   is_main = jax.process_index() == 0

@@ -504,13 +504,13 @@ def pending_extensions(ex: Experiment, runs: Sequence[sweep.GridRun]) -> Dict[st
 
 def main(argv: Sequence[str], doc: str = __doc__) -> int:
   """Runs (or continues) the experiment of `argv`; 2 on bad input, 75 when preempted."""
+  preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
   try:
     ex = resolve(argv, doc)
     if ex is None:
       return 0
     sweep.simulate_cpu_devices(ex.cpu_devices)
     distributed.initialize()
-    preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
     runs, meta = plan_runs(ex, jax.device_count())
   except sweep.SweepError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
