@@ -16,7 +16,16 @@ PY="${ANP_PYTHON:-python3}"
 # This process's rank in its job (SLURM task, or ANP_PROCESS_ID in explicit multi-process mode):
 # only process 0 builds the environment, so that the processes of a job sharing one checkout
 # (several on one host, or a shared filesystem) never run pip into the same venv at once.
-RANK="${SLURM_PROCID:-${ANP_PROCESS_ID:-0}}"
+# The --process_id flag counts too (the README's flag-launched jobs): as "rank 0" every process
+# ran pip into the shared venv at once.
+flag_rank=
+prev=
+for a in "$@"; do
+  case "$a" in --process_id=*) flag_rank="${a#--process_id=}";; esac
+  [ "$prev" = --process_id ] && flag_rank="$a"
+  prev="$a"
+done
+RANK="${SLURM_PROCID:-${flag_rank:-${ANP_PROCESS_ID:-0}}}"
 
 # anp_jax itself, editable (pyproject.toml): `import anp_jax` then works from any directory,
 # notebook or script of this environment. Offline: no build isolation, no dependencies (those
@@ -63,21 +72,43 @@ export PYTHONUNBUFFERED=1
 
 args=("$@")
 has_workdir=0
-for a in "${args[@]}"; do case "$a" in --workdir=*|--workdir) has_workdir=1;; esac; done
+prev=
+for a in "${args[@]}"; do
+  case "$a" in --workdir=*|--workdir) has_workdir=1;; esac
+  # A --workdir inside a --flagfile (absl lets a later flag win: the default must not follow it).
+  flagfile=
+  case "$a" in --flagfile=*) flagfile="${a#--flagfile=}";; esac
+  [ "$prev" = --flagfile ] && flagfile="$a"
+  if [ -n "$flagfile" ] && grep -qE '^[[:space:]]*--workdir([=[:space:]]|$)' "$flagfile" 2>/dev/null; then
+    has_workdir=1
+  fi
+  prev="$a"
+done
 [ "$has_workdir" = 1 ] || args+=("--workdir=$HERE/workdirs/demo")
 
 echo "run.sh: host $(hostname) task ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} job ${SLURM_JOB_ID:-none}" >&2
 # Forward SIGTERM/SIGUSR1 (SLURM preemption / time-limit warning) to the trainer, which
-# checkpoints at the next step boundary and exits with 75.
+# checkpoints at the next step boundary and exits with 75. Ctrl-C (SIGINT) too, as a SIGTERM: a
+# background child of a script ignores SIGINT, so the trainer went on training without its
+# launcher; an interrupted run is not requeued.
 "$VENV/bin/python" -m anp_jax.main "${args[@]}" &
 child=$!
+interrupted=0
 trap 'kill -TERM "$child" 2>/dev/null' TERM
 trap 'kill -USR1 "$child" 2>/dev/null' USR1
+trap 'interrupted=1; kill -TERM "$child" 2>/dev/null' INT
 rc=0
 while :; do
   wait "$child"; rc=$?
   # wait returns >128 when interrupted by a trapped signal while the child still runs.
-  kill -0 "$child" 2>/dev/null || break
+  kill -0 "$child" 2>/dev/null && continue
+  # The child ended while a trapped signal interrupted `wait`: rc is that signal's 128+n, not
+  # the child's code (a 75 read as "killed by signal 15" lost the requeue). Reap it for its own.
+  if [ "$rc" -gt 128 ]; then
+    wait "$child" 2>/dev/null; own=$?
+    [ "$own" = 127 ] || rc=$own
+  fi
+  break
 done
 task="${SLURM_PROCID:-0}"
 if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then
@@ -92,7 +123,9 @@ elif [ "$rc" = 75 ]; then
   # its requeue. Nothing is lost by requeueing early: a process leaves only after every process
   # has reached jax.distributed's shutdown barrier, i.e. after the agreed checkpoint is committed.
   # The first call requeues the job; later ones find it already requeued.
-  if [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null && [ "${ANP_REQUEUE:-1}" = 1 ]; then
+  if [ "$interrupted" = 1 ]; then
+    echo "run.sh: task $task: interrupted (Ctrl-C): not requeued; rerun the same command to resume." >&2
+  elif [ -n "${SLURM_JOB_ID:-}" ] && command -v scontrol >/dev/null && [ "${ANP_REQUEUE:-1}" = 1 ]; then
     if out=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
       echo "run.sh: task $task: requeued SLURM job $SLURM_JOB_ID" >&2
     else
