@@ -21,8 +21,8 @@ PY="${ANP_PYTHON:-python3}"
 flag_rank=
 prev=
 for a in "$@"; do
-  case "$a" in --process_id=*) flag_rank="${a#--process_id=}";; esac
-  [ "$prev" = --process_id ] && flag_rank="$a"
+  case "$a" in --process_id=*|-process_id=*) flag_rank="${a#*=}";; esac  # absl: - or --.
+  case "$prev" in --process_id|-process_id) flag_rank="$a";; esac
   prev="$a"
 done
 RANK="${SLURM_PROCID:-${flag_rank:-${ANP_PROCESS_ID:-0}}}"
@@ -74,12 +74,12 @@ args=("$@")
 has_workdir=0
 prev=
 for a in "${args[@]}"; do
-  case "$a" in --workdir=*|--workdir) has_workdir=1;; esac
+  case "$a" in --workdir=*|--workdir|-workdir=*|-workdir) has_workdir=1;; esac
   # A --workdir inside a --flagfile (absl lets a later flag win: the default must not follow it).
   flagfile=
-  case "$a" in --flagfile=*) flagfile="${a#--flagfile=}";; esac
-  [ "$prev" = --flagfile ] && flagfile="$a"
-  if [ -n "$flagfile" ] && grep -qE '^[[:space:]]*--workdir([=[:space:]]|$)' "$flagfile" 2>/dev/null; then
+  case "$a" in --flagfile=*|-flagfile=*) flagfile="${a#*=}";; esac
+  case "$prev" in --flagfile|-flagfile) flagfile="$a";; esac
+  if [ -n "$flagfile" ] && grep -qE '^[[:space:]]*--?workdir([=[:space:]]|$)' "$flagfile" 2>/dev/null; then
     has_workdir=1
   fi
   prev="$a"

@@ -11,6 +11,7 @@ scripts' own override parser uses `unknown_field_message` for the same wording.
 
 import difflib
 import os
+import re
 import runpy
 import sys
 from typing import Callable, List, Sequence
@@ -66,8 +67,10 @@ def _config_spec(argv: Sequence[str], flag: str, default: str) -> str:
 
 
 def _overrides(argv: Sequence[str], flag: str) -> List[str]:
-  return [item[len(flag) + 3:].split('=', 1)[0] for item in argv
-          if item.startswith(f'--{flag}.')]
+  """The fields set on the command line in every absl form: ``--config.x=y``, ``--config.x y``,
+  ``-config.x``, and ``--noconfig.x`` / ``-noconfig.x`` (a boolean set False)."""
+  pattern = re.compile(rf'^--?(?:no)?{re.escape(flag)}\.([^=]+)')
+  return [m.group(1) for m in map(pattern.match, argv) if m]
 
 
 def check_config_argv(argv: Sequence[str], flag: str = 'config',

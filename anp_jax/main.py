@@ -30,7 +30,11 @@ def main(argv):
   # gives a checkpoint (or, before step 1, a stop at step 1) and exit 75, not a killed process.
   preemption.install()
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}', exitcode=2)
+  if not FLAGS.workdir.strip():  # '' would be the current directory (e.g. --workdir=$UNSET).
+    print('ERROR: --workdir is empty: give the directory for the logs and checkpoints.',
+          file=sys.stderr, flush=True)
+    return 2
   try:  # In a fraction of a second, before TensorFlow's import: bad topology, port taken.
     distributed.preflight(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   except (ValueError, RuntimeError) as e:

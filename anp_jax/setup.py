@@ -10,6 +10,7 @@ steps by `anp_jax.durations`, so the rest of the code only deals with steps.
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, Mapping, Optional
 
 import jax
@@ -133,7 +134,14 @@ def validate_config(config) -> None:
   for name in ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'base_batch_size'):
     if int(config[name]) <= 0:
       raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
-  if config.num_train_steps == 0 or (config.num_train_steps < 0 and config.num_epochs <= 0):
+  for name in ('base_lr', 'num_epochs', 'warmup_epochs', 'eval_every_epochs', 'weight_decay',
+               'grad_clip_norm', 'stop_at_value', 'checkpoint_every_minutes'):
+    if not math.isfinite(float(config[name])):  # nan passes every comparison; inf overflows.
+      raise ConfigError(f'config.{name}={config[name]} is not a finite number.')
+  if config.num_train_steps == 0:
+    raise ConfigError('Nothing to train: config.num_train_steps=0; use -1 to train '
+                      f'config.num_epochs (={config.num_epochs}) epochs, or a step count > 0.')
+  if config.num_train_steps < 0 and config.num_epochs <= 0:
     raise ConfigError('Nothing to train: set config.num_epochs > 0 or config.num_train_steps > 0 '
                      f'(got num_epochs={config.num_epochs}, '
                      f'num_train_steps={config.num_train_steps}).')

@@ -211,6 +211,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
   t_start = time.time()
   validate_config(config)
+  if not str(workdir or '').strip():  # '' would be the current directory.
+    raise ValueError('The workdir is empty (--workdir=): give the directory for the logs and '
+                     'checkpoints.')
   workdir = os.path.abspath(os.path.expanduser(workdir))
   # Before anything is read or written: every process runs this code, config and workdir.
   distributed.check_same_everywhere('software', distributed.software_identity,

@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import types
 
@@ -248,6 +249,19 @@ def test_exit_codes_2_and_3_at_the_process_level(data_dir, tmp_path):
   out = _run(_cmd(data_dir, tmp_path / 'nan', steps=6, every=0, base_lr=1e30))
   assert out.returncode == errors.EXIT_DIVERGED, out.stderr[-3000:]
   assert 'ERROR:' in out.stderr and 'loss is' in out.stderr
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--workdir='], '--workdir is empty'),  # E.g. --workdir=$UNSET: was the current directory.
+    (['--workdir=/tmp/x', 'extra'], "Unexpected arguments: ['extra']"),  # Was exit 1.
+])
+def test_an_empty_workdir_or_a_stray_argument_exits_2_writing_nothing(tmp_path, args, message):
+  out = subprocess.run([sys.executable, '-m', 'anp_jax.main', *args], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+  assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
+  assert message in out.stderr and 'Traceback' not in out.stderr
+  assert os.listdir(tmp_path) == []
 
 
 def _in_process(data_dir, workdir, **kw):

@@ -72,6 +72,9 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
     ('crop_padding', -1, 'crop_padding'),
     ('keep_best_metric', 'eval/top1', r"keep_best_metric='eval/top1' is not an evaluation metric"),
     ('momentum', True, 'momentum'),
+    ('base_lr', float('nan'), r'config.base_lr=nan is not a finite number'),  # Trained to exit 3.
+    ('warmup_epochs', float('inf'), r'config.warmup_epochs=inf is not a finite number'),
+    ('num_train_steps', 0, r'num_train_steps=0; use -1 to train config.num_epochs'),
     ('model.adjective_head', False, r"keep_best_metric='eval/adjective_top1' names the adjective "
                                     r'head, which config.model.adjective_head=False turns off'),
 ])

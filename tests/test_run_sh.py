@@ -49,7 +49,8 @@ def test_other_processes_leave_the_venv_alone(tmp_path, env):
   assert 'pip' not in _setup(tmp_path, **env)
 
 
-@pytest.mark.parametrize('args', [('--process_id=1',), ('--process_id', '1')])
+@pytest.mark.parametrize('args', [('--process_id=1',), ('--process_id', '1'),
+                                  ('-process_id=1',), ('-process_id', '1')])
 def test_the_process_id_flag_counts_as_the_rank(tmp_path, args):
   # The README's flag-launched job: every process was "rank 0" and ran pip into the venv.
   assert 'pip' not in _setup(tmp_path, '--coordinator_address=127.0.0.1:1234',
@@ -114,7 +115,8 @@ def test_a_workdir_in_a_flagfile_is_not_overridden_by_the_demo_default(tmp_path)
   env = _fake_trainer(tmp_path, f'echo started "$@" >> {log}\n')
   flagfile = tmp_path / 'flags.txt'
   flagfile.write_text('--workdir=/somewhere/run1\n')
-  for args in (['--flagfile', str(flagfile)], [f'--flagfile={flagfile}']):
+  for args in (['--flagfile', str(flagfile)], [f'--flagfile={flagfile}'], ['-workdir=/x'],
+               ['-workdir', '/x']):  # absl takes one dash too.
     log.unlink(missing_ok=True)
     subprocess.run(['bash', os.path.join(ROOT, 'run.sh'), *args], env=env, check=True,
                    capture_output=True, timeout=30)

@@ -617,3 +617,34 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
        'lr_search', 'max_per_device_batch', 'checkpoint_every_epochs', 'cpu_devices',
        'stop_at_target', 'dry_run', 'no_report'])
   assert invocation['overrides'] == [f'--config.data_dir={data_dir}']
+
+
+def test_one_out_directory_holds_one_kind_of_experiment(data_dir, tmp_path, capsys):
+  """The batch-size sweep and sync_async_mixed write results.json (other columns) at the same
+  path: each refuses the other's directory before training (a sweep overwrote the per-arm
+  results of a sync_async_mixed directory, exit 0), and an empty or file --out."""
+  from anp_jax.research import sync_async_mixed as sam
+  sam_dir, sweep_dir, marked = tmp_path / 'sam', tmp_path / 'sweep', tmp_path / 'marked'
+  sam_dir.mkdir()
+  (sam_dir / 'grid.json').write_text('[]')  # A directory of the version before the marker.
+  with pytest.raises(sweep.SweepError, match=r'holds the results of sync async mixed .* use '
+                     r'another --out'):
+    sweep.sweep(_argv(sam_dir, data_dir, '--dry_run'))
+  sweep_dir.mkdir()
+  (sweep_dir / 'sweep.json').write_text('{}')
+  assert sam.main(['--preset', 'tiny', '--out', str(sweep_dir), '--dry_run',
+                   f'--config.data_dir={data_dir}']) == 2
+  assert 'holds the results of batch size sweep' in capsys.readouterr().err
+  marked.mkdir()
+  sweep.claim_out_dir(str(marked), 'sync_async_mixed', write=True)
+  assert sweep.out_dir_kind(str(marked)) == 'sync_async_mixed'
+  with pytest.raises(sweep.SweepError, match='holds the results of sync async mixed'):
+    sweep.claim_out_dir(str(marked), 'batch_size_sweep', write=False)
+  sweep.claim_out_dir(str(marked), 'sync_async_mixed', write=True)  # Its own: fine.
+  (tmp_path / 'file').write_text('x')
+  with pytest.raises(sweep.SweepError, match='is a file'):
+    sweep.sweep(_argv(tmp_path / 'file', data_dir, '--dry_run'))
+  with pytest.raises(sweep.SweepError, match='--out is empty'):  # Was the current directory.
+    sweep.sweep(_argv('', data_dir, '--dry_run'))
+  assert sam.main(['--preset', 'tiny', '--out=', '--dry_run', f'--config.data_dir={data_dir}']) == 2
+  assert '--out is empty' in capsys.readouterr().err

@@ -135,6 +135,9 @@ def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
     ('--config.model.nmae=resnet8', 'did you mean --config.model.name?'),
     ('--config.batch_size=abc', '--config.batch_size=abc'),
     ('--config=/nonexistent/config.py', 'Config file /nonexistent/config.py'),
+    # absl's other forms (the message was a garbled repr of ml_collections' error).
+    ('--noconfig.batchsize', 'Unknown config field --config.batchsize; did you mean'),
+    ('-config.batchsize=64', 'Unknown config field --config.batchsize; did you mean'),
 ])
 def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',

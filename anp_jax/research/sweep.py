@@ -29,7 +29,6 @@ import itertools
 import json
 import math
 import os
-import re
 import runpy
 import sys
 import time
@@ -97,21 +96,6 @@ def override_args(overrides: Sequence[Tuple[str, object]]) -> List[str]:
   return [f'--config.{k}={v}' for k, v in overrides]
 
 
-def _unknown_prefixed_field(argv: Sequence[str], config_file: str) -> str:
-  """The unknown-field message for a ``--noconfig.x`` or one-dash ``-config.x`` ('' if none).
-
-  `cli.check_config_argv` checks the ``--config.x`` form only; ml_collections raises a bare
-  AttributeError for the others while the flag is being defined.
-  """
-  keys = [re.sub(r'^-{1,2}(no)?config\.', '', a.split('=', 1)[0]) for a in argv
-          if re.match(r'^-{1,2}(no)?config\.', a) and not a.startswith('--config.')]
-  if not keys:
-    return ''
-  fields = cli.config_fields(cli.load_config_file(config_file))
-  unknown = [k for k in keys if k not in fields]
-  return cli.unknown_field_message(unknown[0], fields) if unknown else ''
-
-
 def _value_error(error: flags.Error, config_file: str) -> str:
   """A bad ``--config.x=value`` as "expected <type> (like the current value ...)"."""
   text = ' '.join(str(error).split())
@@ -149,8 +133,7 @@ def parse_command_line(argv: Sequence[str], prefix: str, define_flags: Callable,
     return None
   if name not in preset_names(prefix):
     raise SweepError(f'Unknown preset {name!r}; choose one of {preset_names(prefix)}.')
-  message = (cli.check_config_argv(argv, 'config', config_file)
-             or _unknown_prefixed_field(argv, config_file))
+  message = cli.check_config_argv(argv, 'config', config_file)  # Every absl form of a field.
   if message:
     raise SweepError(message)
   config_flags.DEFINE_config_file('config', config_file, 'The preset config; override with '
@@ -561,6 +544,8 @@ def resolve(args, base, overrides) -> Sweep:
       args.checkpoint_every_epochs)
   if ckpt < 0:
     raise SweepError(f'--checkpoint_every_epochs must be >= 0, got {ckpt}.')
+  if not (args.out or '').strip():  # '' would be the current directory.
+    raise SweepError('--out is empty: give the directory for the runs and results.')
   return Sweep(preset=args.preset, out=os.path.abspath(os.path.expanduser(args.out)), base=base,
                grid=grid, target_top1=float(target), max_per_device_batch=max_pd,
                checkpoint_every_epochs=ckpt, user_fields=frozenset(k for k, _ in overrides))
@@ -616,6 +601,42 @@ def dataset_meta(base):
     return pipeline.dataset_meta(pipeline.get_builder(base), base)
   except (FileNotFoundError, ValueError) as e:
     raise SweepError(f'The dataset {base.dataset!r} is not usable: {e}') from e
+
+
+# Which experiment an --out directory belongs to: each writes its own results.json (other
+# columns) over the same paths, so one directory holds one kind. The marker is written before the
+# first run; directories from before it are recognised by their own files.
+EXPERIMENT_FILE = 'experiment.json'
+_KIND_FILES = {'batch_size_sweep': 'sweep.json', 'sync_async_mixed': 'grid.json'}
+
+
+def out_dir_kind(out: str) -> Optional[str]:
+  """The experiment whose results `out` holds ('batch_size_sweep', 'sync_async_mixed'), or None."""
+  path = os.path.join(out, EXPERIMENT_FILE)
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        return json.load(f).get('kind')
+    except (OSError, ValueError):
+      return None
+  return next((k for k, name in _KIND_FILES.items() if os.path.exists(os.path.join(out, name))),
+              None)
+
+
+def claim_out_dir(out: str, kind: str, write: bool) -> None:
+  """Refuses `out` if it holds another experiment's results (SweepError: exit 2, before any
+  training; its results.json would be overwritten); with `write`, marks it as `kind`'s."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise SweepError(f'--out={out!r} is a file; give a directory.')
+  found = out_dir_kind(out)
+  if found and found != kind:
+    raise SweepError(f'--out={out!r} holds the results of {found.replace("_", " ")} '
+                     f'({EXPERIMENT_FILE} / {_KIND_FILES.get(found, "?")}); this '
+                     f'{kind.replace("_", " ")} would overwrite its results.json: use another '
+                     '--out.')
+  if write and not found:
+    os.makedirs(out, exist_ok=True)
+    reporting.write_json_atomic(os.path.join(out, EXPERIMENT_FILE), {'kind': kind})
 
 
 def check_sweep_directory(sw: Sweep, planned: Sequence[str]):
@@ -711,6 +732,7 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
                      f'({meta.train_size} training examples): {listing}')
   for p in plans:
     check_existing(os.path.join(sw.out, 'runs', p.spec.name), p.config)
+  claim_out_dir(sw.out, 'batch_size_sweep', write=False)
   check_sweep_directory(sw, [p.spec.name for p in plans])
   return plans, meta
 
@@ -865,7 +887,7 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
   if args.dry_run:
     return []
   if is_main:
-    os.makedirs(out, exist_ok=True)
+    claim_out_dir(out, 'batch_size_sweep', write=True)
     _record_invocation(out, args, overrides, sw, jax.device_count())
   run_grid([GridRun(p.spec.name, p.config, p.setup, run_info(p)) for p in plans], out, is_main)
   rows = []

@@ -275,6 +275,8 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   if not 0.0 < target <= 1.0:
     raise ExperimentError(f'--target_top1={target} is an unreachable target: top-1 accuracy is '
                           'a fraction in (0, 1] (e.g. 0.25 for 25 %).')
+  if not (fv.out or '').strip():  # '' would be the current directory.
+    raise ExperimentError('--out is empty: give the directory for the runs and results.')
   return Experiment(preset=preset, base=base,
                     arms=grid(workers, aware, nodes, every, mixed, mixed_aware),
                     lr_grid=mults, target_top1=float(target), sync_devices=fv.sync_devices,
@@ -285,6 +287,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
 
 def plan_runs(ex: Experiment, devices: int):
   """(grid runs, dataset meta): every grid point's config and setup, checked before training."""
+  sweep.claim_out_dir(ex.out, 'sync_async_mixed', write=False)
   meta = sweep.dataset_meta(ex.base)
   runs = []
   for point in ex.points:
@@ -535,6 +538,8 @@ def main(argv: Sequence[str], doc: str = __doc__) -> int:
         print('From the finished runs, the first extension: ' + ', '.join(
             f'{arm} x{mult:g}' for arm, mult in more.items()) + '.', flush=True)
     return 0
+  if is_main:
+    sweep.claim_out_dir(ex.out, 'sync_async_mixed', write=True)
   try:
     todo = runs
     for round_ in range(ex.lr_extensions + 1):
