@@ -616,6 +616,8 @@ def keep_frozen_stats(config, old_stats, new_stats):
 def main(argv=None) -> int:
   """``python -m anp_jax.pretrained FILE --model resnet50 [--to-safetensors OUT]``."""
   import argparse
+  import math
+  import sys
   import ml_collections
   from anp_jax import models
   parser = argparse.ArgumentParser(description=main.__doc__)
@@ -627,6 +629,34 @@ def main(argv=None) -> int:
   parser.add_argument('--to-safetensors', dest='out', default='',
                       help='also write the (torchvision-named, float32) state dict here')
   args = parser.parse_args(argv)
+
+  def usage(message: str) -> int:
+    print(f'ERROR: {message}', file=sys.stderr, flush=True)
+    return 2
+
+  # Before the (possibly long) load: what the flags alone say is wrong.
+  for flag, value, low in (('--num_anps', args.num_anps, 1), ('--image_size', args.image_size, 1)):
+    if value < low:
+      return usage(f'{flag}={value} is out of range: use an integer >= {low}.')
+  if not (args.width > 0 and math.isfinite(args.width)):
+    return usage(f'--width={args.width} is out of range: use a number > 0 (1.0: the standard '
+                 'widths).')
+  if args.out:
+    args.out = os.path.expanduser(args.out)
+    try:
+      kind = _source_kind(os.path.expanduser(args.source))
+    except InitFromError as e:
+      return usage(str(e))
+    if kind not in ('safetensors', 'torch'):
+      return usage(f'--to-safetensors converts torchvision-style files (.safetensors, .pth/.pt) '
+                   f'only, not the {kind} workdir {args.source!r}; drop --to-safetensors.')
+    if os.path.isdir(args.out):
+      return usage(f'--to-safetensors={args.out} is a directory: give a file path, e.g. '
+                   f'{os.path.join(args.out, "model.safetensors")}.')
+    try:
+      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    except OSError as e:
+      return usage(f'--to-safetensors={args.out}: cannot create its folder ({e}).')
   config = ml_collections.ConfigDict(dict(
       init_from=args.source, init_exclude=(), freeze='', backbone_lr_multiplier=1.0,
       image_size=args.image_size,
@@ -644,8 +674,11 @@ def main(argv=None) -> int:
     raw = (read_safetensors(args.source) if kind == 'safetensors' else read_torch(args.source)
            if kind == 'torch' else None)
     if raw is None:
-      raise SystemExit('--to-safetensors converts torchvision-style files only.')
-    save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, args.out)
+      return usage('--to-safetensors converts torchvision-style files only.')
+    try:
+      save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, args.out)
+    except OSError as e:
+      return usage(f'--to-safetensors={args.out}: cannot write it ({e}).')
     print(f'wrote {args.out}')
   return 0
 

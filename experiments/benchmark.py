@@ -50,14 +50,58 @@ def _progress(message: str):
     print(f'benchmark | {message}', flush=True)
 
 
+def _usage_error() -> str:
+  """What is wrong with the flags (one line), or '' -- before anything is compiled or timed."""
+  for name, low in (('windows', 1), ('steps_per_window', 1), ('warmup', 0), ('loop_steps', 0),
+                    ('peak_n', 0)):
+    if getattr(FLAGS, name) < low:
+      return (f'--{name}={getattr(FLAGS, name)} is out of range: use an integer >= {low}'
+              + (' (0: the default).' if name in ('loop_steps', 'peak_n') else '.'))
+  if not FLAGS.out:
+    return '--out is empty: give the path of the JSON file to write.'
+  out = os.path.abspath(os.path.expanduser(FLAGS.out))
+  if os.path.isdir(out):
+    return f'--out={FLAGS.out} is a directory: give the path of the JSON file to write.'
+  if FLAGS.loop and FLAGS.workdir is not None:
+    if not FLAGS.workdir:
+      return ('--workdir is empty: give a directory for the training loop (or leave the flag '
+              'out: a temporary directory).')
+    workdir = os.path.expanduser(FLAGS.workdir)
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+      return f'--workdir={FLAGS.workdir} is a file, not a directory: pass a new or empty directory.'
+  return ''
+
+
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    # One line and exit 2 (app.UsageError would print the whole help text first).
+    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
+          '(--help lists them).', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
+  message = _usage_error()
+  if message:
+    print(f'ERROR: {message}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
+  FLAGS.out = os.path.abspath(os.path.expanduser(FLAGS.out))
   from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
   import torch_reference  # This directory's PyTorch contender (imports anp_jax.models).
   if not FLAGS.cpu_flags:
     xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
+  try:  # Before minutes of compiling and timing, not after: a bad config, an --out folder
+    # that cannot be made (e.g. under a file), a loop workdir that holds a run.
+    from anp_jax import setup
+    setup.validate_config(FLAGS.config)
+    try:
+      os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
+    except OSError as e:
+      raise OSError(f'--out={FLAGS.out}: cannot create its folder ({e}); pick another path.')
+    if not os.access(os.path.dirname(FLAGS.out), os.W_OK):
+      raise PermissionError(f'--out={FLAGS.out}: its folder is not writable; pick another path.')
+    benchmarking.check_loop_workdir(FLAGS.workdir if FLAGS.loop else None)
+  except (ValueError, OSError) as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   if FLAGS.scaling:
     # scaling_runs drops --out and --scaling in every spelling (--out PATH with its value too).
     rows = benchmarking.scaling_runs(os.path.abspath(__file__), sys.argv[1:],
@@ -67,11 +111,6 @@ def main(argv):
       print(f"{name:14s} {r['images_per_s']:8.1f} images/s  step {1e3 * r['step_time_median_s']:7.1f}"
             f" ms  speed-up {r['speedup']:.2f}  efficiency {r['efficiency']:.2f}", flush=True)
     return 0
-  try:  # Before minutes of compiling and timing, not after.
-    benchmarking.check_loop_workdir(FLAGS.workdir if FLAGS.loop else None)
-  except ValueError as e:
-    print(f'ERROR: {e}', file=sys.stderr, flush=True)
-    return cli.EXIT_USAGE
   distributed.initialize()  # Multi-process runs (ANP_* environment); nothing for one process.
   result = benchmarking.run_benchmark(
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,

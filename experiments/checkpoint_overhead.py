@@ -11,6 +11,7 @@ the medians), and the size on disk. The state is replicated over this process's 
 
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -63,12 +64,30 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  for name in FLAGS.models:
+    # One line and exit 2 (app.UsageError would print the whole help text first).
+    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
+          '(--help lists them).', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
+  message = ''
+  names = [n.strip() for n in FLAGS.models if n.strip()]
+  unknown = [n for n in names if n not in models.ARCHS]
+  if not names:
+    message = ('--models is empty: give comma-separated model names, one or more of '
+               f'{", ".join(sorted(models.ARCHS))}.')
+  elif unknown:
+    message = (f'--models: unknown model(s) {", ".join(unknown)}; choose from '
+               f'{", ".join(sorted(models.ARCHS))}.')
+  elif FLAGS.repeats < 1:
+    message = f'--repeats={FLAGS.repeats} is out of range: use an integer >= 1.'
+  if message:
+    print(f'ERROR: {message}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
+  for name in names:
     size = 224 if models.ARCHS[name][2] == 'imagenet' else 32
     num = 553 if size == 224 else 32
     print(json.dumps(measure(name, FLAGS.repeats, size, num)))
+  return 0
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.absl_flags_parser())
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=cli.absl_flags_parser())

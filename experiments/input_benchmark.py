@@ -14,6 +14,7 @@ can keep its accelerators fed.
 
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -33,7 +34,10 @@ flags.DEFINE_integer('warmup', 5, 'Untimed batches first.')
 flags.DEFINE_bool('skip_model', False, 'Do not time ResNet-50 training on this CPU.')
 
 
-def _write_folder(root: str, images: int, anps: int = 20):
+ANPS = 20  # ANP folders of the generated dataset.
+
+
+def _write_folder(root: str, images: int, anps: int = ANPS):
   from PIL import Image
   rng = np.random.default_rng(0)
   names = [f'adj{a}_noun{a % 7}' for a in range(anps)]
@@ -96,17 +100,45 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    # One line and exit 2 (app.UsageError would print the whole help text first).
+    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
+          '(--help lists them).', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   args = FLAGS
+  message = ''
+  for flag, low in (('images', ANPS), ('batch', 1), ('batches', 1), ('warmup', 0)):
+    if getattr(args, flag) < low:
+      message = (f'--{flag}={getattr(args, flag)} is out of range: use an integer >= {low}'
+                 + (f' (one image per each of the {ANPS} generated ANPs).' if flag == 'images'
+                    else '.'))
+      break
+  if not message and args.data_dir is not None:
+    from anp_jax.data import anp
+    if not args.data_dir:
+      message = ('--data_dir is empty: give a prepared `anp` dataset (or leave the flag out to '
+                 'generate one).')
+    else:
+      try:  # Before any timing: the folder exists and holds the prepared config.
+        args.data_dir = os.path.expanduser(args.data_dir)
+        anp.dataset_dir(args.data_dir, args.config_name)
+      except (OSError, ValueError) as e:
+        message = f'--data_dir: {e}'
+  if message:
+    print(f'ERROR: {message}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   cores = len(os.sched_getaffinity(0))
-  with tempfile.TemporaryDirectory() as tmp:
-    data_dir, name = args.data_dir, args.config_name
-    if not data_dir:
-      from anp_jax.data import anp
-      manual, data_dir = os.path.join(tmp, 'manual'), os.path.join(tmp, 'tfds')
-      _write_folder(manual, args.images)
-      name = anp.prepare(manual, data_dir, layout='folder', resize=256).builder_config.name
-    rate = pipeline_rate(data_dir, name, args.batch, args.batches, args.warmup)
+  try:
+    with tempfile.TemporaryDirectory() as tmp:
+      data_dir, name = args.data_dir, args.config_name
+      if not data_dir:
+        from anp_jax.data import anp
+        manual, data_dir = os.path.join(tmp, 'manual'), os.path.join(tmp, 'tfds')
+        _write_folder(manual, args.images)
+        name = anp.prepare(manual, data_dir, layout='folder', resize=256).builder_config.name
+      rate = pipeline_rate(data_dir, name, args.batch, args.batches, args.warmup)
+  except (OSError, ValueError) as e:  # The dataset could not be read or prepared.
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   result = {'pipeline_images_per_s': rate, 'cpu_cores': cores,
             'pipeline_images_per_s_per_core': rate / cores, 'batch': args.batch}
   from anp_jax.research import perfmodel
@@ -122,7 +154,8 @@ def main(argv):
     result['model_images_per_s_this_cpu'] = model_rate_cpu()
     result['input_over_model_this_cpu'] = rate / result['model_images_per_s_this_cpu']
   print(json.dumps(result, indent=2))
+  return 0
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.absl_flags_parser())
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=cli.absl_flags_parser())

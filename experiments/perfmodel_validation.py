@@ -46,7 +46,10 @@ def main(argv) -> int:
   # well under a second, not after TensorFlow's ~5 s import).
   runtime.configure(tensorflow=False)
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    # One line and exit 2 (app.UsageError would print the whole help text first).
+    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
+          '(--help lists them).', file=sys.stderr, flush=True)
+    return cli.EXIT_USAGE
   try:
     results = validation.run_validation(
         FLAGS.out, quick=FLAGS.quick, parts=[x for x in FLAGS.parts.split(',') if x],
@@ -54,8 +57,8 @@ def main(argv) -> int:
         processes=FLAGS.processes, calibration_batch=FLAGS['calibration-batch'].value,
         num_ps=FLAGS['num-ps'].value, fit_method=FLAGS['fit-method'].value,
         timeout_s=FLAGS.timeout, reuse=FLAGS.reuse, budget_s=FLAGS.budget)
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
+  except (ValueError, OSError) as e:  # Bad flags, or an --out that cannot be written.
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
   for name, path in results['files'].items():
     print(f'{name}: {path}')
@@ -63,4 +66,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.absl_flags_parser())
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=cli.absl_flags_parser())

@@ -156,7 +156,8 @@ def measure_all(out_dir: str, batches: Sequence[int], devices: Sequence[int], pr
       runs[key] = previous
       log(f'{key}: reused {out_json} (same settings)')
       continue
-    if budget_s is not None and time.time() - start > budget_s:
+    # The 1-device job always runs: without it there is nothing to calibrate on.
+    if budget_s is not None and key != '1dev' and time.time() - start > budget_s:
       skipped.append(key)
       log(f'{key}: skipped, the time budget of {budget_s:.0f} s is spent')
       continue
@@ -419,6 +420,23 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
   unknown = set(parts) - {'cpu', 'paper'}
   if unknown or not parts:
     raise ValueError(f'parts must be among cpu, paper; got {list(parts)}.')
+  # Ranges, before any measuring job starts (each would otherwise fail only after one ran).
+  if not timeout_s > 0:
+    raise ValueError(f'--timeout={timeout_s} must be > 0 (seconds per measuring job).')
+  if budget_s is not None and not budget_s > 0:
+    raise ValueError(f'--budget={budget_s} must be > 0 seconds (or left out: no budget); the '
+                     '1-device measurement always runs.')
+  if processes < 0:
+    raise ValueError(f'--processes={processes} must be >= 0 (0 or 1: no loopback job).')
+  if num_ps < 1:
+    raise ValueError(f'--num-ps={num_ps} must be >= 1.')
+  if calibration_batch < 1:
+    raise ValueError(f'--calibration-batch={calibration_batch} must be >= 1.')
+  if not out_dir:
+    raise ValueError('--out is empty: give the output directory.')
+  out_dir = os.path.expanduser(out_dir)
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise ValueError(f'--out={out_dir} is a file, not a directory: give an output directory.')
   if 'cpu' in parts:
     if 1 not in devices:
       raise ValueError('The device counts must include 1 (the calibration runs on one device).')
@@ -427,6 +445,7 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
                        f'batches {list(batches)}.')
     if len(batches) < 2:
       raise ValueError('Measure at least two batch sizes (one calibrates, the others test).')
+  os.makedirs(out_dir, exist_ok=True)  # Now, not after the measurements (OSError: exit 2).
   results = {'mode': 'quick (plumbing only: step times are NOT measurements)' if quick else
              'full',
              'generated': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()),

@@ -173,12 +173,43 @@ def _print_report(builder, out=None):
          (' ...' if len(dropped) > 20 else '') if dropped else ''), file=out)
 
 
+def _check_contact_sheet(args) -> str:
+  """What is wrong with the --contact_* flags ('' if nothing); creates the sheet's folder."""
+  if not args.contact_sheet:
+    return ''
+  if args.contact_split not in anp.SPLITS:
+    return (f'--contact_split={args.contact_split!r} is not a split; use one of '
+            f'{", ".join(anp.SPLITS)}.')
+  for flag in ('contact_rows', 'contact_cols'):
+    if getattr(args, flag) < 1:
+      return f'--{flag}={getattr(args, flag)} is out of range: use an integer >= 1.'
+  args.contact_sheet = os.path.expanduser(args.contact_sheet)
+  if os.path.isdir(args.contact_sheet):
+    return (f'--contact_sheet={args.contact_sheet} is a directory: give a PNG file path, e.g. '
+            f'{os.path.join(args.contact_sheet, "contact_sheet.png")}.')
+  folder = os.path.dirname(os.path.abspath(args.contact_sheet))
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    return f'--contact_sheet={args.contact_sheet}: cannot create its folder ({e}).'
+  if not os.access(folder, os.W_OK):
+    return f'--contact_sheet={args.contact_sheet}: its folder {folder} is not writable.'
+  return ''
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Parses `argv` (without the program name), prepares, prints the report; returns 0."""
   if anp is None:
     _parser().parse_args(argv)  # --help and usage errors before TensorFlow is imported.
     _import_tensorflow()
   args = _parser().parse_args(argv)
+  data_dir = os.path.expanduser(args.data_dir)
+  message = (f'--data_dir={args.data_dir} is a file, not a folder: give the TFDS data dir to write '
+             'the dataset to.' if os.path.exists(data_dir) and not os.path.isdir(data_dir)
+             else _check_contact_sheet(args))
+  if message:  # Before the preparation (minutes), not after it.
+    print(f'prepare: error: {message}', file=sys.stderr, flush=True)
+    return 2
   options = {k: getattr(args, k) for k in anp.OPTION_NAMES}
   builder = anp.prepare(args.manual_dir, args.data_dir, overwrite=args.overwrite,
                         num_workers=args.num_workers, **options)
@@ -193,6 +224,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == '__main__':
   try:
     sys.exit(main(sys.argv[1:]))
-  except (ValueError, FileNotFoundError) as e:  # Bad input: the message says what to fix.
+  except (ValueError, OSError) as e:  # Bad input (a --data_dir that is a file, ...): what to fix.
     print(f'prepare: error: {e}', file=sys.stderr)
     sys.exit(2)

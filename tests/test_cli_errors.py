@@ -1,0 +1,87 @@
+"""Bad command-line input exits 2 with one line saying what to change, before any work.
+
+Each case fails in seconds (range checks, missing or unusable paths, unknown names, an extra
+positional argument), before anything is compiled, timed, loaded or prepared: never a Python
+traceback (exit 1), never an error only after minutes of work.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXP = os.path.join(ROOT, 'experiments')
+TINY = os.path.join(ROOT, 'anp_jax', 'configs', 'tiny.py')
+BENCH = [os.path.join(EXP, 'benchmark.py'), f'--config={TINY}', '--notorch', '--noreference']
+CKPT = [os.path.join(EXP, 'checkpoint_overhead.py')]
+INPUT = [os.path.join(EXP, 'input_benchmark.py'), '--skip_model']
+PERFVAL = [os.path.join(EXP, 'perfmodel_validation.py')]
+PRETRAINED = ['-m', 'anp_jax.pretrained']
+PREPARE = ['-m', 'anp_jax.data.prepare', '--manual_dir', '{tmp}/manual']
+
+# (command, arguments, a phrase of the message). '{file}' is an existing plain file, '{tmp}' an
+# existing empty folder.
+CASES = [
+    # experiments/benchmark.py
+    (BENCH, ['--workdir={file}'], 'is a file, not a directory'),
+    (BENCH, ['--noloop', '--config.model.name=resnet5O'], "config.model.name='resnet5O'"),
+    (BENCH, ['--noloop', '--windows=0'], '--windows=0 is out of range'),
+    (BENCH, ['--noloop', '--steps_per_window=0'], '--steps_per_window=0 is out of range'),
+    (BENCH, ['--noloop', '--warmup=-1'], '--warmup=-1 is out of range'),
+    (BENCH, ['--noloop', '--out={file}/b.json'], 'cannot create its folder'),
+    (BENCH, ['--noloop', '--out={tmp}'], 'is a directory'),
+    (BENCH, ['--noloop', 'extra'], 'Unexpected arguments'),
+    # experiments/checkpoint_overhead.py
+    (CKPT, ['--models=resnet5O'], 'unknown model(s) resnet5O'),
+    (CKPT, ['--models=resnet8', '--repeats=0'], '--repeats=0 is out of range'),
+    (CKPT, ['--models='], '--models is empty'),
+    (CKPT, ['extra'], 'Unexpected arguments'),
+    # experiments/input_benchmark.py
+    (INPUT, ['--images', '0'], '--images=0 is out of range'),
+    (INPUT, ['--batches', '0'], '--batches=0 is out of range'),
+    (INPUT, ['--data_dir', '{tmp}/nonexist'], '--data_dir'),
+    (INPUT, ['extra'], 'Unexpected arguments'),
+    # experiments/perfmodel_validation.py
+    (PERFVAL, ['--out={tmp}/pv', '--budget', '-1'], '--budget=-1.0 must be > 0'),
+    (PERFVAL, ['--out={tmp}/pv', '--timeout', '0'], '--timeout=0.0 must be > 0'),
+    (PERFVAL, ['--out={file}', '--parts', 'paper'], 'is a file, not a directory'),
+    (PERFVAL, ['--out={tmp}/pv', 'extra'], 'Unexpected arguments'),
+    # python -m anp_jax.pretrained (the source is never read: the flags alone are wrong)
+    (PRETRAINED, ['{tmp}/r.safetensors', '--num_anps', '0'], '--num_anps=0 is out of range'),
+    (PRETRAINED, ['{tmp}/r.safetensors', '--width', '0'], '--width=0.0 is out of range'),
+    (PRETRAINED, ['{tmp}', '--to-safetensors', '{tmp}/x.safetensors'],
+     'converts torchvision-style files'),
+    (PRETRAINED, ['{tmp}/r.safetensors', '--to-safetensors', '{file}/x.safetensors'],
+     'cannot create its folder'),
+    # python -m anp_jax.data.prepare (the manual dir does not even exist: checked before it)
+    (PREPARE, ['--data_dir', '{file}'], 'is a file, not a folder'),
+    (PREPARE, ['--data_dir', '{tmp}/d', '--contact_sheet', '{file}/x.png'],
+     'cannot create its folder'),
+    (PREPARE, ['--data_dir', '{tmp}/d', '--contact_sheet', '{tmp}/x.png', '--contact_split',
+               'bogus'], "--contact_split='bogus' is not a split"),
+]
+
+
+def _id(case):
+  command, args, _ = case
+  name = command[1] if command[0] == '-m' else os.path.basename(command[0])
+  return f"{name}:{' '.join(a.split('/')[-1] for a in args)}"
+
+
+@pytest.mark.parametrize('command,args,message', CASES, ids=[_id(c) for c in CASES])
+def test_bad_input_exits_2_with_one_line(tmp_path, command, args, message):
+  afile = tmp_path / 'afile'
+  afile.write_text('not a folder')
+  tmp = tmp_path / 'empty'
+  tmp.mkdir()
+  fill = lambda a: a.replace('{file}', str(afile)).replace('{tmp}', str(tmp))
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
+  r = subprocess.run([sys.executable, *map(fill, command), *map(fill, args)], env=env,
+                     cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+  assert message in r.stderr, r.stderr[-2000:]
+  assert 'Traceback' not in r.stderr, r.stderr[-2000:]
+  assert len(r.stderr.strip().splitlines()) <= 2, r.stderr[-2000:]  # No help text.
+  assert not list(tmp.iterdir()), 'nothing written before the error'
