@@ -261,6 +261,7 @@ def test_an_empty_workdir_or_a_stray_argument_exits_2_writing_nothing(tmp_path, 
                        env=dict(os.environ, PYTHONPATH=ROOT))
   assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert message in out.stderr and 'Traceback' not in out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr  # One line, not the help text.
   assert os.listdir(tmp_path) == []
 
 
