@@ -14,11 +14,25 @@ import os
 import re
 import runpy
 import sys
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from anp_jax import errors
 
 EXIT_USAGE = errors.EXIT_CONFIG  # The documented exit code of bad config, input or environment.
+
+
+def refuse_extra_arguments(argv: Sequence[str]) -> Optional[int]:
+  """For an absl `main(argv)`: EXIT_USAGE after one ERROR line if the command line has
+  positional arguments (absl's UsageError would print the whole help text first), else None::
+
+      if (rc := cli.refuse_extra_arguments(argv)) is not None:
+        return rc
+  """
+  if len(argv) <= 1:
+    return None
+  print(f'ERROR: Unexpected arguments: {list(argv[1:])}; every setting is a --flag=value '
+        '(--help lists them; config fields are --config.x=y).', file=sys.stderr, flush=True)
+  return EXIT_USAGE
 
 
 def config_fields(config, prefix: str = '') -> List[str]:

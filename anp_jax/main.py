@@ -29,10 +29,8 @@ def main(argv):
   # First: a signal during the imports, the wait for the other processes or compilation still
   # gives a checkpoint (or, before step 1, a stop at step 1) and exit 75, not a killed process.
   preemption.install()
-  if len(argv) > 1:  # One line, not absl's whole help text.
-    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
-          '(--config.x=y for the config; --help lists the others).', file=sys.stderr, flush=True)
-    return 2
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   if not FLAGS.workdir.strip():  # '' would be the current directory (e.g. --workdir=$UNSET).
     print('ERROR: --workdir is empty: give the directory for the logs and checkpoints.',
           file=sys.stderr, flush=True)

@@ -53,16 +53,45 @@ _PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'rule', 'warmup', 'use', 'c
                'dataset_size', 'sprint_batch')
 
 
+# Path flags, `~` expanded (the shell leaves it alone in ``--flag=~/x``).
+_PATH_FLAGS = ('pilot', 'sweep', 'cluster', 'penalty_results', 'out')
+# Sweep-only flags: with --pilot they would be ignored without a word.
+_SWEEP_ONLY = ('use', 'rule', 'warmup')
+
+
+def _check_out(out: str) -> None:
+  """--out must be (or become) a directory: refused before the plan is computed and printed."""
+  parent = out
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if parent and not os.path.isdir(parent):
+    what = 'is a file' if parent == out else f'is under {parent!r}, a file'
+    raise planner.PlanError(f'--out {out!r} {what}; give a directory for plan.md, plan.json and '
+                            'the PNGs.')
+
+
 def main(argv) -> int:
   runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
+  args = {name: FLAGS[name].value for name in _PLAN_FLAGS}
+  for name in _PATH_FLAGS:
+    if name in args and args[name]:
+      args[name] = os.path.expanduser(args[name])
+  out = os.path.expanduser(FLAGS.out) if FLAGS.out else FLAGS.out
   try:
-    plan = planner.build_plan(**{name: FLAGS[name].value for name in _PLAN_FLAGS})
+    if FLAGS.pilot is not None:
+      given = [f'--{name}' for name in _SWEEP_ONLY if FLAGS[name].present]
+      if given:
+        raise planner.PlanError(f'{", ".join(given)} choose(s) what to read from a --sweep; '
+                                'they do not apply to --pilot: drop them.')
+    if out:
+      _check_out(out)
+    plan = planner.build_plan(**args)
     print(planner.format_plan(plan))
-    if FLAGS.out:
-      planner.write_plan(plan, FLAGS.out)
-  except planner.PlanError as e:
+    if out:
+      planner.write_plan(plan, out)
+  except (planner.PlanError, ValueError, OSError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return cli.EXIT_USAGE
   return 0

@@ -95,14 +95,98 @@ def _train(config, workdir: str, every_steps: int):
           'init_report': run.init.report if run.init else ''}
 
 
+def _finetune_config(preset: str, work_dir: str, data_dir: str, freeze: str,
+                     backbone_lr_multiplier: float):
+  p = PRESETS[preset]
+  return task_config(preset, 'b', p['finetune_steps'], data_dir,
+                     init_from=os.path.join(work_dir, 'runs', 'pretrain'),
+                     init_exclude=('head_.*',), freeze=freeze,
+                     backbone_lr_multiplier=backbone_lr_multiplier)
+
+
+def _check_directory(flag: str, path: str) -> None:
+  if not path:
+    raise ValueError(f'{flag} is empty; give a directory.')
+  parent = path
+  while parent and not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if parent and not os.path.isdir(parent):
+    what = 'is a file' if parent == path else f'is under {parent!r}, which is a file'
+    raise ValueError(f'{flag}={path!r} {what}; give a directory.')
+
+
+def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
+          freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None
+          ) -> None:
+  """What `run` would find wrong only after pre-training, checked before it (ValueError with
+  the fix; nothing is written or compiled): the directories, the fine-tuning fields
+  (`pretrained.validate`; `pretrained.freeze_summary` on the abstract model) and, for runs
+  already in ``work_dir/runs``, that they were trained with the same configuration (another
+  --freeze or --backbone_lr_multiplier needs another directory).
+  """
+  import math
+  from anp_jax import checkpointing, models, pretrained
+  from anp_jax.configs import default as default_config
+  if preset not in PRESETS:
+    raise ValueError(f'Unknown preset {preset!r}; use one of {sorted(PRESETS)}.')
+  if out_dir is not None:
+    _check_directory('--out', out_dir)
+  _check_directory('--workdir', work_dir)
+  if data_dir is not None:
+    _check_directory('--data_dir', data_dir)
+  data_dir = data_dir or os.path.join(work_dir, 'tfds')
+  if not (isinstance(backbone_lr_multiplier, (int, float))
+          and math.isfinite(backbone_lr_multiplier) and backbone_lr_multiplier >= 0):
+    raise ValueError(f'--backbone_lr_multiplier={backbone_lr_multiplier!r}: use a finite number '
+                     '>= 0 (the fraction of the learning rate for the pre-trained parameters).')
+  config = _finetune_config(preset, work_dir, data_dir, freeze, backbone_lr_multiplier)
+  probe = config.copy_and_resolve_references()
+  # The pre-training run may not exist yet: check the fields against an existing directory
+  # (validate reads nothing from it).
+  if not os.path.isdir(probe.init_from):
+    probe.init_from = os.path.dirname(os.path.abspath(__file__))
+  try:
+    pretrained.validate(probe)
+    s = probe.synthetic
+    model = models.create_model(probe, s.num_pairs, s.num_adjectives, s.num_nouns)
+    pretrained.freeze_summary(probe, model)
+  except pretrained.InitFromError as e:
+    raise ValueError(str(e).replace('config.freeze', '--freeze').replace(
+        'config.backbone_lr_multiplier', '--backbone_lr_multiplier')) from None
+  p = PRESETS[preset]
+  configs = {'pretrain': task_config(preset, 'a', p['pretrain_steps'], data_dir),
+             'finetune': config,
+             'scratch': task_config(preset, 'b', p['finetune_steps'], data_dir)}
+  for name, c in configs.items():
+    run_dir = os.path.join(work_dir, 'runs', name)
+    if not (checkpointing.has_checkpoint(run_dir)
+            and os.path.isfile(os.path.join(run_dir, 'config.json'))):
+      continue
+    try:
+      recorded = default_config.read_run_config(run_dir)
+    except (OSError, ValueError) as e:
+      raise ValueError(f'{run_dir}/config.json is unreadable ({e}); use another --out (or '
+                       '--workdir) for this run.') from None
+    saved, current = checkpointing.identity(recorded), checkpointing.identity(c)
+    diff = [f'{k}: {saved[k]!r} there vs {current[k]!r} now' for k in current
+            if saved.get(k) != current[k]
+            and not (k in checkpointing.IDENTITY_UNCHECKED_IF_ABSENT and saved.get(k) is None)]
+    if diff:
+      raise ValueError(f'{run_dir} holds a {name} run of another configuration '
+                       f'({"; ".join(diff)}). Use another --out (or --workdir) for this variant, '
+                       'or the flags of that run to resume or re-report it.')
+
+
 def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
         freeze: str = '', backbone_lr_multiplier: float = 1.0) -> Dict:
   """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
 
   A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates);
   an interrupted one resumes from its last checkpoint. Either way the curves come from the runs'
-  whole logs (`_train`), so the summary is that of one uninterrupted invocation.
+  whole logs (`_train`), so the summary is that of one uninterrupted invocation. Bad input is
+  a ValueError before anything trains (`check`).
   """
+  check(work_dir, preset, data_dir, freeze, backbone_lr_multiplier)
   p = PRESETS[preset]
   data_dir = data_dir or os.path.join(work_dir, 'tfds')
   runs = os.path.join(work_dir, 'runs')
@@ -111,9 +195,8 @@ def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   pre_dir = os.path.join(runs, 'pretrain')
   results['pretrain'] = _train(task_config(preset, 'a', p['pretrain_steps'], data_dir),
                                pre_dir, every)
-  results['finetune'] = _train(task_config(
-      preset, 'b', p['finetune_steps'], data_dir, init_from=pre_dir, init_exclude=('head_.*',),
-      freeze=freeze, backbone_lr_multiplier=backbone_lr_multiplier),
+  results['finetune'] = _train(
+      _finetune_config(preset, work_dir, data_dir, freeze, backbone_lr_multiplier),
       os.path.join(runs, 'finetune'), every)
   results['scratch'] = _train(task_config(preset, 'b', p['finetune_steps'], data_dir),
                               os.path.join(runs, 'scratch'), every)

@@ -63,11 +63,8 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
 
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
-  if len(argv) > 1:
-    # One line and exit 2 (app.UsageError would print the whole help text first).
-    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
-          '(--help lists them).', file=sys.stderr, flush=True)
-    return cli.EXIT_USAGE
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   message = ''
   names = [n.strip() for n in FLAGS.models if n.strip()]
   unknown = [n for n in names if n not in models.ARCHS]

@@ -8,6 +8,7 @@ docstring. Writes OUT/curves.png, OUT/summary.md and OUT/results.json; training 
 generated datasets go to WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir).
 """
 
+import os
 import shlex
 import sys
 import time
@@ -29,19 +30,35 @@ flags.DEFINE_float('backbone_lr_multiplier', 1.0, 'config.backbone_lr_multiplier
 
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
+  from anp_jax import errors
+  expand = lambda path: os.path.expanduser(path) if path else path
+  out, data_dir = expand(FLAGS.out), expand(FLAGS.data_dir)
+  work_dir = expand(FLAGS.workdir) if FLAGS.workdir is not None else out
   t = time.time()
-  summary = transfer.run(FLAGS.workdir or FLAGS.out, FLAGS.preset, FLAGS.data_dir, FLAGS.freeze,
-                         FLAGS.backbone_lr_multiplier)
+  try:
+    # Before the pre-training run: a bad --freeze / --backbone_lr_multiplier, a file as --out,
+    # or another variant's runs in the same directory would otherwise show after it.
+    transfer.check(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
+                   FLAGS.backbone_lr_multiplier, out_dir=out)
+    summary = transfer.run(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
+                           FLAGS.backbone_lr_multiplier)
+  except errors.NonFiniteLossError as e:
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return errors.EXIT_DIVERGED
+  except (ValueError, OSError) as e:  # Bad input, unwritable directory, disk full.
+    print(f'ERROR: {e}', file=sys.stderr, flush=True)
+    return errors.EXIT_CONFIG
   # The three runs' training time (each from its final_metrics.json: a rerun that only
   # re-evaluates finished runs reports what they took, not its own seconds).
   summary['wall_s'] = sum(r['wall_s'] for r in summary['runs'].values())
   summary['invocation_wall_s'] = time.time() - t
   command = 'python experiments/finetune.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
   command += f'   # {summary["wall_s"] / 60:.1f} min of training'
-  for path in transfer.write_report(summary, FLAGS.out, command):
+  for path in transfer.write_report(summary, out, command):
     print('wrote', path)
+  return 0
 
 
 if __name__ == '__main__':

@@ -99,11 +99,8 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
 
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
-  if len(argv) > 1:
-    # One line and exit 2 (app.UsageError would print the whole help text first).
-    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
-          '(--help lists them).', file=sys.stderr, flush=True)
-    return cli.EXIT_USAGE
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   args = FLAGS
   message = ''
   for flag, low in (('images', ANPS), ('batch', 1), ('batches', 1), ('warmup', 0)):

@@ -69,8 +69,8 @@ flags.DEFINE_integer('seed', 0, 'Seed of the asynchronous simulation.')
 
 def main(argv) -> int:
   runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   # Every argument of `prediction_report` is the flag of the same name (with dashes).
   options = {name: FLAGS[name.replace('_', '-')].value
              for name in inspect.signature(pm.prediction_report).parameters}

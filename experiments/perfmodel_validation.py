@@ -45,11 +45,8 @@ def main(argv) -> int:
   # launches them and writes the report: it never imports TensorFlow (a bad setting fails in
   # well under a second, not after TensorFlow's ~5 s import).
   runtime.configure(tensorflow=False)
-  if len(argv) > 1:
-    # One line and exit 2 (app.UsageError would print the whole help text first).
-    print(f'ERROR: Unexpected arguments: {argv[1:]}; every setting is a --flag=value '
-          '(--help lists them).', file=sys.stderr, flush=True)
-    return cli.EXIT_USAGE
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   try:
     results = validation.run_validation(
         FLAGS.out, quick=FLAGS.quick, parts=[x for x in FLAGS.parts.split(',') if x],

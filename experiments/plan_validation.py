@@ -311,8 +311,8 @@ flags.DEFINE_string('out', os.path.join(HERE, 'results', 'plan_validation'),
 
 def main(argv) -> int:
   runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
   out = FLAGS.out
   os.makedirs(out, exist_ok=True)
   with open(SWEEP) as f:

@@ -461,3 +461,49 @@ def test_transfer_rerun_and_resume_give_the_curves_of_one_invocation(tmp_path, m
     assert third['runs'][name]['final'] == first['runs'][name]['final'], name
   for key in ('best_scratch', 'best_finetune', 'steps_to_target'):
     assert third[key] == first[key], key
+
+
+def _finetune_cli(*args, cwd=ROOT):
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
+  env.pop('XLA_FLAGS', None)  # One CPU device, as the preset is sized for.
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'finetune.py'),
+                         '--preset', 'tiny', *args], capture_output=True, text=True, cwd=cwd,
+                        env=env, timeout=300)
+
+
+@pytest.mark.parametrize('args, phrase', [
+    (('--freeze', 'conv_init'), 'matches no parameter'),
+    (('--freeze', '('), '--freeze'),
+    (('--backbone_lr_multiplier=-1',), 'backbone_lr_multiplier'),
+    (('--backbone_lr_multiplier=nan',), 'backbone_lr_multiplier'),
+])
+def test_finetune_cli_refuses_bad_fine_tuning_flags_before_pretraining(tmp_path, args, phrase):
+  out = tmp_path / 'out'
+  r = _finetune_cli('--out', str(out), *args)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert phrase in r.stderr and 'Traceback' not in r.stderr, r.stderr[-2000:]
+  assert not (out / 'runs').exists()  # Nothing trained.
+
+
+def test_finetune_cli_refuses_a_file_as_out(tmp_path):
+  target = tmp_path / 'afile'
+  target.write_text('x')
+  r = _finetune_cli('--out', str(target))
+  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+  assert 'is a file' in r.stderr
+
+
+def test_finetune_cli_refuses_another_variant_in_the_same_out_before_pretraining(tmp_path):
+  # A finished fine-tuning run of the default flags (its config and a checkpoint directory).
+  from anp_jax import transfer
+  work = tmp_path / 'out'
+  runs = work / 'runs'
+  p = transfer.PRESETS['tiny']
+  config = transfer.task_config('tiny', 'b', p['finetune_steps'], str(work / 'tfds'),
+                                init_from=str(runs / 'pretrain'), init_exclude=('head_.*',))
+  (runs / 'finetune' / 'checkpoints' / '4').mkdir(parents=True)
+  (runs / 'finetune' / 'config.json').write_text(config.to_json())
+  r = _finetune_cli('--out', str(work), '--backbone_lr_multiplier', '0.5')
+  assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+  assert 'backbone_lr_multiplier' in r.stderr and '--out' in r.stderr, r.stderr[-2000:]
+  assert not (runs / 'pretrain').exists()

@@ -381,3 +381,66 @@ def test_the_pilot_workload_has_the_pilots_class_count(tmp_path):
   synthetic = plan.workload_for('pilot', 1000, pilot=str(tmp_path))
   width = 64  # ResNet-20's last stage: the head has width x classes + classes parameters.
   assert anp.param_bytes - synthetic.param_bytes == 4 * (width + 1) * (553 - 12)
+
+
+def _write_rows(path, rows):
+  path.mkdir(parents=True, exist_ok=True)
+  (path / 'results.json').write_text(json.dumps(rows))
+  return str(path)
+
+
+def _mixed_rows():
+  """sync_async_mixed.py's records (per arm: method, curve, ...)."""
+  return [{'name': 'sync', 'arm': 'sync', 'method': 'sync', 'workers': 1,
+           'curve': _curve(1.0), 'target_top1': 0.25},
+          {'name': 'async4', 'arm': 'async4', 'method': 'async', 'workers': 4,
+           'curve': _curve(1.5), 'target_top1': 0.25}]
+
+
+def _refused(r, phrase):
+  assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+  assert phrase in r.stderr and 'Traceback' not in r.stderr, r.stderr[-2000:]
+
+
+def test_the_other_experiments_results_are_refused_with_a_line(tmp_path):
+  sweep = _write_rows(tmp_path / 'sweep', _sweep_rows())
+  mixed = _write_rows(tmp_path / 'mixed', _mixed_rows())
+  _refused(_plan_cli('--sweep', mixed), 'batch_size_sweep')
+  _refused(_plan_cli('--sweep', sweep, '--methods', 'sync,mixed', '--penalty_results',
+                     str(tmp_path / 'sweep' / 'results.json')), 'sync_async_mixed')
+  r = subprocess.run([sys.executable, 'experiments/report.py', mixed], env=subprocess_env(),
+                     capture_output=True, text=True, timeout=600, cwd=plan.os.path.dirname(
+                         plan.os.path.dirname(plan.os.path.dirname(plan.__file__))))
+  _refused(r, 'batch_size_sweep')
+
+
+def test_cli_refuses_flags_it_would_ignore_and_bad_values_before_printing(tmp_path):
+  sweep = _write_rows(tmp_path / 'sweep', _sweep_rows())
+  pilot = _write_pilot(tmp_path / 'pilot')
+  base = ('--sweep', sweep, '--methods', 'sync')
+  _refused(_plan_cli(*base, '--metric', 'eval/noun_top1'), '--metric')
+  _refused(_plan_cli(*base, '--dataset_size', '0'), '--dataset_size')
+  for target in ('0', '-1', '1.5'):
+    _refused(_plan_cli(*base, f'--target={target}'), '--target')
+  afile = tmp_path / 'afile'
+  afile.write_text('x')
+  r = _plan_cli(*base, '--out', str(afile))
+  _refused(r, '--out')
+  assert 'Fastest' not in r.stdout  # Refused before the plan is printed.
+  for flag in ('--use=b_simple', '--rule=linear', '--warmup=on'):
+    _refused(_plan_cli('--pilot', pilot, '--target', '0.3', flag), flag.split('=')[0])
+  _refused(_plan_cli(*base, 'extra'), 'extra')
+
+
+def test_cli_expands_a_tilde_in_paths(tmp_path):
+  home = tmp_path / 'home'
+  _write_rows(home / 'sweep', _sweep_rows())
+  _write_pilot(home / 'pilot')
+  env = subprocess_env(HOME=str(home))
+  run = lambda *a: subprocess.run([sys.executable, '-m', 'anp_jax.plan', *a], env=env,
+                                  capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+  r = run('--sweep=~/sweep', '--methods', 'sync', '--out=~/plan')
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (home / 'plan' / 'plan.json').exists() and not (tmp_path / '~').exists()
+  r = run('--pilot=~/pilot', '--target=0.3', '--methods', 'sync')
+  assert r.returncode == 0, r.stderr[-2000:]

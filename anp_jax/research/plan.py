@@ -266,14 +266,42 @@ def sweep_model(points: Dict[int, Dict], use: str = 'fit') -> StepsModel:
   return StepsModel(central[0], central[1], alts, source=source, notes=notes)
 
 
+# The fields each experiment's results.json rows have (both write DIR/results.json).
+SWEEP_FIELDS = ('batch', 'rule', 'warmup', 'status', 'steps_to_target')
+PENALTY_FIELDS = ('name', 'method', 'curve')
+
+
+def check_rows(rows, path: str, kind: str) -> List[Dict]:
+  """`rows` (a results.json) if they are records of experiment `kind` ('sweep': batch_size_sweep.py,
+  'penalty': sync_async_mixed.py); else `PlanError` naming the experiment expected."""
+  fields, expected, other = {
+      'sweep': (SWEEP_FIELDS, 'experiments/batch_size_sweep.py',
+                'experiments/sync_async_mixed.py'),
+      'penalty': (PENALTY_FIELDS, 'experiments/sync_async_mixed.py',
+                  'experiments/batch_size_sweep.py')}[kind]
+  if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+    raise PlanError(f'{path} is not a list of run records; give the results of {expected}.')
+  lacking = sorted({f for r in rows for f in fields if f not in r})
+  if lacking:
+    other_fields = PENALTY_FIELDS if kind == 'sweep' else SWEEP_FIELDS
+    looks = (f' (they look like the results of {other})'
+             if rows and all(f in rows[0] for f in other_fields) else '')
+    raise PlanError(f'{path} holds no {expected} results: its rows lack {lacking}{looks}. '
+                    f'Give the --out directory (results.json) of {expected}.')
+  return rows
+
+
 def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] = None,
                target: Optional[float] = None, use: str = 'fit') -> StepsModel:
   """The steps model of a finished sweep directory (its ``results.json``)."""
   path = os.path.join(out_dir, 'results.json')
   if not os.path.exists(path):
     raise PlanError(f'{out_dir!r} has no results.json: not a finished sweep directory.')
-  with open(path) as f:
-    rows = json.load(f)
+  try:
+    with open(path) as f:
+      rows = check_rows(json.load(f), path, 'sweep')
+  except (OSError, ValueError) as e:
+    raise PlanError(str(e) if isinstance(e, PlanError) else f'{path}: unreadable ({e}).') from None
   recorded = {r.get('target_top1') for r in rows}
   if target is not None and recorded != {target}:
     raise PlanError(f'The sweep results are for target {sorted(recorded)}, not {target}: '
@@ -864,6 +892,17 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   """
   if (pilot is None) == (sweep is None):
     raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
+  if sweep is not None and metric != 'eval/anp_top1':
+    raise PlanError(f'--metric {metric}: a sweep records steps to its ANP top-1 target only '
+                    '(eval/anp_top1); drop --metric, or plan from a --pilot run for another '
+                    'metric.')
+  if target is not None and not 0 < target <= 1:
+    raise PlanError(f'--target {target}: give the target accuracy as a fraction, 0 < target <= 1 '
+                    '(e.g. 0.25).')
+  if not (isinstance(dataset_size, int) and dataset_size > 0):
+    raise PlanError(f'--dataset_size {dataset_size}: give the number of training images (> 0).')
+  if sprint_batch is not None and sprint_batch <= 0:
+    raise PlanError(f'--sprint_batch {sprint_batch}: give a global batch size > 0.')
   if pilot:
     model = load_pilot(pilot, metric, target)
   else:
@@ -873,8 +912,13 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   if any(m != 'sync' for m in method_list):
     if not penalty_results or not os.path.exists(penalty_results):
       raise PlanError(f'--penalty_results {penalty_results!r} does not exist.')
-    with open(penalty_results) as f:
-      penalties = convergence_penalty(json.load(f))
+    try:
+      with open(penalty_results) as f:
+        rows = check_rows(json.load(f), penalty_results, 'penalty')
+    except (OSError, ValueError) as e:
+      raise PlanError(str(e) if isinstance(e, PlanError) else
+                      f'--penalty_results {penalty_results}: unreadable ({e}).') from None
+    penalties = convergence_penalty(rows)
   the_cluster, counts = load_cluster(cluster)
   counts = nodes or counts
   if any(n > the_cluster.nodes or n < 1 for n in counts):

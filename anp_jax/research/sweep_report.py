@@ -41,7 +41,8 @@ def load_results(out_dir: str) -> List[Dict]:
     raise FileNotFoundError(f'{path} does not exist: run experiments/batch_size_sweep.py '
                             f'--out {out_dir} first.')
   with open(path) as f:
-    return json.load(f)
+    rows = json.load(f)
+  return plan.check_rows(rows, path, 'sweep')  # PlanError (a ValueError): another experiment's.
 
 
 def arm_label(rule: str, warmup: str) -> str:
