@@ -52,6 +52,23 @@ def _int_env(name: str) -> Optional[int]:
     raise ValueError(f'Environment variable {name}={value!r} must be an integer.') from None
 
 
+# The time-outs a user may set (seconds) and their defaults.
+TIMEOUT_DEFAULTS = {'ANP_INIT_TIMEOUT': 120, 'ANP_HEARTBEAT_TIMEOUT': 30,
+                    'ANP_SHUTDOWN_TIMEOUT': 60, 'ANP_BARRIER_TIMEOUT': 3600}
+
+
+def _seconds_env(name: str) -> int:
+  """A time-out from the environment (`TIMEOUT_DEFAULTS` when unset); 0 or a negative number is
+  an error, not the default (0 silently meant the default, a negative one went to JAX)."""
+  value = _int_env(name)
+  if value is None:
+    return TIMEOUT_DEFAULTS[name]
+  if value <= 0:
+    raise ValueError(f'Environment variable {name}={value} must be a positive number of seconds '
+                     f'(unset: {TIMEOUT_DEFAULTS[name]}).')
+  return value
+
+
 def _expand_counts(value: str) -> Optional[List[int]]:
   """SLURM's compressed per-node list, '2(x3),1' -> [2, 2, 2, 1] (None if malformed)."""
   out = []
@@ -161,6 +178,8 @@ def preflight(coordinator_address: Optional[str] = None, num_processes: Optional
   """The checks of `initialize` that need neither JAX nor the other processes (the topology,
   process 0's port), for entry points to run before their slow imports."""
   topo = detect_topology(coordinator_address, num_processes, process_id)
+  for name in TIMEOUT_DEFAULTS:
+    _seconds_env(name)  # A bad value now, not after the imports.
   if topo.mode == 'explicit' and topo.process_id == 0:
     check_coordinator_port(topo.coordinator_address)
   return topo
@@ -179,9 +198,9 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
   except Exception:  # pragma: no cover - older/newer JAX without this option.
     logging.warning('Could not select gloo CPU collectives.')
   kwargs = dict(
-      initialization_timeout=_int_env('ANP_INIT_TIMEOUT') or 120,
-      heartbeat_timeout_seconds=_int_env('ANP_HEARTBEAT_TIMEOUT') or 30,
-      shutdown_timeout_seconds=_int_env('ANP_SHUTDOWN_TIMEOUT') or 60)
+      initialization_timeout=_seconds_env('ANP_INIT_TIMEOUT'),
+      heartbeat_timeout_seconds=_seconds_env('ANP_HEARTBEAT_TIMEOUT'),
+      shutdown_timeout_seconds=_seconds_env('ANP_SHUTDOWN_TIMEOUT'))
   if topo.mode == 'explicit':
     kwargs.update(coordinator_address=topo.coordinator_address,
                   num_processes=topo.num_processes, process_id=topo.process_id)
@@ -274,7 +293,7 @@ def share_host_cores(process_id: int, num_processes: int) -> Optional[List[int]]
   prefix = 'anp_jax/host_cores/'
   client.key_value_set(f'{prefix}{process_id}',
                        f'{socket.gethostname()}|{",".join(map(str, mask))}')
-  timeout_ms = 1000 * (_int_env('ANP_INIT_TIMEOUT') or 120)
+  timeout_ms = 1000 * (_seconds_env('ANP_INIT_TIMEOUT'))
   client.wait_at_barrier('anp_jax_host_cores', timeout_ms)
   hosts = {}
   for key, value in client.key_value_dir_get(prefix):
@@ -409,7 +428,7 @@ def _next_barrier_id(name: str) -> str:
 def barrier_timeout_s() -> int:
   """How long a process waits for the others' long work: ``ANP_BARRIER_TIMEOUT`` (default 3600 s).
   Bounds the coordination barriers and the dataset-preparation lock."""
-  return _int_env('ANP_BARRIER_TIMEOUT') or 3600
+  return _seconds_env('ANP_BARRIER_TIMEOUT')
 
 
 def barrier(name: str):

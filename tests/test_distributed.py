@@ -441,3 +441,16 @@ def test_values_given_as_a_function_are_computed_only_with_several_processes(mon
   monkeypatch.setattr(jax_distributed.global_state, 'client', _FakeStore({1: {'x': 1}}))
   distributed.check_same_everywhere('software', values)
   assert calls == [1]
+
+
+@pytest.mark.parametrize('value', ['0', '-5'])
+def test_a_zero_or_negative_time_out_is_an_error_not_the_default(monkeypatch, value):
+  # Before: 0 silently meant the default and a negative value went to JAX.
+  monkeypatch.setenv('ANP_HEARTBEAT_TIMEOUT', value)
+  with pytest.raises(ValueError, match=f'ANP_HEARTBEAT_TIMEOUT={value} must be a positive number '
+                                       r'of seconds \(unset: 30\)'):
+    distributed.preflight()
+  monkeypatch.setenv('ANP_HEARTBEAT_TIMEOUT', '7')
+  distributed.preflight()
+  monkeypatch.delenv('ANP_HEARTBEAT_TIMEOUT')
+  assert distributed.barrier_timeout_s() == 3600
