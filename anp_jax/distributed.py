@@ -425,6 +425,43 @@ def _next_barrier_id(name: str) -> str:
   return f'anp_jax/{name}/{use}'
 
 
+# A failure of process 0's work keeps its kind on the other processes, so that every process
+# exits with the same code (the entry points map ValueError and OSError to 2).
+_FAILURE_KINDS = {'ValueError': ValueError, 'OSError': OSError}
+
+
+def on_process_0(name: str, work: Callable[[], Any], what: str) -> None:
+  """Runs `work()` on process 0 only, then every process waits at barrier `name` (the shared-
+  files discipline). If `work` fails on process 0, process 0 still reaches the barrier, leaving
+  its error in the coordination service's key-value store, and then raises it; every other
+  process raises it too (``Process 0 failed to <what>: ...``, same kind), so the job exits at
+  once with the cause in every log, instead of the others waiting at the barrier until the job
+  is aborted. One process: just `work()`."""
+  import jax
+  if jax.process_count() == 1:
+    work()
+    return
+  key = _next_barrier_id(f'failed/{name}') + '/'  # The same on every process (same order).
+  client = coordination_client()
+  failure = None
+  if jax.process_index() == 0:
+    try:
+      work()
+    except Exception as e:  # pylint: disable=broad-except  # Re-raised after the barrier.
+      failure = e
+      if client is not None:
+        kind = next((k for k, cls in _FAILURE_KINDS.items() if isinstance(e, cls)),
+                    'RuntimeError')
+        client.key_value_set(f'{key}0', f'{kind}\n{type(e).__name__}: {e}')
+  barrier(name)
+  if failure is not None:
+    raise failure
+  for _, value in (client.key_value_dir_get(key) if client is not None else []):
+    kind, message = value.split('\n', 1)
+    raise _FAILURE_KINDS.get(kind, RuntimeError)(
+        f"Process 0 failed to {what}: {message} (see process 0's log).")
+
+
 def barrier_timeout_s() -> int:
   """How long a process waits for the others' long work: ``ANP_BARRIER_TIMEOUT`` (default 3600 s).
   Bounds the coordination barriers and the dataset-preparation lock."""

@@ -209,12 +209,12 @@ def test_a_failed_preparation_on_process_0_fails_every_process_at_once(tmp_path,
   store = Store()
   monkeypatch.setattr(distributed, 'coordination_client', lambda: store)
   monkeypatch.setattr(pipeline, '_prepare_once', disk_full)
-  monkeypatch.setattr(pipeline, '_prepare_uses', 0, raising=False)
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
   barriers = _as_process(monkeypatch, 0)
   with pytest.raises(OSError, match='No space left on device'):
     pipeline.get_builder(tiny_config(tmp_path))
   assert barriers == ['anp_jax_prepare_dataset'] and len(store.values) == 1
-  monkeypatch.setattr(pipeline, '_prepare_uses', 0)  # Process 1's first call, in the same job.
+  monkeypatch.setattr(distributed, '_barrier_uses', {})  # Process 1's first call, same job.
   barriers = _as_process(monkeypatch, 1)
   with pytest.raises(OSError, match=f'Process 0 failed to prepare the dataset in {tmp_path}: '
                                     r'OSError: \[Errno 28\] No space left on device'):

@@ -98,53 +98,18 @@ def _prepared(make, data_dir: str) -> tfds.core.DatasetBuilder:
   """
   if jax.process_count() > 1:
     from anp_jax import distributed
-    global _prepare_uses
-    key = f'anp_jax/prepare_dataset_failed/{_prepare_uses}/'  # Every process counts the same.
-    _prepare_uses += 1
-    failure = None
-    if jax.process_index() == 0:
-      try:
-        builder = make()
-        if not _is_prepared(builder):  # Before the lock: that would write into data_dir.
-          _prepare_once(builder, data_dir)
-      except Exception as e:  # pylint: disable=broad-except  # Re-raised after the barrier.
-        failure = e
-        _share_failure(key, e)
-    distributed.barrier('anp_jax_prepare_dataset')
-    if failure is not None:
-      raise failure
-    _raise_shared_failure(key, data_dir)
+
+    def prepare_if_missing():
+      builder = make()
+      if not _is_prepared(builder):  # Before the lock: that would write into data_dir.
+        _prepare_once(builder, data_dir)
+    distributed.on_process_0('anp_jax_prepare_dataset', prepare_if_missing,
+                             f'prepare the dataset in {data_dir}')
   builder = make()
   if not _is_prepared(builder):
     _prepare_once(builder, data_dir)
     builder = make()
   return builder
-
-
-_prepare_uses = 0  # Calls of `_prepared` in a multi-process job: a fresh key for each.
-# Process 0's error becomes the same kind of error on the others, so that every process exits
-# with the same code (the entry points map ValueError and OSError to 2).
-_FAILURE_KINDS = {'ValueError': ValueError, 'OSError': OSError}
-
-
-def _share_failure(key: str, error: Exception) -> None:
-  from anp_jax import distributed
-  client = distributed.coordination_client()
-  if client is None:  # No key-value store: the others find no dataset and try themselves.
-    return
-  kind = next((k for k, cls in _FAILURE_KINDS.items() if isinstance(error, cls)), 'RuntimeError')
-  client.key_value_set(f'{key}0', f'{kind}\n{type(error).__name__}: {error}')
-
-
-def _raise_shared_failure(key: str, data_dir: str) -> None:
-  from anp_jax import distributed
-  client = distributed.coordination_client()
-  entries = client.key_value_dir_get(key) if client is not None else []
-  for _, value in entries:
-    kind, message = value.split('\n', 1)
-    raise _FAILURE_KINDS.get(kind, RuntimeError)(
-        f'Process 0 failed to prepare the dataset in {data_dir}: {message} (see process 0\'s '
-        'log).')
 
 
 def _is_prepared(builder) -> bool:
