@@ -274,11 +274,8 @@ class Checkpointer:
     return moved
 
   def _check_identity(self, meta, step):
-    saved = dict(IDENTITY_DEFAULTS, **meta.get('identity', {}))
-    current = identity(self.config, self.identity_extra)
-    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
-            and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
-            and not (k in IDENTITY_TRAINING_ONLY and self.config.eval_only)}
+    diff = identity_diff(meta.get('identity', {}), identity(self.config, self.identity_extra),
+                         eval_only=self.config.eval_only)
     if diff:
       detail = ', '.join(f'{k}: checkpoint {a!r} vs config {b!r}' for k, (a, b) in diff.items())
       raise ValueError(f'The checkpoint at step {step} in {self.directory} belongs to another '
@@ -303,6 +300,17 @@ class Checkpointer:
     self.manager.close()
     if self.best_manager is not None:
       self.best_manager.close()
+
+
+def identity_diff(saved: Dict[str, Any], current: Dict[str, Any],
+                  eval_only: bool = False) -> Dict[str, Tuple[Any, Any]]:
+  """(saved, current) of every identity entry on which a checkpoint's recorded identity and this
+  run's differ: fields it lacks count as their `IDENTITY_DEFAULTS`, or are not compared
+  (`IDENTITY_UNCHECKED_IF_ABSENT`); with `eval_only`, the `IDENTITY_TRAINING_ONLY` ones neither."""
+  saved = dict(IDENTITY_DEFAULTS, **saved)
+  return {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
+          and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
+          and not (k in IDENTITY_TRAINING_ONLY and eval_only)}
 
 
 def has_checkpoint(workdir: str) -> bool:

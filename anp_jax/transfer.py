@@ -167,10 +167,9 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
     except (OSError, ValueError) as e:
       raise ValueError(f'{run_dir}/config.json is unreadable ({e}); use another --out (or '
                        '--workdir) for this run.') from None
-    saved, current = checkpointing.identity(recorded), checkpointing.identity(c)
-    diff = [f'{k}: {saved[k]!r} there vs {current[k]!r} now' for k in current
-            if saved.get(k) != current[k]
-            and not (k in checkpointing.IDENTITY_UNCHECKED_IF_ABSENT and saved.get(k) is None)]
+    saved = {k: v for k, v in checkpointing.identity(recorded).items() if v is not None}
+    diff = [f'{k}: {a!r} there vs {b!r} now' for k, (a, b) in
+            checkpointing.identity_diff(saved, checkpointing.identity(c)).items()]
     if diff:
       raise ValueError(f'{run_dir} holds a {name} run of another configuration '
                        f'({"; ".join(diff)}). Use another --out (or --workdir) for this variant, '
