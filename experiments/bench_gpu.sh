@@ -9,6 +9,8 @@
 #
 # Environment:
 #   ANP_VENV        virtual environment (default ./.venv; created from requirements.txt by run.sh)
+#   ANP_PYTHON      instead: a Python that already has JAX for this GPU and the requirements (a
+#                   container's or a cluster module's); no venv is made and pip is not run
 #   ANP_WHEELS      folder of wheels for an offline install of jax[cuda12]==0.10.2 (and the
 #                   requirements); without it pip uses its index (PyPI)
 #   ANP_BENCH_OUT   where the JSON results go (default workdirs/bench_gpu)
@@ -16,6 +18,8 @@
 #                   real-pipeline part; default: the generated synthetic_anp set (64 px PNGs
 #                   resized to 224 px in the tf.data graph)
 #   ANP_BENCH_BATCHES  per-device batch sizes (default "128 256")
+#   ANP_BENCH_INPUT    0: skip the input-pipeline benchmark (e.g. a second call for more batch
+#                   sizes into the same ANP_BENCH_OUT; the summary reads the JSON already there)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
@@ -28,11 +32,18 @@ t_start=$(date +%s)
 if [ -n "${ANP_WHEELS:-}" ]; then
   export PIP_NO_INDEX=1 PIP_FIND_LINKS="$ANP_WHEELS"
 fi
-ANP_SETUP_ONLY=1 "$HERE/run.sh"   # The venv from requirements.txt (first run only).
-PY="$VENV/bin/python"
+if [ -n "${ANP_PYTHON:-}" ]; then
+  PY="$ANP_PYTHON"
+  TF_CPP_MIN_LOG_LEVEL=2 "$PY" -c "import jax, flax, optax, tensorflow, tensorflow_datasets" || {
+    echo "bench_gpu.sh: ANP_PYTHON=$PY lacks a package of requirements.txt (above)" >&2; exit 2; }
+else
+  ANP_SETUP_ONLY=1 "$HERE/run.sh"   # The venv from requirements.txt (first run only).
+  PY="$VENV/bin/python"
+fi
 
 if [ "$TINY" != 1 ]; then
-  if ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
+  if [ -z "${ANP_PYTHON:-}" ] && \
+     ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
     echo "bench_gpu.sh: installing jax[cuda12]==0.10.2 into $VENV" >&2
     "$PY" -m pip install -q "jax[cuda12]==0.10.2" >&2
   fi
@@ -73,6 +84,7 @@ fi
 
 for per_device in $BATCHES; do
   B=$((per_device * NDEV))
+  echo "bench_gpu.sh: ResNet-50 at $per_device images per device ($B per step)"
   "$PY" experiments/benchmark.py --config=anp_jax/configs/musa2_resnet50.py \
       --config.model.dtype=bfloat16 --config.bn_mode=per_device --config.batch_size="$B" \
       --config.eval_batch_size="$B" --config.checkpoint_every_steps=0 \
@@ -80,18 +92,38 @@ for per_device in $BATCHES; do
       --notorch --out="$OUT/resnet50_bf16_b${per_device}.json"
 done
 
+# Can this node's CPUs feed its GPUs? The 224 px training pipeline of the paper config (JPEG
+# decode + Inception crop + flip + normalisation in tf.data) on this machine's cores.
+if [ "${ANP_BENCH_INPUT:-1}" != 0 ]; then
+  echo "bench_gpu.sh: the 224 px input pipeline on $("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))') cores"
+  if [ "$TINY" = 1 ]; then INPUT=(--images=40 --batch=8 --batches=3 --warmup=1)
+  else INPUT=(--images=1000 --batch=128 --batches=20 --warmup=4); fi
+  "$PY" experiments/input_benchmark.py --skip_model "${INPUT[@]}" --out="$OUT/input_pipeline.json"
+fi
+
 "$PY" - "$OUT" <<'EOF'
 import glob, json, sys
-print(f"\n{'run':34s}{'bare img/s':>12s}{'MFU':>7s}{'loop img/s':>12s}{'loop MFU':>9s}"
-      f"{'loop/bare':>10s}{'plain jax':>11s}{'compile s':>10s}")
+best = 0.0
+print(f"\n{'run':24s}{'bare img/s':>11s}{'MFU':>7s}{'loop img/s':>11s}{'loop MFU':>9s}"
+      f"{'loop/bare':>10s}{'plain jax':>10s}{'peak GiB':>9s}{'compile s':>10s}")
 for path in sorted(glob.glob(f'{sys.argv[1]}/resnet50_*.json')):
   r = json.load(open(path))
   loop = r['loop'] or {}
   ref = (r['reference'] or {}).get('images_per_s', float('nan'))
-  print(f"{path.split('/')[-1][:-5]:34s}{r['bare']['images_per_s']:12.1f}{100 * r['mfu']:6.1f}%"
-        f"{loop.get('images_per_s', float('nan')):12.1f}{100 * loop.get('mfu', float('nan')):8.1f}%"
-        f"{r['ratios'].get('loop/bare', float('nan')):10.3f}{ref:11.1f}{r['compile_s']:10.1f}")
+  peak = (r.get('memory') or {}).get('device_peak_bytes') or float('nan')
+  best = max(best, r['bare']['images_per_s'])
+  print(f"{path.split('/')[-1][:-5]:24s}{r['bare']['images_per_s']:11.1f}{100 * r['mfu']:6.1f}%"
+        f"{loop.get('images_per_s', float('nan')):11.1f}{100 * loop.get('mfu', float('nan')):8.1f}%"
+        f"{r['ratios'].get('loop/bare', float('nan')):10.3f}{ref:10.1f}{peak / 2**30:9.1f}"
+        f"{r['compile_s']:10.1f}")
 print(f"peak {r['peak']['flops_per_s'] / 1e12:.1f} TFLOP/s ({r['peak']['dtype']} "
       f"{r['peak']['n']}^3 matmul on {r['peak']['device']}); JSON in {sys.argv[1]}")
+try:
+  inp = json.load(open(f'{sys.argv[1]}/input_pipeline.json'))
+except FileNotFoundError:
+  sys.exit(0)
+print(f"input pipeline (224 px JPEG, Inception crop): {inp['pipeline_images_per_s']:.0f} img/s on "
+      f"{inp['cpu_cores']} cores = {inp['pipeline_images_per_s'] / best:.2f}x the fastest bare "
+      f"model rate above")
 EOF
 echo "bench_gpu.sh: done in $(( $(date +%s) - t_start )) s"

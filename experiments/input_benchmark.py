@@ -32,6 +32,8 @@ flags.DEFINE_integer('batch', 64, 'Images per batch.')
 flags.DEFINE_integer('batches', 30, 'Timed batches.')
 flags.DEFINE_integer('warmup', 5, 'Untimed batches first.')
 flags.DEFINE_bool('skip_model', False, 'Do not time ResNet-50 training on this CPU.')
+flags.DEFINE_string('out', None, 'Also write the JSON result to this file (stdout also carries '
+                    "the dataset preparation's messages).")
 
 
 ANPS = 20  # ANP folders of the generated dataset.
@@ -109,6 +111,15 @@ def main(argv):
                  + (f' (one image per each of the {ANPS} generated ANPs).' if flag == 'images'
                     else '.'))
       break
+  if not message and args.out is not None:  # Before minutes of timing, not after.
+    out = os.path.abspath(os.path.expanduser(args.out)) if args.out else ''
+    if not out or os.path.isdir(out):
+      message = f'--out={args.out!r}: give the path of the JSON file to write.'
+    else:
+      try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+      except OSError as e:
+        message = f'--out={args.out}: cannot create its folder ({e}); pick another path.'
   if not message and args.data_dir is not None:
     from anp_jax.data import anp
     if not args.data_dir:
@@ -151,6 +162,9 @@ def main(argv):
     result['model_images_per_s_this_cpu'] = model_rate_cpu()
     result['input_over_model_this_cpu'] = rate / result['model_images_per_s_this_cpu']
   print(json.dumps(result, indent=2))
+  if args.out:
+    with open(os.path.expanduser(args.out), 'w') as f:
+      json.dump(result, f, indent=2)
   return 0
 
 

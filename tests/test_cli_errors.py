@@ -42,6 +42,8 @@ CASES = [
     (INPUT, ['--images', '0'], '--images=0 is out of range'),
     (INPUT, ['--batches', '0'], '--batches=0 is out of range'),
     (INPUT, ['--data_dir', '{tmp}/nonexist'], '--data_dir'),
+    (INPUT, ['--out={tmp}'], 'give the path of the JSON file'),
+    (INPUT, ['--out={file}/r.json'], 'cannot create its folder'),
     (INPUT, ['extra'], 'Unexpected arguments'),
     # experiments/perfmodel_validation.py
     (PERFVAL, ['--out={tmp}/pv', '--budget', '-1'], '--budget=-1.0 must be > 0'),
