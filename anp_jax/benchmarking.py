@@ -120,19 +120,11 @@ def interleave(contenders: Sequence[Contender], windows: int, steps_per_window: 
 # XLA cost analysis, peak FLOP/s, memory.
 
 
-def compiled_flops(compiled) -> float:
-  """FLOPs of one execution of a compiled computation, from XLA's cost analysis."""
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per partition.
-    cost = cost[0]
-  flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
-  return flops
-
-
 def forward_flops(apply_fn: Callable, *args) -> float:
-  """FLOPs of `apply_fn(*args)` (e.g. a model's inference forward pass) per XLA."""
-  import jax
-  return compiled_flops(jax.jit(apply_fn).lower(*args).compile())
+  """FLOPs of `apply_fn(*args)` (e.g. a model's inference forward pass) per XLA's cost analysis
+  of the program as written (`perfmodel.count_flops`), not of what a backend compiled it to."""
+  from anp_jax.research import perfmodel
+  return perfmodel.count_flops(apply_fn, *args)
 
 
 def measure_peak_flops(dtype: str = 'float32', n: Optional[int] = None, repeats: int = 5,
@@ -236,6 +228,7 @@ class BareStep:
   setup: Any
   state: Any
   batch: Any
+  lowered: Any  # The step before compilation: what its FLOPs are counted from.
   compiled: Any
   compile_s: float
   model: Any
@@ -274,25 +267,29 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   if config.executor != 'jit':
     raise ValueError("The benchmark times the 'jit' executor; set --config.executor=jit.")
   t0 = time.perf_counter()
-  compiled = executor.train_step.lower(state, batch).compile()
+  lowered = executor.train_step.lower(state, batch)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
-  return BareStep(setup, state, batch, compiled, compile_s, model, tx)
+  return BareStep(setup, state, batch, lowered, compiled, compile_s, model, tx)
 
 
 def train_step_flops(config, bare: BareStep) -> float:
-  """FLOPs of one train step of the whole job (every device), from XLA's cost analysis.
+  """FLOPs of one train step of the whole job (every device), from XLA's cost analysis of the
+  step as written (`perfmodel.program_flops`: the compiled step's count misses the convolutions
+  and matmuls that XLA:GPU gives to cuDNN and cuBLAS).
 
-  The compiled step is the per-device SPMD program, so its count is one device's share. With
+  The step is a `shard_map` program, so its count is one device's share. With
   gradient accumulation (``grad_accum_steps`` k > 1) the micro-batches run in a `lax.scan`
   (`anp_jax.steps`), whose body the cost analysis counts once, not k - 1 times: FLOPs and MFU
   came out at about 2/k of the truth. The count is then taken from the same global batch with
   k = 1: the same examples through the same model and one optimizer update, i.e. the same work
-  (accumulation only splits it in time). That step is lowered and compiled for the analysis only,
-  never run, so its activations need not fit in memory.
+  (accumulation only splits it in time). That step is only lowered, never compiled or run, so
+  its activations need not fit in memory.
   """
   import jax
   from anp_jax import executors, setup as run_setup
-  compiled = bare.compiled
+  from anp_jax.research import perfmodel
+  lowered = bare.lowered
   if bare.setup.accum_steps > 1:
     c = config.copy_and_resolve_references()
     c.grad_accum_steps = 1
@@ -300,8 +297,62 @@ def train_step_flops(config, bare: BareStep) -> float:
     setup = run_setup.resolve_setup(c, big, big)
     executor = executors.make_executor(c, bare.model, bare.tx, setup, executors.make_mesh())
     # Same state and batch (shapes and shardings): lowering neither runs nor donates them.
-    compiled = executor.train_step.lower(bare.state, bare.batch).compile()
-  return compiled_flops(compiled) * jax.device_count()
+    lowered = executor.train_step.lower(bare.state, bare.batch)
+  flops = perfmodel.program_flops(lowered)
+  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
+    flops = _per_device_step_flops_on_cpu(config, bare)
+  return flops * jax.device_count()
+
+
+def _per_device_step_flops_on_cpu(config, bare: BareStep) -> float:
+  """One device's share of the train step, counted by XLA:CPU (`perfmodel.cpu_flops`): the same
+  per-device computation (`steps.per_device_train_step`) on one device's examples, without the
+  collectives (which add no FLOPs worth counting), in one micro-batch (the same work as k)."""
+  import jax
+  from anp_jax import steps
+  from anp_jax.research import perfmodel
+  per_device = config.batch_size // jax.device_count()
+  model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+
+  def step(state, batch):
+    return steps.per_device_train_step(state, batch, model=model, tx=bare.tx, config=config,
+                                       accum_steps=1, num_devices=1, axis_name=None)
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((per_device,) + a.shape[1:], a.dtype),
+                       bare.batch)
+  return perfmodel.cpu_flops(step, bare.state, batch)
+
+
+def _forward_flops_per_image(config, bare: BareStep) -> float:
+  """The model's inference forward pass per image (`forward_flops`), on the step's batch size."""
+  import jax
+  b = config.batch_size
+  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  # Shapes only: nothing is computed, and no multi-process array meets a local one.
+  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
+  x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
+  variables = jax.tree.map(spec, {'params': bare.state.params,
+                                  'batch_stats': bare.state.batch_stats})
+  return forward_flops(lambda v, x: fwd_model.apply(v, x, train=False), variables, x1) / b
+
+
+def flop_counts(config) -> Dict[str, Any]:
+  """A config's FLOPs per image without timing anything (``experiments/benchmark.py
+  --flops_only``): the train step as written (`perfmodel.program_flops`; NaN where the backend
+  analyses no lowered program), the same step counted by XLA:CPU (what the benchmark falls back
+  to on such a backend) and the inference forward pass. The step is built and compiled, never
+  run."""
+  import jax
+  from anp_jax.research import perfmodel
+  bare = build_bare_step(config)
+  b = config.batch_size
+  lowered = train_step_flops(config, bare) if np.isfinite(
+      perfmodel.program_flops(bare.lowered)) else float('nan')
+  return {'model': config.model.name, 'image_size': config.image_size, 'batch_size': b,
+          'dtype': config.model.dtype, 'devices': jax.device_count(),
+          'train_flops_per_image_as_written': lowered / b,
+          'train_flops_per_image_xla_cpu':
+              _per_device_step_flops_on_cpu(config, bare) * jax.device_count() / b,
+          'forward_flops_per_image': _forward_flops_per_image(config, bare)}
 
 
 def build_reference_step(config, seed: int = 0):
@@ -351,7 +402,8 @@ def build_reference_step(config, seed: int = 0):
     return (optax.apply_updates(params, updates), stats, opt), loss
 
   t0 = time.perf_counter()
-  compiled = jax.jit(step, donate_argnums=(0,)).lower(carry, x, labels).compile()
+  lowered = jax.jit(step, donate_argnums=(0,)).lower(carry, x, labels)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
   holder = {'carry': carry}
 
@@ -363,7 +415,11 @@ def build_reference_step(config, seed: int = 0):
     holder['carry'] = c
 
   n_params = sum(int(v.size) for v in jax.tree.leaves(variables['params']))
-  return run, compile_s, compiled_flops(compiled), n_params
+  from anp_jax.research import perfmodel
+  flops = perfmodel.program_flops(lowered)
+  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
+    flops = perfmodel.cpu_flops(step, carry, x, labels)
+  return run, compile_s, flops, n_params
 
 
 def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
@@ -483,20 +539,11 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   bare = build_bare_step(config)
   progress(f'compiled in {bare.compile_s:.1f} s')
   b = config.batch_size
-  if config.grad_accum_steps > 1:
-    progress('compiling the step without gradient accumulation for its FLOP count...')
   flops_step = train_step_flops(config, bare)
   result['compile_s'] = bare.compile_s
   result['flops_per_image_train'] = flops_step / b
   sizes = head_sizes(config)
-  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
-  # Shapes only: nothing is computed, and no multi-process array meets a local one.
-  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
-  x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
-  variables = jax.tree.map(spec, {'params': bare.state.params,
-                                  'batch_stats': bare.state.batch_stats})
-  result['flops_per_image_forward'] = forward_flops(
-      lambda v, x: fwd_model.apply(v, x, train=False), variables, x1) / b
+  result['flops_per_image_forward'] = _forward_flops_per_image(config, bare)
   result['n_params'] = int(sum(int(v.size) for v in jax.tree.leaves(bare.state.params)))
 
   contenders = [Contender('anp_jax', b, bare.run)]

@@ -39,6 +39,8 @@ flags.DEFINE_bool('cpu_flags', True, "anp_jax's XLA:CPU defaults (anp_jax/xla_fl
 flags.DEFINE_integer('peak_n', 0, 'Matmul size for the peak FLOP/s (0: 2048 CPU, 8192 GPU).')
 flags.DEFINE_string('workdir', None, 'Workdir of the timed training loop (default: a temp '
                     'dir); must not hold a run already (the trainer would resume it): exit 2.')
+flags.DEFINE_bool('flops_only', False, 'Instead: only count the FLOPs per image of the train '
+                  'step (as written, and by XLA:CPU) and the forward pass; nothing is timed.')
 flags.DEFINE_bool('scaling', False, 'Instead: run the bare step as 1 process x 1 device, 1 x 2 '
                   'simulated devices and 2 processes x 1 device (127.0.0.1), same global batch; '
                   'JSON per layout next to --out.')
@@ -109,6 +111,14 @@ def main(argv):
             f" ms  speed-up {r['speedup']:.2f}  efficiency {r['efficiency']:.2f}", flush=True)
     return 0
   distributed.initialize()  # Multi-process runs (ANP_* environment); nothing for one process.
+  if FLAGS.flops_only:
+    counts = benchmarking.flop_counts(FLAGS.config)
+    benchmarking.write_json(counts, FLAGS.out)
+    for key, value in counts.items():
+      print(f'{key:34s} {value / 1e9:.3f} GFLOP' if 'flops' in key else f'{key:34s} {value}',
+            flush=True)
+    print(f'JSON: {FLAGS.out}', flush=True)
+    return 0
   result = benchmarking.run_benchmark(
       FLAGS.config, warmup_steps=FLAGS.warmup, windows=FLAGS.windows,
       steps_per_window=FLAGS.steps_per_window, loop=FLAGS.loop,

@@ -145,9 +145,9 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
     state = run.init_state() if state is None else state
     row = {'global_batch': int(b), 'per_device_batch': int(b) // ndev}
     if spec.xla_flops and ndev == 1:
-      cost = run.executor.train_step.lower(state, dev_batch).compile().cost_analysis()
-      cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-      row['xla_train_flops_per_image'] = float(cost.get('flops', float('nan'))) / b
+      # NaN where the backend analyses no lowered program (the CUDA plugin): no XLA count.
+      row['xla_train_flops_per_image'] = pm.program_flops(
+          run.executor.train_step.lower(state, dev_batch)) / b
     t0 = time.perf_counter()
     for _ in range(spec.warmup_steps):
       state, sums = run.train_step(state, dev_batch)
@@ -341,7 +341,7 @@ def predict_points(measured: dict, calibration_batch: int, cpu: CpuPeak) -> dict
     return float(np.mean(errs)) if errs else float('nan')
 
   xla = [s.get('xla_train_flops_per_image') for s in measured['runs']['1dev']['steps']]
-  xla = [v for v in xla if v]
+  xla = [v for v in xla if v and math.isfinite(v)]
   return {'workload': dataclasses.asdict(workload), 'calibration': calib,
           'xla_train_flops_per_image': statistics.median(xla) if xla else None,
           'interconnect': dataclasses.asdict(ic), 'allreduce_fits': nets['fits'], 'rows': rows,
