@@ -339,3 +339,19 @@ def test_local_sgd_average_is_costed_as_the_trainer_does_it():
                                  ic.intra_node_bandwidth, ic.intra_node_latency)
   average = pm.node_axis_allreduce_time(w.param_bytes, n, cluster.devices_per_node, ic)
   assert local.comm_time == pytest.approx(intra + average / h)
+
+
+def test_h200_preset_reproduces_the_measured_resnet50_step_times():
+  """The h200 preset is calibrated on anp_jax's bare ResNet-50 step measured on an H200
+  (experiments/results/bench_gpu_h200): one GPU's predicted step time matches both batch sizes."""
+  import json
+  import os
+  results = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         'experiments', 'results', 'bench_gpu_h200')
+  one_gpu = pm.Cluster(1, 1, pm.h200(), pm.dgx_h200().interconnect, max_devices_per_node=8)
+  for b in (128, 256):
+    with open(os.path.join(results, f'resnet50_bf16_b{b}.json')) as f:
+      measured = json.load(f)
+    assert measured['config']['batch_size'] == b and measured['config']['image_size'] == 224
+    predicted = pm.predict(one_gpu, pm.resnet50(), b)
+    assert predicted.step_time == pytest.approx(measured['bare']['step_time_median_s'], rel=0.02)

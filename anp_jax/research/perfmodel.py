@@ -284,14 +284,19 @@ def v100() -> Device:
 
 
 def h200() -> Device:
-  """NVIDIA H200 SXM (141 GB HBM3e) in bfloat16.
+  """NVIDIA H200 SXM (141 GB HBM3e) in bfloat16, calibrated on anp_jax's ResNet-50 step.
 
-  Peak 989 TFLOP/s dense bf16 (the H100 SXM tensor-core figure; H200 has the same compute and more,
-  faster memory). ResNet-50 is bandwidth- and launch-bound on this class of GPU: efficiency 0.075
-  assumes ~3,000 training images/s per GPU, the order of MLPerf-class H100 ResNet-50 results;
-  not measured here. Calibrate with a measured `Device(step_time_s=..., measured_batch=...)`.
+  Peak 989 TFLOP/s dense bf16 (the H100 SXM tensor-core figure; H200 has the same compute and
+  more, faster memory; an 8192^3 bf16 matmul measured 772-798 TFLOP/s on it). Efficiency and
+  per-step overhead are a line through two measured step times of anp_jax's bare ResNet-50 step
+  (224 px, bf16, one H200, jax 0.11.2 with CUDA 13, 2026-12-04,
+  `experiments/results/bench_gpu_h200/`): 25.34 ms at 128 images and 44.85 ms at 256, i.e.
+  0.1524 ms per image (24.6 GFLOP per training image / 0.1524 ms = 161 TFLOP/s = 16.3 % of peak)
+  plus 5.8 ms per step. That is 5.05k / 5.71k images/s at 128 / 256 per GPU; MLPerf Training
+  v4.0's MXNet + DALI fp16 submission reaches ~7.9k per H200 at 400 per GPU.
   """
-  return Device(name='h200', peak_flops=989e12, efficiency=0.075, memory_bytes=141e9)
+  return Device(name='h200', peak_flops=989e12, efficiency=0.1632, memory_bytes=141e9,
+                step_overhead_s=0.0058)
 
 
 def cpu(cores: int = 16, clock_hz: float = 2.5e9, flops_per_cycle: int = 32,
