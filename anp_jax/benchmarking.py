@@ -212,10 +212,13 @@ def head_sizes(config) -> Dict[str, int]:
 
 
 def synthetic_batch(config, batch: int, sizes: Dict[str, int], seed: int = 0):
-  """A host batch of the pipeline's shapes and dtypes (normalised images, int labels)."""
+  """A host batch of the pipeline's shapes and dtypes (normalised images, in the model's dtype
+  when that is bfloat16 as `pipeline.image_dtype` gives them; int labels)."""
+  from anp_jax import models
   rng = np.random.default_rng(seed)
   s = config.image_size
-  return {'image': rng.standard_normal((batch, s, s, 3), np.float32),
+  dtype = models.DTYPES['bfloat16'] if config.model.dtype == 'bfloat16' else np.float32
+  return {'image': rng.standard_normal((batch, s, s, 3), np.float32).astype(dtype),
           'mask': np.ones((batch,), np.float32),
           'label_anp': rng.integers(0, sizes['anp'], batch).astype(np.int32),
           'label_adjective': rng.integers(0, sizes['adjective'], batch).astype(np.int32),

