@@ -178,7 +178,8 @@ def test_flops_only_counts_the_step_both_ways_without_timing(data_dir, tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]
   counts = json.loads(out.read_text())
   assert counts['batch_size'] == 64 and counts['devices'] == jax.device_count()
-  written, xla_cpu = counts['train_flops_per_image_as_written'], counts['train_flops_per_image_xla_cpu']
+  written = counts['train_flops_per_image_as_written']
+  xla_cpu = counts['train_flops_per_image_xla_cpu']
   assert xla_cpu == pytest.approx(written, rel=0.15)
   assert 2.5 < written / counts['forward_flops_per_image'] < 4.5
   assert 'train_flops_per_image_as_written' in r.stdout and 'benchmark |' not in r.stdout

@@ -903,7 +903,8 @@ def cpu_flops(fn, *args) -> float:
   cost analysis counts. `args` may be arrays or ``jax.ShapeDtypeStruct``s (pytrees of them);
   only their shapes and dtypes are used. NaN if XLA:CPU reports no count."""
   import jax  # Lazily: the rest of this module runs without JAX.
-  cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
+  # This process's CPU (in a multi-process job jax.devices('cpu') lists every process's).
+  cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), args)
   cost = jax.jit(fn).lower(*abstract).compile().cost_analysis()
   if isinstance(cost, (list, tuple)):
