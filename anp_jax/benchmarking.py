@@ -290,6 +290,15 @@ def train_step_flops(config, bare: BareStep) -> float:
   its activations need not fit in memory.
   """
   import jax
+  flops = _step_flops_as_written(config, bare)
+  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
+    flops = _per_device_step_flops_on_cpu(config, bare)
+  return flops * jax.device_count()
+
+
+def _step_flops_as_written(config, bare: BareStep) -> float:
+  """One device's share of the train step from its lowered program (`perfmodel.program_flops`;
+  NaN where the backend analyses none), re-lowered with k = 1 under gradient accumulation."""
   from anp_jax import executors, setup as run_setup
   from anp_jax.research import perfmodel
   lowered = bare.lowered
@@ -301,10 +310,7 @@ def train_step_flops(config, bare: BareStep) -> float:
     executor = executors.make_executor(c, bare.model, bare.tx, setup, executors.make_mesh())
     # Same state and batch (shapes and shardings): lowering neither runs nor donates them.
     lowered = executor.train_step.lower(bare.state, bare.batch)
-  flops = perfmodel.program_flops(lowered)
-  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
-    flops = _per_device_step_flops_on_cpu(config, bare)
-  return flops * jax.device_count()
+  return perfmodel.program_flops(lowered)
 
 
 def _per_device_step_flops_on_cpu(config, bare: BareStep) -> float:
@@ -345,16 +351,12 @@ def flop_counts(config) -> Dict[str, Any]:
   to on such a backend) and the inference forward pass. The step is built and compiled, never
   run."""
   import jax
-  from anp_jax.research import perfmodel
   bare = build_bare_step(config)
-  b = config.batch_size
-  lowered = train_step_flops(config, bare) if np.isfinite(
-      perfmodel.program_flops(bare.lowered)) else float('nan')
+  b, n = config.batch_size, jax.device_count()
   return {'model': config.model.name, 'image_size': config.image_size, 'batch_size': b,
-          'dtype': config.model.dtype, 'devices': jax.device_count(),
-          'train_flops_per_image_as_written': lowered / b,
-          'train_flops_per_image_xla_cpu':
-              _per_device_step_flops_on_cpu(config, bare) * jax.device_count() / b,
+          'dtype': config.model.dtype, 'devices': n,
+          'train_flops_per_image_as_written': _step_flops_as_written(config, bare) * n / b,
+          'train_flops_per_image_xla_cpu': _per_device_step_flops_on_cpu(config, bare) * n / b,
           'forward_flops_per_image': _forward_flops_per_image(config, bare)}
 
 

@@ -888,13 +888,9 @@ def program_flops(lowered) -> float:
   instead. For a `shard_map` step the program is one device's share.
   """
   try:
-    cost = lowered.cost_analysis()
+    return _flops(lowered.cost_analysis())
   except NotImplementedError:  # Older JAX raised where newer returns None.
-    cost = None
-  if isinstance(cost, (list, tuple)):  # Older JAX: one dict per device program.
-    cost = cost[0] if cost else None
-  flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
-  return flops if flops >= 0 else float('nan')  # XLA reports -1 for "unknown".
+    return float('nan')
 
 
 def cpu_flops(fn, *args) -> float:
@@ -906,7 +902,12 @@ def cpu_flops(fn, *args) -> float:
   # This process's CPU (in a multi-process job jax.devices('cpu') lists every process's).
   cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), args)
-  cost = jax.jit(fn).lower(*abstract).compile().cost_analysis()
+  return _flops(jax.jit(fn).lower(*abstract).compile().cost_analysis())
+
+
+def _flops(cost) -> float:
+  """The 'flops' of an XLA cost analysis (a dict, a list of one per device program in older JAX,
+  or None), NaN where it has none or reports -1 ("unknown")."""
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
   flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
