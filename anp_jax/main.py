@@ -74,7 +74,7 @@ def main(argv):
 
 def run():
   # Flag errors (unknown or mistyped --config.x, missing config file) exit 2 with the fix.
-  app.run(lambda argv: sys.exit(main(argv)),
+  app.run(main,
           flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
 
 

@@ -54,7 +54,7 @@ _PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'rule', 'warmup', 'use', 'c
 
 
 # Path flags, `~` expanded (the shell leaves it alone in ``--flag=~/x``).
-_PATH_FLAGS = ('pilot', 'sweep', 'cluster', 'penalty_results', 'out')
+_PATH_FLAGS = ('pilot', 'sweep', 'cluster', 'penalty_results')  # --out: `out` below.
 # Sweep-only flags: with --pilot they would be ignored without a word.
 _SWEEP_ONLY = ('use', 'rule', 'warmup')
 
@@ -76,7 +76,7 @@ def main(argv) -> int:
     return rc
   args = {name: FLAGS[name].value for name in _PLAN_FLAGS}
   for name in _PATH_FLAGS:
-    if name in args and args[name]:
+    if args[name]:
       args[name] = os.path.expanduser(args[name])
   out = os.path.expanduser(FLAGS.out) if FLAGS.out else FLAGS.out
   try:
@@ -91,7 +91,7 @@ def main(argv) -> int:
     print(planner.format_plan(plan))
     if out:
       planner.write_plan(plan, out)
-  except (planner.PlanError, ValueError, OSError) as e:
+  except (ValueError, OSError) as e:  # PlanError is a ValueError.
     print(f'ERROR: {e}', file=sys.stderr)
     return cli.EXIT_USAGE
   return 0

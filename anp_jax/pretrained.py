@@ -670,11 +670,8 @@ def main(argv=None) -> int:
   print(loaded.report)
   if args.out:
     from safetensors.numpy import save_file
-    kind = _source_kind(os.path.expanduser(args.source))
-    raw = (read_safetensors(args.source) if kind == 'safetensors' else read_torch(args.source)
-           if kind == 'torch' else None)
-    if raw is None:
-      return usage('--to-safetensors converts torchvision-style files only.')
+    # `kind` is 'safetensors' or 'torch': anything else was refused before the load.
+    raw = read_safetensors(args.source) if kind == 'safetensors' else read_torch(args.source)
     try:
       save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, args.out)
     except OSError as e:

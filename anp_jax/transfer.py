@@ -126,7 +126,6 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   """
   import math
   from anp_jax import checkpointing, models, pretrained
-  from anp_jax.configs import default as default_config
   if preset not in PRESETS:
     raise ValueError(f'Unknown preset {preset!r}; use one of {sorted(PRESETS)}.')
   if out_dir is not None:
@@ -163,7 +162,7 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
             and os.path.isfile(os.path.join(run_dir, 'config.json'))):
       continue
     try:
-      recorded = default_config.read_run_config(run_dir)
+      recorded = default.read_run_config(run_dir)
     except (OSError, ValueError) as e:
       raise ValueError(f'{run_dir}/config.json is unreadable ({e}); use another --out (or '
                        '--workdir) for this run.') from None

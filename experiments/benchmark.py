@@ -136,5 +136,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)),
+  app.run(main,
           flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))

@@ -169,4 +169,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)), flags_parser=cli.absl_flags_parser())
+  app.run(main, flags_parser=cli.absl_flags_parser())

@@ -291,17 +291,24 @@ def check_rows(rows, path: str, kind: str) -> List[Dict]:
   return rows
 
 
+def _read_rows(path: str, kind: str, label: str) -> List[Dict]:
+  """The checked rows (`check_rows`) of the results.json at `path`; `PlanError` naming `label`
+  when it cannot be read or parsed."""
+  try:
+    with open(path) as f:
+      rows = json.load(f)
+  except (OSError, ValueError) as e:
+    raise PlanError(f'{label}: unreadable ({e}).') from None
+  return check_rows(rows, path, kind)
+
+
 def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] = None,
                target: Optional[float] = None, use: str = 'fit') -> StepsModel:
   """The steps model of a finished sweep directory (its ``results.json``)."""
   path = os.path.join(out_dir, 'results.json')
   if not os.path.exists(path):
     raise PlanError(f'{out_dir!r} has no results.json: not a finished sweep directory.')
-  try:
-    with open(path) as f:
-      rows = check_rows(json.load(f), path, 'sweep')
-  except (OSError, ValueError) as e:
-    raise PlanError(str(e) if isinstance(e, PlanError) else f'{path}: unreadable ({e}).') from None
+  rows = _read_rows(path, 'sweep', path)
   recorded = {r.get('target_top1') for r in rows}
   if target is not None and recorded != {target}:
     raise PlanError(f'The sweep results are for target {sorted(recorded)}, not {target}: '
@@ -912,12 +919,7 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   if any(m != 'sync' for m in method_list):
     if not penalty_results or not os.path.exists(penalty_results):
       raise PlanError(f'--penalty_results {penalty_results!r} does not exist.')
-    try:
-      with open(penalty_results) as f:
-        rows = check_rows(json.load(f), penalty_results, 'penalty')
-    except (OSError, ValueError) as e:
-      raise PlanError(str(e) if isinstance(e, PlanError) else
-                      f'--penalty_results {penalty_results}: unreadable ({e}).') from None
+    rows = _read_rows(penalty_results, 'penalty', f'--penalty_results {penalty_results}')
     penalties = convergence_penalty(rows)
   the_cluster, counts = load_cluster(cluster)
   counts = nodes or counts
