@@ -223,10 +223,10 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target)))
       except Exception as e:  # Corrupt or truncated files, or a state of another layout.
-        reporting.say(f'WARNING: checkpoint {step} could not be restored '
-                      f'({type(e).__name__}: {_short(e)}); falling back to an older one.',
-                      logging.WARNING)
-        failed.append((step, f'{type(e).__name__}: {_short(e)}'))
+        reason = f'{type(e).__name__}: {_short(e)}'
+        reporting.say(f'WARNING: checkpoint {step} could not be restored ({reason}); falling '
+                      'back to an older one.', logging.WARNING)
+        failed.append((step, reason))
         continue
       self._agree(step, failed)
       if failed:

@@ -151,12 +151,10 @@ def detect_topology(coordinator_address: Optional[str] = None,
     _check_address(coordinator_address)
     if num_processes == 1:
       return Topology('single', local_device_ids=local_device_ids)
-    if (local_device_ids is None and os.environ.get('SLURM_STEP_ID') is not None
-        and _slurm_tasks_per_node() == 1):
-      # Explicit addresses inside an srun step: JAX still detects SLURM for what is unset and
-      # would pin the node's one task to GPU SLURM_LOCALID; it gets the node's GPUs instead.
-      local_device_ids = _node_gpu_ids()
-    return Topology('explicit', coordinator_address, num_processes, process_id, local_device_ids)
+    # Explicit addresses inside an srun step: JAX still detects SLURM for what is unset and
+    # would pin the node's one task to GPU SLURM_LOCALID; it gets the node's GPUs instead.
+    return Topology('explicit', coordinator_address, num_processes, process_id,
+                    _one_task_node_gpus(local_device_ids))
 
   ntasks = _int_env('SLURM_NTASKS') or _int_env('SLURM_NPROCS')
   if os.environ.get('SLURM_STEP_ID') is not None and os.environ.get('SLURM_PROCID') is not None \
@@ -164,10 +162,17 @@ def detect_topology(coordinator_address: Optional[str] = None,
     procid = _int_env('SLURM_PROCID')
     if not 0 <= procid < ntasks:
       raise ValueError(f'SLURM_PROCID={procid} is not in [0, SLURM_NTASKS={ntasks}).')
-    if local_device_ids is None and _slurm_tasks_per_node() == 1:
-      local_device_ids = _node_gpu_ids()
-    return Topology('slurm', None, ntasks, procid, local_device_ids)
+    return Topology('slurm', None, ntasks, procid, _one_task_node_gpus(local_device_ids))
   return Topology('single', local_device_ids=local_device_ids)
+
+
+def _one_task_node_gpus(local_device_ids: Optional[List[int]]) -> Optional[List[int]]:
+  """`local_device_ids`, or, when none were given and this process is the only task of its node
+  in an srun step, all of the node's GPUs (`_node_gpu_ids`)."""
+  if (local_device_ids is None and os.environ.get('SLURM_STEP_ID') is not None
+      and _slurm_tasks_per_node() == 1):
+    return _node_gpu_ids()
+  return local_device_ids
 
 
 _initialized = False

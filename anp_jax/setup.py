@@ -149,9 +149,7 @@ def validate_config(config) -> None:
     raise ConfigError(f'config.base_lr must be > 0, got {config.base_lr}.')
   stop_metric = config.stop_at_metric
   if stop_metric:
-    head = stop_metric.split('/', 1)[-1]
-    if not (stop_metric.startswith('eval/') and head.rsplit('_', 1)[0] in HEADS
-            and head.rsplit('_', 1)[-1] in ('top1', 'top5')):
+    if _eval_metric(stop_metric, ('top1', 'top5')) is None:
       raise ConfigError(f'config.stop_at_metric={stop_metric!r}: use an evaluation accuracy, e.g. '
                        "'eval/anp_top1', 'eval/noun_top5' (or '' to train the whole budget).")
     if not 0.0 < float(config.stop_at_value) <= 1.0:
@@ -208,16 +206,26 @@ def _check_ranges(config) -> None:
                       f'= [0, {config.image_size}) for the cifar augmentation.')
   best = config.keep_best_metric
   if best:
-    head = best.split('/', 1)[-1]
-    if not (best.startswith('eval/') and (head == 'loss' or (
-        head.rsplit('_', 1)[0] in HEADS and head.rsplit('_', 1)[-1] in ('top1', 'top5', 'loss')))):
+    head_name = _eval_metric(best, ('top1', 'top5', 'loss'))
+    if head_name is None:
       raise ConfigError(f'config.keep_best_metric={best!r} is not an evaluation metric: use e.g. '
                         "'eval/anp_top1', 'eval/noun_top5', 'eval/loss' (or '' for none).")
-    head_name = head.rsplit('_', 1)[0]
-    if head != 'loss' and head_name != 'anp' and not config.model.get(f'{head_name}_head', True):
+    if head_name not in ('', 'anp') and not config.model.get(f'{head_name}_head', True):
       raise ConfigError(f'config.keep_best_metric={best!r} names the {head_name} head, which '
                         f'config.model.{head_name}_head=False turns off (nothing would be kept); '
                         "use a head the model has, e.g. 'eval/anp_top1'.")
+
+
+def _eval_metric(name: str, kinds) -> Optional[str]:
+  """The head of evaluation metric `name` ('eval/<head>_<kind>' with a kind in `kinds`; '' for
+  'eval/loss' when 'loss' is one of them), or None if `name` is not such a metric."""
+  if not name.startswith('eval/'):
+    return None
+  rest = name.split('/', 1)[-1]
+  if rest == 'loss':
+    return '' if 'loss' in kinds else None
+  head, kind = rest.rsplit('_', 1)[0], rest.rsplit('_', 1)[-1]
+  return head if head in HEADS and kind in kinds else None
 
 
 def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,

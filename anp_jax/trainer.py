@@ -74,19 +74,18 @@ class Run:
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
     """Exact evaluation: every example of `split` counted once (padding masked out), as means
     with the ``eval/`` prefix."""
+    split = split or self.meta.eval_split
     ds = pipeline.eval_dataset(self.builder, self.config,
-                               per_process_batch=self.setup.eval_per_process_batch,
-                               split=split or self.meta.eval_split)
+                               per_process_batch=self.setup.eval_per_process_batch, split=split)
     total, n = None, 0
     for batch in pipeline.global_batches(ds, to_device=self.executor.to_device):
       sums = self.executor.eval_step(state, batch)
       total = sums if total is None else jax.tree.map(jnp.add, total, sums)
       n += 1
-    split = split or self.meta.eval_split
-    expected = (self.setup.num_eval_batches if split == self.meta.eval_split else
-                pipeline.num_eval_batches(self.builder.info.splits[split].num_examples,
-                                          self.setup.process_count,
-                                          self.setup.eval_per_process_batch))
+    # For the default split this is `setup.num_eval_batches` (the same sizes).
+    expected = pipeline.num_eval_batches(self.builder.info.splits[split].num_examples,
+                                         self.setup.process_count,
+                                         self.setup.eval_per_process_batch)
     if n != expected:
       raise RuntimeError(f'Evaluation of {split!r} produced {n} batches, expected {expected}.')
     return summarize(self.executor.fetch(total), 'eval')

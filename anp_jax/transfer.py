@@ -176,15 +176,16 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
 
 
 def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
-        freeze: str = '', backbone_lr_multiplier: float = 1.0) -> Dict:
+        freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None
+        ) -> Dict:
   """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
 
   A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates);
   an interrupted one resumes from its last checkpoint. Either way the curves come from the runs'
   whole logs (`_train`), so the summary is that of one uninterrupted invocation. Bad input is
-  a ValueError before anything trains (`check`).
+  a ValueError before anything trains (`check`, with the report's `out_dir` when given).
   """
-  check(work_dir, preset, data_dir, freeze, backbone_lr_multiplier)
+  check(work_dir, preset, data_dir, freeze, backbone_lr_multiplier, out_dir=out_dir)
   p = PRESETS[preset]
   data_dir = data_dir or os.path.join(work_dir, 'tfds')
   runs = os.path.join(work_dir, 'runs')

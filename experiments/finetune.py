@@ -38,12 +38,10 @@ def main(argv):
   work_dir = expand(FLAGS.workdir) if FLAGS.workdir is not None else out
   t = time.time()
   try:
-    # Before the pre-training run: a bad --freeze / --backbone_lr_multiplier, a file as --out,
-    # or another variant's runs in the same directory would otherwise show after it.
-    transfer.check(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
-                   FLAGS.backbone_lr_multiplier, out_dir=out)
+    # `run` checks first (`transfer.check`): a bad --freeze / --backbone_lr_multiplier, a file
+    # as --out, or another variant's runs in the same directory fail before pre-training.
     summary = transfer.run(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
-                           FLAGS.backbone_lr_multiplier)
+                           FLAGS.backbone_lr_multiplier, out_dir=out)
   except errors.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_DIVERGED

@@ -203,6 +203,18 @@ def config_diff(old: Dict, config) -> Dict[str, Tuple]:
           if k not in NEUTRAL_FIELDS and old.get(k) != new.get(k)}
 
 
+def default_cadences(config, setup, user_fields, *, checkpoint_epochs: float,
+                     log_epochs: float, log_cap: int) -> None:
+  """Sets a grid run's checkpoint and training-log cadences unless the user's --config gave them
+  (`user_fields`): a checkpoint every `checkpoint_epochs` (0: none), a training-log record every
+  `log_epochs` (at least every step, at most every `log_cap` steps)."""
+  if 'checkpoint_every_steps' not in user_fields:
+    config.checkpoint_every_steps = (setup.steps(checkpoint_epochs, minimum=1)
+                                     if checkpoint_epochs > 0 else 0)
+  if 'log_every_steps' not in user_fields:
+    config.log_every_steps = max(1, min(log_cap, setup.steps(log_epochs, rounding='floor')))
+
+
 def check_existing(run_dir: str, config):
   """A run directory already trained with other settings is an error, not silently reused.
 
@@ -718,13 +730,9 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None):
     except ValueError as e:
       unfit[spec.batch] = str(e)
       continue
-    if 'checkpoint_every_steps' not in sw.user_fields:
-      config.checkpoint_every_steps = (setup.steps(sw.checkpoint_every_epochs, minimum=1)
-                                       if sw.checkpoint_every_epochs > 0 else 0)
-    if 'log_every_steps' not in sw.user_fields:
-      # ~10 logs per epoch: enough B_simple samples in the second half of short runs.
-      config.log_every_steps = max(1, min(int(base.log_every_steps),
-                                          setup.steps(0.1, rounding='floor')))
+    # ~10 logs per epoch: enough B_simple samples in the second half of short runs.
+    default_cadences(config, setup, sw.user_fields, checkpoint_epochs=sw.checkpoint_every_epochs,
+                     log_epochs=0.1, log_cap=int(base.log_every_steps))
     plans.append(Plan(spec, config, setup))
   if unfit:
     listing = '; '.join(f'{b}: {why}' for b, why in sorted(unfit.items()))

@@ -301,11 +301,8 @@ def plan_runs(ex: Experiment, devices: int):
     # final metrics, whatever was logged or checkpointed, so an explicit --config value wins
     # (as in the batch-size sweep). Unset: a checkpoint per epoch (a killed run loses at most
     # an epoch) and at least 4 training-log records per epoch.
-    if 'checkpoint_every_steps' not in ex.user_fields:
-      config.checkpoint_every_steps = setup.steps(1.0, minimum=1)
-    if 'log_every_steps' not in ex.user_fields:
-      config.log_every_steps = max(1, min(int(config.log_every_steps),
-                                          setup.steps(0.25, rounding='floor')))
+    sweep.default_cadences(config, setup, ex.user_fields, checkpoint_epochs=1.0,
+                           log_epochs=0.25, log_cap=int(config.log_every_steps))
     sweep.check_existing(os.path.join(ex.out, 'runs', point.name), config)
     runs.append(sweep.GridRun(point.name, config, setup))
   return runs, meta
