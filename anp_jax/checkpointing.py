@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import jax
 
-from anp_jax import distributed, preemption, reporting
+from anp_jax import cli, distributed, preemption, reporting
 from anp_jax.configs import default as default_config
 
 # Config fields that must match for a checkpoint to be restorable into this run. The data
@@ -335,9 +335,7 @@ def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
   if require_checkpoint and not has_checkpoint(workdir):
     raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (nothing under '
                             f'{os.path.join(workdir, "checkpoints")}); check --workdir.')
-  parent = workdir
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
+  parent = cli.nearest_existing(workdir)
   if not os.path.isdir(parent):
     raise PermissionError(f'The workdir {workdir!r} is not writable: {parent!r} is a file.')
   if not os.access(parent, os.W_OK | os.X_OK):

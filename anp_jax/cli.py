@@ -21,6 +21,35 @@ from anp_jax import errors
 EXIT_USAGE = errors.EXIT_CONFIG  # The documented exit code of bad config, input or environment.
 
 
+def nearest_existing(path: str) -> str:
+  """`path` if it exists, else its nearest existing ancestor ('' when a relative path has none):
+  where a directory would have to be created, to tell a path under a file early."""
+  while path and not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
+
+
+def output_file_error(flag: str, value: str, what: str, example: str) -> str:
+  """What is wrong with `value` as the path of the file a command writes when it is done (one
+  line naming `flag`), or ''. Checked, and the file's folder created, before any work, so that a
+  bad path never costs the results: empty, a folder (the fix names `example` in it), a folder
+  that cannot be created (e.g. under a file), a folder that is not writable."""
+  if not value:
+    return f'{flag} is empty: give the path of the {what} to write.'
+  path = os.path.abspath(os.path.expanduser(value))
+  if os.path.isdir(path):
+    return (f'{flag}={value} is a directory: give the path of the {what} to write, e.g. '
+            f'{os.path.join(value, example)}.')
+  folder = os.path.dirname(path)
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    return f'{flag}={value}: cannot create its folder ({e}); pick another path.'
+  if not os.access(folder, os.W_OK):
+    return f'{flag}={value}: its folder {folder} is not writable; pick another path.'
+  return ''
+
+
 def refuse_extra_arguments(argv: Sequence[str]) -> Optional[int]:
   """For an absl `main(argv)`: EXIT_USAGE after one ERROR line if the command line has
   positional arguments (absl's UsageError would print the whole help text first), else None::

@@ -61,9 +61,7 @@ _SWEEP_ONLY = ('use', 'rule', 'warmup')
 
 def _check_out(out: str) -> None:
   """--out must be (or become) a directory: refused before the plan is computed and printed."""
-  parent = out
-  while parent and not os.path.exists(parent):
-    parent = os.path.dirname(parent)
+  parent = cli.nearest_existing(out)
   if parent and not os.path.isdir(parent):
     what = 'is a file' if parent == out else f'is under {parent!r}, a file'
     raise planner.PlanError(f'--out {out!r} {what}; give a directory for plan.md, plan.json and '

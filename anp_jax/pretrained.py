@@ -46,7 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from anp_jax import collectives, optim, runtime
+from anp_jax import cli, collectives, optim, runtime
 from anp_jax.models import resnet
 
 TORCH_EXTENSIONS = ('.pth', '.pt')
@@ -650,13 +650,10 @@ def main(argv=None) -> int:
     if kind not in ('safetensors', 'torch'):
       return usage(f'--to-safetensors converts torchvision-style files (.safetensors, .pth/.pt) '
                    f'only, not the {kind} workdir {args.source!r}; drop --to-safetensors.')
-    if os.path.isdir(args.out):
-      return usage(f'--to-safetensors={args.out} is a directory: give a file path, e.g. '
-                   f'{os.path.join(args.out, "model.safetensors")}.')
-    try:
-      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    except OSError as e:
-      return usage(f'--to-safetensors={args.out}: cannot create its folder ({e}).')
+    message = cli.output_file_error('--to-safetensors', args.out, 'safetensors file',
+                                    'model.safetensors')
+    if message:
+      return usage(message)
   config = ml_collections.ConfigDict(dict(
       init_from=args.source, init_exclude=(), freeze='', backbone_lr_multiplier=1.0,
       image_size=args.image_size,

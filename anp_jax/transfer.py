@@ -19,7 +19,7 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence
 
-from anp_jax import metrics_io, plotting
+from anp_jax import cli, metrics_io, plotting
 from anp_jax.configs import default
 
 METRIC = 'eval/anp_top1'
@@ -107,9 +107,7 @@ def _finetune_config(preset: str, work_dir: str, data_dir: str, freeze: str,
 def _check_directory(flag: str, path: str) -> None:
   if not path:
     raise ValueError(f'{flag} is empty; give a directory.')
-  parent = path
-  while parent and not os.path.exists(parent):
-    parent = os.path.dirname(parent)
+  parent = cli.nearest_existing(path)
   if parent and not os.path.isdir(parent):
     what = 'is a file' if parent == path else f'is under {parent!r}, which is a file'
     raise ValueError(f'{flag}={path!r} {what}; give a directory.')

@@ -59,11 +59,8 @@ def _usage_error() -> str:
     if getattr(FLAGS, name) < low:
       return (f'--{name}={getattr(FLAGS, name)} is out of range: use an integer >= {low}'
               + (' (0: the default).' if name in ('loop_steps', 'peak_n') else '.'))
-  if not FLAGS.out:
+  if not FLAGS.out:  # Before FLAGS.out becomes an absolute path: '' would be the cwd.
     return '--out is empty: give the path of the JSON file to write.'
-  out = os.path.abspath(os.path.expanduser(FLAGS.out))
-  if os.path.isdir(out):
-    return f'--out={FLAGS.out} is a directory: give the path of the JSON file to write.'
   if FLAGS.loop and FLAGS.workdir is not None:
     if not FLAGS.workdir:
       return ('--workdir is empty: give a directory for the training loop (or leave the flag '
@@ -91,12 +88,9 @@ def main(argv):
     # that cannot be made (e.g. under a file), a loop workdir that holds a run.
     from anp_jax import setup
     setup.validate_config(FLAGS.config)
-    try:
-      os.makedirs(os.path.dirname(FLAGS.out), exist_ok=True)
-    except OSError as e:
-      raise OSError(f'--out={FLAGS.out}: cannot create its folder ({e}); pick another path.')
-    if not os.access(os.path.dirname(FLAGS.out), os.W_OK):
-      raise PermissionError(f'--out={FLAGS.out}: its folder is not writable; pick another path.')
+    message = cli.output_file_error('--out', FLAGS.out, 'JSON file', 'benchmark.json')
+    if message:
+      raise ValueError(message)
     benchmarking.check_loop_workdir(FLAGS.workdir if FLAGS.loop else None)
   except (ValueError, OSError) as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)

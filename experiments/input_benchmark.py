@@ -112,14 +112,7 @@ def main(argv):
                     else '.'))
       break
   if not message and args.out is not None:  # Before minutes of timing, not after.
-    out = os.path.abspath(os.path.expanduser(args.out)) if args.out else ''
-    if not out or os.path.isdir(out):
-      message = f'--out={args.out!r}: give the path of the JSON file to write.'
-    else:
-      try:
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-      except OSError as e:
-        message = f'--out={args.out}: cannot create its folder ({e}); pick another path.'
+    message = cli.output_file_error('--out', args.out, 'JSON file', 'input_pipeline.json')
   if not message and args.data_dir is not None:
     from anp_jax.data import anp
     if not args.data_dir:

@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence
 
-from anp_jax import runtime
+from anp_jax import cli, runtime
 
 # TensorFlow (~6 s to import, with start-up noise) is imported only once the arguments are
 # known to be good, so `--help` and usage errors are immediate.
@@ -184,17 +184,8 @@ def _check_contact_sheet(args) -> str:
     if getattr(args, flag) < 1:
       return f'--{flag}={getattr(args, flag)} is out of range: use an integer >= 1.'
   args.contact_sheet = os.path.expanduser(args.contact_sheet)
-  if os.path.isdir(args.contact_sheet):
-    return (f'--contact_sheet={args.contact_sheet} is a directory: give a PNG file path, e.g. '
-            f'{os.path.join(args.contact_sheet, "contact_sheet.png")}.')
-  folder = os.path.dirname(os.path.abspath(args.contact_sheet))
-  try:
-    os.makedirs(folder, exist_ok=True)
-  except OSError as e:
-    return f'--contact_sheet={args.contact_sheet}: cannot create its folder ({e}).'
-  if not os.access(folder, os.W_OK):
-    return f'--contact_sheet={args.contact_sheet}: its folder {folder} is not writable.'
-  return ''
+  return cli.output_file_error('--contact_sheet', args.contact_sheet, 'PNG file',
+                               'contact_sheet.png')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
