@@ -1,5 +1,6 @@
-"""What importing a module pulls in, checked in a fresh interpreter: the log reader and the
-planner need no JAX, and setup checks configs without the executors (imports go one way)."""
+"""Imports go one way: what importing a module pulls in, checked in a fresh interpreter (the log
+reader and the planner need no JAX, setup checks configs without the executors), and what the
+core's source imports (never `anp_jax.research`)."""
 
 import ast
 import os
@@ -27,3 +28,42 @@ def test_the_log_reader_the_planner_and_the_reports_import_without_jax():
 def test_setup_checks_configs_without_importing_the_executors():
   assert _loaded('anp_jax.methods', ('jax',)) == []
   assert _loaded('anp_jax.setup', ('anp_jax.executors',)) == []
+
+
+def _imported_modules(path: str, package: str) -> list:
+  """Every module the file at `path` (a module of `package`) imports, as absolute dotted names,
+  whether at the top or inside a function (``from . import x`` resolved against `package`)."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  names = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names += [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        parts = package.split('.')
+        base = '.'.join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+      names += [base] + [f'{base}.{alias.name}' for alias in node.names]
+  return names
+
+
+def test_nothing_outside_research_and_experiments_imports_research():
+  """The core (every module of `anp_jax` outside `anp_jax/research/`, configs included) never
+  imports `anp_jax.research`, at the top or inside a function: research tools and their command
+  lines sit on top of the core, never under it (experiments and tests may import both)."""
+  offenders = []
+  core = os.path.join(ROOT, 'anp_jax')
+  for folder, dirs, files in os.walk(core):
+    rel = os.path.relpath(folder, ROOT)
+    if rel == os.path.join('anp_jax', 'research'):
+      dirs[:] = []
+      continue
+    package = rel.replace(os.sep, '.')
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(folder, name)
+        for imported in _imported_modules(path, package):
+          if imported == 'anp_jax.research' or imported.startswith('anp_jax.research.'):
+            offenders.append(f'{os.path.relpath(path, ROOT)} imports {imported}')
+  assert not offenders, '\n'.join(sorted(set(offenders)))
