@@ -16,9 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from anp_jax import collectives, optim, pretrained
+from anp_jax import collectives, noise_scale, optim, pretrained
 from anp_jax.metrics import LABEL_OF
-from anp_jax.research import noise_scale
 
 AXIS = 'data'  # The mesh axis of the batch (every device of the job).
 

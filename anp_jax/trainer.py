@@ -27,12 +27,11 @@ import numpy as np
 import optax
 
 from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
-                     models, optim, preemption, pretrained, reporting)
+                     models, noise_scale, optim, preemption, pretrained, reporting)
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
-from anp_jax.research import noise_scale
 from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.steps import TrainState
 

@@ -45,7 +45,7 @@ best learning rate, not at one fixed rule).
   `anp_jax.research.sweep.target_crossing`; epochs = examples / train_size; None if never), the
   step of the first evaluation reaching it, wall time (all the run's segments),
   and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
-  trained, see `anp_jax.research.noise_scale.window_b_simple`). Rows are recomputed from the run
+  trained, see `anp_jax.noise_scale.window_b_simple`). Rows are recomputed from the run
   directories on every invocation, so a new
   ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax.research import noise_scale
+from anp_jax import noise_scale
 
 
 @pytest.mark.parametrize('kind', [int, np.int32, np.int64, float, np.float32, np.float64])

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from anp_jax.research import plan
-from anp_jax.research import noise_scale, perfmodel as pm
+from anp_jax import noise_scale
+from anp_jax.research import perfmodel as pm
 from conftest import run_experiment, subprocess_env
 
 

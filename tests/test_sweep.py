@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import optim
+from anp_jax import noise_scale, optim
 from anp_jax.setup import resolve_setup
-from anp_jax.research import noise_scale, sweep
+from anp_jax.research import sweep
 from conftest import TINY_SYNTHETIC, run_experiment
 
 from anp_jax.research import sweep_report as report

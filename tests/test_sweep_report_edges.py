@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from anp_jax.research import noise_scale, sweep
+from anp_jax import noise_scale
+from anp_jax.research import sweep
 from anp_jax.research import sweep_report as report
 
 

@@ -8,7 +8,7 @@ Two halves, joined by time to target = steps to target x time per step:
 * **Statistical side** (McCandlish et al. 2018): steps to a target follow
   S(B) = S_min (1 + B_noise / B) and examples E(B) = E_min (1 + B / B_noise). From one *pilot*
   run at batch B0 that reached the target after S0 steps and logged the noise scale
-  (`anp_jax.research.noise_scale`: the two EMAs tr(Σ) and |G|²), B_noise is the ratio of their means over
+  (`anp_jax.noise_scale`: the two EMAs tr(Σ) and |G|²), B_noise is the ratio of their means over
   the second half of the steps it trained and S_min = S0 / (1 + B_noise / B0) (`pilot_model`).
   From a *sweep* with two or more batch sizes reaching the target, S_min and B_crit are fitted
   directly (`fit_steps_to_target`) and the measured B_simple is shown next to them
@@ -40,8 +40,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from anp_jax.configs import default as default_config
+from anp_jax import noise_scale
 from anp_jax.metrics_io import read_metrics, target_crossing
-from anp_jax.research import noise_scale
 from anp_jax.research import perfmodel as pm
 
 PLAN_METHODS = ('sync', 'async', 'mixed', 'local_sgd')

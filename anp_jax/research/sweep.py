@@ -40,11 +40,10 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, preemption,
-                     reporting, trainer)
+from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, noise_scale, optim,
+                     preemption, reporting, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.research import noise_scale
 from anp_jax.setup import flat_fields, resolve_setup, validate_config
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
