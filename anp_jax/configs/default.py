@@ -127,7 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
       # Parameter snapshots kept: memory (max_tau + 1) x parameter bytes per device. 'uniform'
       # draws 0..max_tau; larger 'geometric'/'simulated' draws are clipped to it (reported).
       max_tau=8,
-      workers=4,  # N for 'simulated' (anp_jax.research.async_sim.staleness_sampler): mean tau = N - 1.
+      workers=4,  # N for 'simulated' (anp_jax.staleness.staleness_sampler): mean tau = N - 1.
       compute_cv=0.1,  # Coefficient of variation of a worker's step time for 'simulated'.
       staleness_aware_lr=False,  # Zhang et al. 2016: divide the step by max(tau, 1).
       # 'keep' | 'compensate' (Mitliagkas et al. 2016: asynchrony adds implicit momentum

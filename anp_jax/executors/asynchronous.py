@@ -26,7 +26,7 @@ import numpy as np
 from anp_jax import steps
 from anp_jax.executors.common import Executor, MeshHelper, per_device_functions
 from anp_jax.methods import STALENESS
-from anp_jax.research.async_sim import staleness_sampler
+from anp_jax.staleness import staleness_sampler
 
 
 def expected_staleness(config) -> float:
@@ -49,7 +49,7 @@ def staleness_sequence(config, num_steps: int) -> np.ndarray:
 
   'constant': tau every step. 'uniform': integers 0..max_tau. 'geometric': P(k) = p (1-p)^k with
   mean tau (p = 1 / (1 + tau)). 'simulated': the staleness of `workers` workers against a
-  parameter server, from the event simulation `anp_jax.research.async_sim.staleness_sampler`, in the
+  parameter server, from the event simulation `anp_jax.staleness.staleness_sampler`, in the
   order the server applies the gradients (mean workers - 1). The sequence for n steps is a
   prefix of the one for more steps, so a longer run resumed from a shorter one agrees.
   """

@@ -1,14 +1,17 @@
-"""Discrete-event simulation of asynchronous SGD against parameter servers (pure numpy).
+"""Gradient staleness of asynchronous SGD, from a discrete-event simulation (pure numpy).
 
-`simulate_async` runs N workers that compute, push their gradient and read the parameters back,
-and records each gradient's staleness (updates applied between the worker's read and the update
-that applies its gradient) and each update's effective batch. Two users, at two levels:
+`simulate_async` runs N workers that compute, push their gradient and read the parameters back
+against parameter servers, and records each gradient's staleness (updates applied between the
+worker's read and the update that applies its gradient) and each update's effective batch. Two
+users, at two levels:
 
-* `anp_jax.research.perfmodel` predicts throughput and staleness distributions from it;
 * the simulated asynchronous SGD of the trainer (`anp_jax.executors.asynchronous`) draws its
-  per-step staleness from `staleness_sampler` (``config.async_sgd.staleness='simulated'``).
+  per-step staleness from `staleness_sampler` (``config.async_sgd.staleness='simulated'``);
+* the performance model (`anp_jax.research.perfmodel`) predicts throughput and staleness
+  distributions from `simulate_async`.
 
-It lives below both so that neither reaches into the other.
+The sampler is a thin view of the simulation, so both live here, in the core, below both users:
+the core never imports `anp_jax.research`.
 """
 
 import dataclasses
