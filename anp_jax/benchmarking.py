@@ -26,7 +26,7 @@ ratio is the median of per-round ratios, so a machine whose load changes during 
 2-core reference machine is shared) biases neither side.
 
 FLOPs come from XLA's cost analysis of the compiled step (forward + backward + update, per
-image; with gradient accumulation, of the same global batch without it: `train_step_flops`);
+image; with gradient accumulation, of the same global batch without it: `flops.train_step_flops`);
 MFU = achieved FLOP/s / the job's peak FLOP/s, from a large matrix multiplication in the model's
 compute dtype timed in the same run on one device (`job_peak_flops`: times the devices on
 accelerators, the host's own on CPU, where simulated devices share its cores).
@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from anp_jax import distributed, metrics_io, xla_flags
+from anp_jax import distributed, flops, metrics_io, xla_flags
 
 # ----------------------------------------------------------------------------------------------
 # Timing primitives.
@@ -117,14 +117,7 @@ def interleave(contenders: Sequence[Contender], windows: int, steps_per_window: 
 
 
 # ----------------------------------------------------------------------------------------------
-# XLA cost analysis, peak FLOP/s, memory.
-
-
-def forward_flops(apply_fn: Callable, *args) -> float:
-  """FLOPs of `apply_fn(*args)` (e.g. a model's inference forward pass) per XLA's cost analysis
-  of the program as written (`perfmodel.count_flops`), not of what a backend compiled it to."""
-  from anp_jax.research import perfmodel
-  return perfmodel.count_flops(apply_fn, *args)
+# Peak FLOP/s and memory.
 
 
 def measure_peak_flops(dtype: str = 'float32', n: Optional[int] = None, repeats: int = 5,
@@ -276,88 +269,20 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   return BareStep(setup, state, batch, lowered, compiled, compile_s, model, tx)
 
 
-def train_step_flops(config, bare: BareStep) -> float:
-  """FLOPs of one train step of the whole job (every device), from XLA's cost analysis of the
-  step as written (`perfmodel.program_flops`: the compiled step's count misses the convolutions
-  and matmuls that XLA:GPU gives to cuDNN and cuBLAS).
-
-  The step is a `shard_map` program, so its count is one device's share. With
-  gradient accumulation (``grad_accum_steps`` k > 1) the micro-batches run in a `lax.scan`
-  (`anp_jax.steps`), whose body the cost analysis counts once, not k - 1 times: FLOPs and MFU
-  came out at about 2/k of the truth. The count is then taken from the same global batch with
-  k = 1: the same examples through the same model and one optimizer update, i.e. the same work
-  (accumulation only splits it in time). That step is only lowered, never compiled or run, so
-  its activations need not fit in memory.
-  """
-  import jax
-  flops = _step_flops_as_written(config, bare)
-  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
-    flops = _per_device_step_flops_on_cpu(config, bare)
-  return flops * jax.device_count()
-
-
-def _step_flops_as_written(config, bare: BareStep) -> float:
-  """One device's share of the train step from its lowered program (`perfmodel.program_flops`;
-  NaN where the backend analyses none), re-lowered with k = 1 under gradient accumulation."""
-  from anp_jax import executors, setup as run_setup
-  from anp_jax.research import perfmodel
-  lowered = bare.lowered
-  if bare.setup.accum_steps > 1:
-    c = config.copy_and_resolve_references()
-    c.grad_accum_steps = 1
-    big = int(c.batch_size) * 10_000  # As in `build_bare_step`: only the schedule uses it.
-    setup = run_setup.resolve_setup(c, big, big)
-    executor = executors.make_executor(c, bare.model, bare.tx, setup, executors.make_mesh())
-    # Same state and batch (shapes and shardings): lowering neither runs nor donates them.
-    lowered = executor.train_step.lower(bare.state, bare.batch)
-  return perfmodel.program_flops(lowered)
-
-
-def _per_device_step_flops_on_cpu(config, bare: BareStep) -> float:
-  """One device's share of the train step, counted by XLA:CPU (`perfmodel.cpu_flops`): the same
-  per-device computation (`steps.per_device_train_step`) on one device's examples, without the
-  collectives (which add no FLOPs worth counting), in one micro-batch (the same work as k)."""
-  import jax
-  from anp_jax import steps
-  from anp_jax.research import perfmodel
-  per_device = config.batch_size // jax.device_count()
-  model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
-
-  def step(state, batch):
-    return steps.per_device_train_step(state, batch, model=model, tx=bare.tx, config=config,
-                                       accum_steps=1, num_devices=1, axis_name=None)
-  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct((per_device,) + a.shape[1:], a.dtype),
-                       bare.batch)
-  return perfmodel.cpu_flops(step, bare.state, batch)
-
-
-def _forward_flops_per_image(config, bare: BareStep) -> float:
-  """The model's inference forward pass per image (`forward_flops`), on the step's batch size."""
-  import jax
-  b = config.batch_size
-  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
-  # Shapes only: nothing is computed, and no multi-process array meets a local one.
-  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
-  x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
-  variables = jax.tree.map(spec, {'params': bare.state.params,
-                                  'batch_stats': bare.state.batch_stats})
-  return forward_flops(lambda v, x: fwd_model.apply(v, x, train=False), variables, x1) / b
-
-
 def flop_counts(config) -> Dict[str, Any]:
   """A config's FLOPs per image without timing anything (``experiments/benchmark.py
-  --flops_only``): the train step as written (`perfmodel.program_flops`; NaN where the backend
-  analyses no lowered program), the same step counted by XLA:CPU (what the benchmark falls back
-  to on such a backend) and the inference forward pass. The step is built and compiled, never
-  run."""
+  --flops_only``): the train step as written (`flops.step_flops_as_written`; NaN where the
+  backend analyses no lowered program), the same step counted by XLA:CPU (what the benchmark
+  falls back to on such a backend) and the inference forward pass. The step is built and
+  compiled, never run."""
   import jax
   bare = build_bare_step(config)
   b, n = config.batch_size, jax.device_count()
   return {'model': config.model.name, 'image_size': config.image_size, 'batch_size': b,
           'dtype': config.model.dtype, 'devices': n,
-          'train_flops_per_image_as_written': _step_flops_as_written(config, bare) * n / b,
-          'train_flops_per_image_xla_cpu': _per_device_step_flops_on_cpu(config, bare) * n / b,
-          'forward_flops_per_image': _forward_flops_per_image(config, bare)}
+          'train_flops_per_image_as_written': flops.step_flops_as_written(config, bare) * n / b,
+          'train_flops_per_image_xla_cpu': flops.per_device_step_flops_on_cpu(config, bare) * n / b,
+          'forward_flops_per_image': flops.forward_flops_per_image(config, bare)}
 
 
 def build_reference_step(config, seed: int = 0):
@@ -420,11 +345,10 @@ def build_reference_step(config, seed: int = 0):
     holder['carry'] = c
 
   n_params = sum(int(v.size) for v in jax.tree.leaves(variables['params']))
-  from anp_jax.research import perfmodel
-  flops = perfmodel.program_flops(lowered)
-  if not np.isfinite(flops):  # No analysis before compilation here (e.g. the CUDA plugin).
-    flops = perfmodel.cpu_flops(step, carry, x, labels)
-  return run, compile_s, flops, n_params
+  count = flops.program_flops(lowered)
+  if not np.isfinite(count):  # No analysis before compilation here (e.g. the CUDA plugin).
+    count = flops.cpu_flops(step, carry, x, labels)
+  return run, compile_s, count, n_params
 
 
 def _loop_rate(workdir: str, batch_size: int) -> Dict[str, float]:
@@ -544,11 +468,11 @@ def run_benchmark(config, *, warmup_steps: int = 2, windows: int = 5, steps_per_
   bare = build_bare_step(config)
   progress(f'compiled in {bare.compile_s:.1f} s')
   b = config.batch_size
-  flops_step = train_step_flops(config, bare)
+  flops_step = flops.train_step_flops(config, bare)
   result['compile_s'] = bare.compile_s
   result['flops_per_image_train'] = flops_step / b
   sizes = head_sizes(config)
-  result['flops_per_image_forward'] = _forward_flops_per_image(config, bare)
+  result['flops_per_image_forward'] = flops.forward_flops_per_image(config, bare)
   result['n_params'] = int(sum(int(v.size) for v in jax.tree.leaves(bare.state.params)))
 
   contenders = [Contender('anp_jax', b, bare.run)]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import benchmarking, models, xla_flags
+from anp_jax import benchmarking, flops, models, xla_flags
 from anp_jax.models import conv
 from conftest import ROOT, tiny_config
 from experiments import torch_reference
@@ -304,7 +304,7 @@ def test_flop_count_matches_hand_count():
   taps1, taps2 = _taps(8, 3, 1, 1) ** 2, _taps(8, 3, 2, 0) ** 2
   assert (taps1, taps2) == (22 ** 2, 11 ** 2)
   hand = 2 * (taps1 * 3 * 8 + taps2 * 8 * 16 + 4 * 4 * 16 * 4 + 64 * 10)
-  counted = benchmarking.forward_flops(model.apply, variables, x) / n
+  counted = flops.count_flops(model.apply, variables, x) / n
   assert counted == pytest.approx(hand, rel=1e-3)
 
 

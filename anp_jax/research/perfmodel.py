@@ -37,8 +37,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from anp_jax.research.async_sim import (AsyncSimResult, require_non_negative,  # noqa: F401
-                                        require_positive, simulate_async, staleness_sampler)
+from anp_jax.flops import count_flops
+from anp_jax.staleness import (AsyncSimResult, require_non_negative,  # noqa: F401
+                               require_positive, simulate_async, staleness_sampler)
 
 # ImageNet-1k training images; the default dataset size of the ImageNet-style presets.
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -874,53 +875,6 @@ def best_configuration(cluster_options: Union[Cluster, Iterable[Cluster]], workl
 
 # ----------------------------------------------------------------------------------------------
 # Workloads measured from a Flax model.
-
-def program_flops(lowered) -> float:
-  """FLOPs of one execution of a lowered JAX computation (``jax.jit(f).lower(...)``) as written,
-  or NaN where this backend cannot analyse a program before compiling it.
-
-  XLA's cost analysis of the program before optimisation: every convolution, matmul and
-  elementwise op counted (the "model FLOPs" of MFU). The *compiled* program's count is not that
-  on GPU: XLA:GPU hands convolutions and matmuls to cuDNN and cuBLAS as custom calls, which its
-  cost analysis does not count (ResNet-50 at 224 px came out at 0.58 GFLOP per training image
-  on an H200 instead of ~24, MFU 0.4 %). JAX analyses a lowered program only on backends without
-  the PJRT C API (the CPU in jax 0.10): on a CUDA plugin this is NaN, and `cpu_flops` counts
-  instead. For a `shard_map` step the program is one device's share.
-  """
-  try:
-    return _flops(lowered.cost_analysis())
-  except NotImplementedError:  # Older JAX raised where newer returns None.
-    return float('nan')
-
-
-def cpu_flops(fn, *args) -> float:
-  """FLOPs of ``fn(*args)`` counted by XLA:CPU, whatever the default backend: `fn` is compiled
-  (never run) for the host's CPU, where convolutions and matmuls stay XLA operations that its
-  cost analysis counts. `args` may be arrays or ``jax.ShapeDtypeStruct``s (pytrees of them);
-  only their shapes and dtypes are used. NaN if XLA:CPU reports no count."""
-  import jax  # Lazily: the rest of this module runs without JAX.
-  # This process's CPU (in a multi-process job jax.devices('cpu') lists every process's).
-  cpu = jax.sharding.SingleDeviceSharding(jax.local_devices(backend='cpu')[0])
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), args)
-  return _flops(jax.jit(fn).lower(*abstract).compile().cost_analysis())
-
-
-def _flops(cost) -> float:
-  """The 'flops' of an XLA cost analysis (a dict, a list of one per device program in older JAX,
-  or None), NaN where it has none or reports -1 ("unknown")."""
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  flops = float(cost.get('flops', float('nan'))) if cost else float('nan')
-  return flops if flops >= 0 else float('nan')
-
-
-def count_flops(fn, *args) -> float:
-  """FLOPs of ``fn(*args)`` as written: the lowered program's count (`program_flops`, free, no
-  compilation) where the default backend gives one, else XLA:CPU's (`cpu_flops`)."""
-  import jax
-  flops = program_flops(jax.jit(fn).lower(*args))
-  return flops if math.isfinite(flops) else cpu_flops(fn, *args)
-
 
 def workload_from_flax(model, image_size: int, *, name: Optional[str] = None,
                        dataset_size: int = IMAGENET_TRAIN_IMAGES, channels: int = 3,

@@ -39,6 +39,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from anp_jax import flops
 from anp_jax.configs import perf_measure
 from anp_jax.research import perfmodel as pm
 
@@ -146,7 +147,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
     row = {'global_batch': int(b), 'per_device_batch': int(b) // ndev}
     if spec.xla_flops and ndev == 1:
       # NaN where the backend analyses no lowered program (the CUDA plugin): no XLA count.
-      row['xla_train_flops_per_image'] = pm.program_flops(
+      row['xla_train_flops_per_image'] = flops.program_flops(
           run.executor.train_step.lower(state, dev_batch)) / b
     t0 = time.perf_counter()
     for _ in range(spec.warmup_steps):
