@@ -2,7 +2,7 @@
 
 One JSON object per line, ``{'step': int, 'time': float, '<kind>/<name>': float, ...}``, appended
 by `anp_jax.metrics.MetricWriter` (on process 0). This module is the one reader of that file; it
-imports only the standard library, so the planner (`anp_jax.research.plan`), the sweep reports
+imports only the standard library, so the planner (`anp_jax.research.planner`), the sweep reports
 and any script read logs without importing JAX, TensorFlow or clu. `target_crossing` is where a
 run's evaluations reach a target: the one definition of "steps to target" for the sweep
 (`anp_jax.research.sweep`) and the planner's pilot alike.

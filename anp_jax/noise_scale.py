@@ -13,7 +13,7 @@ In the trainer ``b_small`` is one device's micro-batch and ``b_big`` the global 
 measurement costs one extra squared norm per device. The compiled train step calls
 `update_ema_state` (the one implementation of the arithmetic); every log step records both
 bias-corrected averages (`log_fields`: ``train/noise_scale_g2`` = |G|², ``train/noise_scale_trace``
-= tr(Σ)) and their ratio. Whoever summarises a run (the sweep, `anp_jax.research.plan`) takes the ratio of
+= tr(Σ)) and their ratio. Whoever summarises a run (the sweep, `anp_jax.research.planner`) takes the ratio of
 the two terms' means over a window of log steps (`window_b_simple`, `b_simple_windows`), not a
 statistic of the per-step ratios, which would be biased and would have to drop the steps where
 the |G|² average is not positive.
@@ -165,7 +165,7 @@ def b_simple_windows(records, num_windows: int, start_step: float = -float('inf'
                      end_step: float = float('inf')) -> List[Optional[float]]:
   """`window_b_simple` of ``num_windows`` consecutive, equally populated sub-windows.
 
-  Their spread is the uncertainty of B_simple that `anp_jax.research.plan` carries into its predictions
+  Their spread is the uncertainty of B_simple that `anp_jax.research.planner` carries into its predictions
   (consecutive windows of EMAs are correlated, so the spread is a lower bound on the error of
   the whole window's estimate, but an honest one of how much it drifts during training).
   """

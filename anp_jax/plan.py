@@ -3,7 +3,7 @@
   python -m anp_jax.plan --pilot workdirs/pilot --target 0.25 --cluster minotauro --out plan/
   python -m anp_jax.plan --sweep workdirs/bs_sweep --cluster my_cluster.yaml --out plan/
 
-The command line only: the planner is `anp_jax.research.plan` (`build_plan`, `write_plan`).
+The command line only: the planner is `anp_jax.research.planner` (`build_plan`, `write_plan`).
 Prints the plan; ``--out`` also writes plan.md, plan.json and the PNGs. Bad input exits 2.
 """
 
@@ -14,7 +14,7 @@ from absl import app, flags
 
 from anp_jax import cli, runtime
 from anp_jax.research import perfmodel as pm
-from anp_jax.research import plan as planner
+from anp_jax.research import planner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""The time-to-accuracy planner (`anp_jax.research.plan`) against measurements and the seed paper.
+"""The time-to-accuracy planner (`anp_jax.research.planner`) against measurements and the seed paper.
 
   python experiments/plan_validation.py --out experiments/results/plan_validation   # seconds
 
@@ -14,7 +14,8 @@ Reads committed results only (no training):
    mixed-asynchronous (a node's 128 images per update), time to the recipe's 30 epochs at
    B=128, against the published 106 h -> 12 h (sync) / 16 h (mixed). Assumptions in the report.
 
-Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is `anp_jax.research.plan`.
+Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is `anp_jax.research.planner`
+and `plan_validation_lib.py` (next to this file).
 """
 
 import json
@@ -23,9 +24,10 @@ import os
 
 from absl import app, flags
 
+import plan_validation_lib as validation
 from anp_jax import cli, plotting, runtime
 from anp_jax.research import perfmodel as pm
-from anp_jax.research import plan
+from anp_jax.research import planner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -162,9 +164,9 @@ def statistical(rows, out):
   plt = plotting.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   for ax, arm in zip(axes, (('linear', 'on'), ('linear', 'off'))):
-    points = plan.sweep_points(rows, *arm)
-    pilot = plan.validate_pilot(points, 128)
-    loo = {r['batch']: r for r in plan.validate_leave_one_out(points)}
+    points = planner.sweep_points(rows, *arm)
+    pilot = validation.validate_pilot(points, 128)
+    loo = {r['batch']: r for r in validation.validate_leave_one_out(points)}
     spe = {r['batch']: r['steps_per_epoch'] for r in rows if (r['rule'], r['warmup']) == arm}
     data[f'{arm[0]}/{arm[1]}'] = {'pilot': pilot, 'leave_one_out': list(loo.values())}
     lines += [f'### Arm: {arm[0]} rule, warmup {arm[1]} (pilot B=128: '
@@ -187,9 +189,9 @@ def statistical(rows, out):
            title=f'{arm[0]} rule, warmup {arm[1]}')
     ax.legend(fontsize=8)
   if os.path.exists(os.path.join(PILOT, 'metrics.jsonl')):
-    model = plan.load_pilot(PILOT)
-    points = plan.sweep_points(rows, 'linear', 'on')
-    fresh = plan.validate_model(model, points)
+    model = planner.load_pilot(PILOT)
+    points = planner.sweep_points(rows, 'linear', 'on')
+    fresh = validation.validate_model(model, points)
     data['fresh_pilot'] = fresh
     lines += [f'### A fresh pilot with the current trainer (`pilot_b128/`, linear rule + warmup, '
               f'target crossed at {model.notes["pilot_steps"]:.0f} steps (interpolated), '
@@ -216,7 +218,7 @@ def methods(results, out):
   lines, data = [], {}
   plt = plotting.pyplot()
   fig, ax = plt.subplots(figsize=(5.5, 4.5))
-  pen = plan.convergence_penalty(results)
+  pen = planner.convergence_penalty(results)
   for kind, p in pen.items():
     x = 'mean staleness' if kind == 'async' else '(H − 1)'
     lines.append(f'* Penalty fitted to all arms, {kind}: updates × (1 + {p.slope:.3g} · {x}), '
@@ -228,7 +230,7 @@ def methods(results, out):
                     if p.bounds else '') + '.')
   lines.append('')
   for frac in (0.3, 0.5):
-    rows = plan.validate_methods(results, frac)
+    rows = validation.validate_methods(results, frac)
     data[str(frac)] = rows
     lines += [f'Level {frac:g} × sync\'s best = {100 * rows[0]["level"]:.1f} % top-1:', '',
               '| arm | measured epochs | predicted epochs (leave one out) | measured h | '
@@ -264,14 +266,14 @@ def methods(results, out):
 def seed_paper(pen, b_low, out):
   s0 = RECIPE_EPOCHS * ANP_TRAIN / RECIPE_BATCH
   centre = math.sqrt(b_low * B_NOISE_HIGH)
-  model = plan.pilot_model(RECIPE_BATCH, s0, centre, [b_low, B_NOISE_HIGH],
+  model = planner.pilot_model(RECIPE_BATCH, s0, centre, [b_low, B_NOISE_HIGH],
                            source='assumed (see text)')
   workload = pm.resnet50(ANP_TRAIN)
   cluster = pm.minotauro(nodes=16)
   rows = []
   for n in (1, 2, 4, 8, 16):
     for method in ('sync', 'mixed'):
-      r = plan.plan_row(model, pen, cluster, workload, n, RECIPE_BATCH * n, method)
+      r = planner.plan_row(model, pen, cluster, workload, n, RECIPE_BATCH * n, method)
       rows.append(r)
   by = {(r.nodes, r.method): r for r in rows}
   lines = ['| nodes | method | global batch | update batch | mean staleness | steps/updates '

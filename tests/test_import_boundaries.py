@@ -21,7 +21,7 @@ def _loaded(modules: str, packages) -> list:
 
 
 def test_the_log_reader_the_planner_and_the_reports_import_without_jax():
-  assert _loaded('anp_jax.metrics_io, anp_jax.research.plan, anp_jax.research.sweep_report',
+  assert _loaded('anp_jax.metrics_io, anp_jax.research.planner, anp_jax.research.sweep_report',
                  ('jax', 'tensorflow', 'clu', 'flax')) == []
 
 

@@ -12,10 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from anp_jax.research import plan
 from anp_jax import noise_scale
 from anp_jax.research import perfmodel as pm
-from conftest import run_experiment, subprocess_env
+from anp_jax.research import planner as plan
+from conftest import ROOT, run_experiment, subprocess_env
+from experiments import plan_validation_lib as validation
 
 
 def _plan_cli(*args):
@@ -227,7 +228,7 @@ def test_mixed_asynchronous_arms_measure_the_async_penalty_at_their_staleness():
   pen = plan.convergence_penalty(results)
   assert sorted({p[0] for p in pen['async'].points}) == [3.0, 7.0, 15.0]
   assert pen['async'].slope == pytest.approx(0.05, rel=1e-6)
-  rows = {r['name']: r for r in plan.validate_methods(results, 0.5)}
+  rows = {r['name']: r for r in validation.validate_methods(results, 0.5)}
   for name in ('mixed-4', 'mixed-8', 'async-16'):  # Each predicted from the other two.
     assert rows[name]['predicted_h'] == pytest.approx(rows[name]['measured_h'], rel=1e-6)
 
@@ -339,14 +340,14 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
 def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_report(tmp_path):
   points = plan.sweep_points(_sweep_rows(b_crit=200.0))
   points[128]['b_simple'] = 200.0  # A pilot whose B_simple equals B_crit predicts exactly.
-  for r in plan.validate_pilot(points, 128) + plan.validate_leave_one_out(points):
+  for r in validation.validate_pilot(points, 128) + validation.validate_leave_one_out(points):
     assert r['error'] == pytest.approx(0.0, abs=1e-9)
   results = [{'name': 'sync', 'method': 'sync', 'workers': 0, 'sync_every': 1,
               'predicted_epoch_s': 3600.0, 'curve': _curve(1.0)}]
   for n in (4, 8, 16):
     results.append({'name': f'async-{n}', 'method': 'async', 'workers': n, 'sync_every': 1,
                     'predicted_epoch_s': 3600.0, 'curve': _curve(1 + 0.05 * (n - 1))})
-  rows = plan.validate_methods(results, 0.5)
+  rows = validation.validate_methods(results, 0.5)
   for r in rows:  # Linear penalty: leave-one-out predicts every arm exactly.
     assert r['predicted_h'] == pytest.approx(r['measured_h'], rel=1e-6)
   out = run_experiment('plan_validation.py', '--out', str(tmp_path))
@@ -410,8 +411,7 @@ def test_the_other_experiments_results_are_refused_with_a_line(tmp_path):
   _refused(_plan_cli('--sweep', sweep, '--methods', 'sync,mixed', '--penalty_results',
                      str(tmp_path / 'sweep' / 'results.json')), 'sync_async_mixed')
   r = subprocess.run([sys.executable, 'experiments/report.py', mixed], env=subprocess_env(),
-                     capture_output=True, text=True, timeout=600, cwd=plan.os.path.dirname(
-                         plan.os.path.dirname(plan.os.path.dirname(plan.__file__))))
+                     capture_output=True, text=True, timeout=600, cwd=ROOT)
   _refused(r, 'batch_size_sweep')
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from anp_jax.configs import default
-from anp_jax.research import plan
+from anp_jax.research import planner as plan
 
 
 def _write_old_config(workdir, drop=('method', 'stop_at_metric', 'stop_at_value',

@@ -314,7 +314,7 @@ def estimate_seconds(runs, eval_size: int, images_per_s: float, overhead_s: floa
 # Reading results: the target crossing and the learning-rate choice.
 
 
-# Shared with the planner's pilot (`anp_jax.research.plan.load_pilot`), so one run has the same
+# Shared with the planner's pilot (`anp_jax.research.planner.load_pilot`), so one run has the same
 # steps to target whether it is read as a sweep row or as a pilot; it lives in the JAX-free log
 # reader, which both import.
 target_crossing = metrics_io.target_crossing

@@ -29,7 +29,7 @@ import numpy as np
 
 from anp_jax import plotting  # numpy and matplotlib only; no JAX
 from anp_jax.metrics_io import read_metrics
-from anp_jax.research import plan
+from anp_jax.research import planner as plan
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.

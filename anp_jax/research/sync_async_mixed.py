@@ -45,9 +45,9 @@ import jax
 import ml_collections
 from absl import flags
 
-from anp_jax import cli, distributed, optim, plotting, preemption, reporting
+from anp_jax import cli, distributed, metrics_io, optim, plotting, preemption, reporting
 from anp_jax.setup import resolve_setup, validate_config
-from anp_jax.research import perfmodel as pm, plan
+from anp_jax.research import perfmodel as pm
 from anp_jax.research import sweep
 
 ANP_TRAIN_IMAGES = 307_406  # MUSA2: 384,258 images, 80 % for training (shared/REFERENCES.md).
@@ -321,7 +321,7 @@ def summarize(out: str, point: GridPoint, config, setup, sync_devices: int,
   with open(os.path.join(run_dir, 'final_metrics.json')) as f:
     final = json.load(f)
   spec = point.arm
-  evals = [r for r in plan.read_metrics(run_dir) if 'eval/anp_top1' in r]
+  evals = [r for r in metrics_io.read_metrics(run_dir) if 'eval/anp_top1' in r]
   epoch_s, cluster = predicted_epoch(spec, sync_devices)
   curve = [{'epoch': r['step'] / setup.steps_per_epoch, 'top1': r['eval/anp_top1'],
             'loss': r['eval/loss'], 'hours': r['step'] / setup.steps_per_epoch * epoch_s / 3600}

@@ -1,0 +1,65 @@
+"""From run directories to a plan: what ``python -m anp_jax.research.planner`` computes."""
+
+import os
+from typing import Optional, Sequence
+
+from anp_jax.research.planner.clusters import load_cluster
+from anp_jax.research.planner.errors import PlanError
+from anp_jax.research.planner.inputs import load_pilot, load_sweep, read_rows, workload_for
+from anp_jax.research.planner.penalty import convergence_penalty
+from anp_jax.research.planner.time_to_target import Plan, make_plan
+
+
+def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
+               metric: str = 'eval/anp_top1', target: Optional[float] = None,
+               rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
+               cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
+               batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
+               sync_periods: Sequence[int] = (4,), penalty_results: Optional[str] = None,
+               workload: str = 'resnet50', dataset_size: int = 307_406,
+               sprint_batch: Optional[int] = None) -> Plan:
+  """The plan from a pilot run or a sweep directory (one of them); arguments as the CLI's flags.
+
+  ``penalty_results``: the sync/async/mixed results.json the asynchrony penalty is fitted to
+  (needed when ``methods`` names anything but sync). Raises `PlanError` on bad input.
+  """
+  if (pilot is None) == (sweep is None):
+    raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
+  if sweep is not None and metric != 'eval/anp_top1':
+    raise PlanError(f'--metric {metric}: a sweep records steps to its ANP top-1 target only '
+                    '(eval/anp_top1); drop --metric, or plan from a --pilot run for another '
+                    'metric.')
+  if target is not None and not 0 < target <= 1:
+    raise PlanError(f'--target {target}: give the target accuracy as a fraction, 0 < target <= 1 '
+                    '(e.g. 0.25).')
+  if not (isinstance(dataset_size, int) and dataset_size > 0):
+    raise PlanError(f'--dataset_size {dataset_size}: give the number of training images (> 0).')
+  if sprint_batch is not None and sprint_batch <= 0:
+    raise PlanError(f'--sprint_batch {sprint_batch}: give a global batch size > 0.')
+  if pilot:
+    model = load_pilot(pilot, metric, target)
+  else:
+    model = load_sweep(sweep, rule, warmup, target, use)
+  method_list = [m for m in methods.split(',') if m]
+  penalties = {}
+  if any(m != 'sync' for m in method_list):
+    if not penalty_results or not os.path.exists(penalty_results):
+      raise PlanError(f'--penalty_results {penalty_results!r} does not exist.')
+    rows = read_rows(penalty_results, 'penalty', f'--penalty_results {penalty_results}')
+    penalties = convergence_penalty(rows)
+  the_cluster, counts = load_cluster(cluster)
+  counts = nodes or counts
+  if any(n > the_cluster.nodes or n < 1 for n in counts):
+    raise PlanError(f'--nodes {counts}: the cluster has 1..{the_cluster.nodes} nodes.')
+  # Default batch sizes: around what was measured, where the model is best. A pilot's batch
+  # B0 x 1/4 ... 32; a sweep's own batch sizes (those of its fit). Sizes the user did not choose
+  # that split over none of the node counts' devices are dropped, not refused (`make_plan`).
+  default = not batches
+  if default and 'fit_batches' in model.notes:
+    batches = list(model.notes['fit_batches'])
+  elif default:
+    b0 = int(model.notes.get('pilot_batch', 128))
+    batches = [b0 * k // 4 for k in (1, 2, 4, 8, 16, 32, 64, 128) if b0 * k % 4 == 0]
+  return make_plan(model, the_cluster, workload_for(workload, dataset_size, pilot), counts,
+                   batches, method_list, penalties, sync_periods, sprint_batch,
+                   drop_unfit=default)

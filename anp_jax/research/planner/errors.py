@@ -1,0 +1,5 @@
+"""The planner's one error type."""
+
+
+class PlanError(ValueError):
+  """Bad planner input: the message says what to change."""

@@ -1,0 +1,145 @@
+"""Joining the two sides: time to target = steps to target x time per step, per configuration.
+
+`plan_row` predicts one (nodes, global batch, method) configuration: steps from the steps model
+and the convergence penalty, step time or update rate from the performance model. `make_plan`
+does every configuration and picks the fastest, the cheapest within 10 % of the fastest, and what
+SPRINT's criterion (the fastest synchronous configuration by epoch time meeting a target global
+batch, blind to convergence) would choose.
+"""
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from anp_jax.research import perfmodel as pm
+from anp_jax.research.planner.errors import PlanError
+from anp_jax.research.planner.penalty import Penalty
+from anp_jax.research.planner.steps_model import StepsModel
+
+PLAN_METHODS = ('sync', 'async', 'mixed', 'local_sgd')
+
+
+@dataclasses.dataclass
+class Row:
+  """One planned configuration; times in seconds, ranges (low, high) from the model ranges."""
+  nodes: int
+  devices: int
+  global_batch: int
+  per_device_batch: int
+  method: str
+  sync_period: int
+  update_batch: int
+  mean_staleness: float
+  steps: float
+  steps_range: Tuple[float, float]
+  step_time: float
+  epoch_time: float
+  time: float
+  time_range: Tuple[float, float]
+  device_hours: float
+
+  def label(self) -> str:
+    extra = f' H={self.sync_period}' if self.method == 'local_sgd' else ''
+    return f'{self.nodes}x{self.devices // self.nodes} B={self.global_batch} {self.method}{extra}'
+
+
+@dataclasses.dataclass
+class Plan:
+  rows: List[Row]
+  fastest: Row
+  cheapest: Row
+  sprint: Optional[Row]
+  sprint_batch: int
+  model: StepsModel
+  penalties: Dict[str, Penalty]
+  skipped: List[str]
+
+
+def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Cluster,
+             workload: pm.Workload, nodes: int, global_batch: int, method: str,
+             sync_period: int = 1, **predict_kwargs) -> Row:
+  """Predicted steps and time to target of one configuration (ValueError if it cannot run)."""
+  c = cluster.resized(nodes=nodes)
+  devices = c.num_devices
+  if global_batch % devices:
+    raise ValueError(f'global batch {global_batch} does not split over {devices} devices')
+  b = global_batch // devices
+  if method == 'sync':
+    p = pm.predict(c, workload, b, 'sync', **predict_kwargs)
+  elif method == 'async':
+    p = pm.predict(c, workload, b, 'async', **predict_kwargs)
+  elif method == 'mixed':
+    p = pm.predict(c, workload, b, 'mixed', **predict_kwargs)
+  elif method == 'local_sgd':
+    p = pm.predict(c, workload, b, 'mixed', mixed_mode='local_sgd', local_steps=sync_period,
+                   **predict_kwargs)
+  else:
+    raise ValueError(f'method {method!r}; choose one of {PLAN_METHODS}')
+  if method in ('async', 'mixed'):
+    update_batch, staleness = p.worker_batch, p.mean_staleness
+    pen = penalties.get('async')
+    factor = pen.factor(staleness) if pen else (1.0, 1.0, 1.0)
+    seconds_per_update = 1.0 / p.updates_per_s
+  else:
+    update_batch, staleness = global_batch, 0.0
+    pen = penalties.get('local_sgd') if method == 'local_sgd' else None
+    factor = pen.factor(sync_period - 1) if pen else (1.0, 1.0, 1.0)
+    seconds_per_update = p.step_time
+  s, s_lo, s_hi = model.steps(update_batch)
+  steps = (s * factor[0], s_lo * factor[1], s_hi * factor[2])
+  time = steps[0] * seconds_per_update
+  return Row(nodes=nodes, devices=devices, global_batch=global_batch, per_device_batch=b,
+             method=method, sync_period=sync_period, update_batch=update_batch,
+             mean_staleness=staleness, steps=steps[0], steps_range=(steps[1], steps[2]),
+             step_time=seconds_per_update, epoch_time=p.epoch_time, time=time,
+             time_range=(steps[1] * seconds_per_update, steps[2] * seconds_per_update),
+             device_hours=time * devices / 3600)
+
+
+def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
+              node_counts: Sequence[int], batches: Sequence[int], methods: Sequence[str],
+              penalties: Optional[Dict[str, Penalty]] = None, sync_periods: Sequence[int] = (4,),
+              sprint_batch: Optional[int] = None, tolerance: float = 0.10,
+              drop_unfit: bool = False, **predict_kwargs) -> Plan:
+  """Every (nodes, batch, method) that runs -> a `Row`; fastest, cheapest-near-fastest, SPRINT.
+
+  A batch size that fits none of the configurations (splits over none of the node counts'
+  devices) is an error naming it, since the caller asked for it; with ``drop_unfit`` (a default
+  list the user never chose) it is left out and noted in ``skipped`` instead.
+  """
+  penalties = penalties or {}
+  bad = sorted(set(methods) - set(PLAN_METHODS))
+  if bad:
+    raise PlanError(f'Unknown method(s) {bad}; choose from {PLAN_METHODS}.')
+  if any(m in ('async', 'mixed') for m in methods) and 'async' not in penalties:
+    raise PlanError('Asynchronous methods need a convergence penalty: pass --penalty_results '
+                    '(the sync/async/mixed experiment results.json).')
+  rows, skipped = [], []
+  devices = [n * cluster.devices_per_node for n in node_counts]
+  for batch in batches:
+    fits_somewhere = False
+    for n in node_counts:
+      for method in methods:
+        for h in (sync_periods if method == 'local_sgd' else (1,)):
+          try:
+            rows.append(plan_row(model, penalties, cluster, workload, n, batch, method, h,
+                                 **predict_kwargs))
+            fits_somewhere = True
+          except ValueError as e:
+            skipped.append(f'{n} node(s), B={batch}, {method}: {e}')
+    if not fits_somewhere and drop_unfit:
+      skipped.append(f'B={batch}: fits none of the configurations (devices {devices}); left out '
+                     'of the default batch sizes')
+    elif not fits_somewhere:
+      raise PlanError(f'Global batch {batch} fits none of the configurations (devices {devices}): '
+                      f'{skipped[-1] if skipped else ""}. Use a multiple of the device counts.')
+  if not rows:  # Only with drop_unfit: every default batch size was left out.
+    raise PlanError(f'None of the default batch sizes {list(batches)} fits a configuration '
+                    f'(devices {devices}): give --batches, multiples of the device counts.')
+  fastest = min(rows, key=lambda r: r.time)
+  near = [r for r in rows if r.time <= (1 + tolerance) * fastest.time]
+  cheapest = min(near, key=lambda r: (r.device_hours, r.time))
+  sprint_batch = (sprint_batch or int(model.notes.get('pilot_batch', 0))
+                  or min(r.global_batch for r in rows))
+  meets = [r for r in rows if r.method == 'sync' and r.global_batch >= sprint_batch]
+  sprint = min(meets, key=lambda r: (r.epoch_time, r.devices)) if meets else None
+  return Plan(rows, fastest, cheapest, sprint, sprint_batch, model, penalties, skipped)

@@ -1,0 +1,81 @@
+"""The planner's validation against committed measurements: the computations behind
+``experiments/plan_validation.py`` (which reads the results, calls these and writes the report).
+
+* `validate_pilot` / `validate_model`: steps to target at every batch predicted from one run (or
+  any steps model), against a sweep's measured steps;
+* `validate_leave_one_out`: each batch predicted by the S_min, B_crit fit to the other batches;
+* `validate_methods`: each arm of the sync/async/mixed experiment predicted from the sync arm and
+  the convergence penalty fitted without that arm (leave one out).
+"""
+
+from typing import Dict, List, Sequence
+
+from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
+                                      fit_steps_to_target, penalty_kind, pilot_model)
+
+
+def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
+  """Steps to target at every batch predicted from the pilot batch's run alone, vs measured.
+
+  ``points`` as from `sweep_points` (the pilot's B_simple is its row's ``b_simple``).
+  """
+  pilot = points[pilot_batch]
+  return validate_model(pilot_model(pilot_batch, pilot['steps'], pilot['b_simple']), points)
+
+
+def validate_model(model: StepsModel, points: Dict[int, Dict]) -> List[Dict]:
+  """A steps model's predictions (central, low, high) against measured steps per batch."""
+  out = []
+  for b, p in sorted(points.items()):
+    central, lo, hi = model.steps(b)
+    out.append({'batch': b, 'measured': p['steps'], 'predicted': central, 'low': lo, 'high': hi,
+                'error': central / p['steps'] - 1 if p['steps'] else None})
+  return out
+
+
+def validate_leave_one_out(points: Dict[int, Dict]) -> List[Dict]:
+  """Each batch's steps to target from the S_min, B_crit fit to all the other batches."""
+  reached = {b: p['steps'] for b, p in points.items() if p['steps'] is not None}
+  out = []
+  for b in sorted(reached):
+    others = {k: v for k, v in reached.items() if k != b}
+    if len(others) < 2:
+      continue
+    s_min, b_crit = fit_steps_to_target(list(others), list(others.values()))
+    pred = s_min * (1 + b_crit / b)
+    out.append({'batch': b, 'measured': reached[b], 'predicted': pred,
+                'error': pred / reached[b] - 1, 's_min': s_min, 'b_crit': b_crit})
+  return out
+
+
+def validate_methods(results: Sequence[Dict], level_frac: float = 0.5) -> List[Dict]:
+  """Predicted vs measured time to a level for every arm of the sync/async/mixed experiment.
+
+  Measured: the arm's epochs to ``level_frac`` x the sync arm's best top-1 (interpolated) times
+  its predicted epoch time on the seed paper's cluster (the experiment's own mapping).
+  Predicted: the sync arm's epochs times the penalty fitted *without this arm's worker count or
+  sync period* (leave one out), times the same epoch time. None where an arm never got there.
+  """
+  sync = next(r for r in results if r['method'] == 'sync')
+  level = level_frac * max(c['top1'] for c in sync['curve'])
+  e_sync = epochs_to_level(sync['curve'], level)
+  rows = []
+  for r in results:
+    measured = epochs_to_level(r['curve'], level)
+    if r['method'] == 'sync':
+      factor = 1.0
+    else:
+      kind = penalty_kind(r['method'])
+      kind_x = 'workers' if kind == 'async' else 'sync_every'
+      rest = [o for o in results if o['method'] == 'sync' or
+              (penalty_kind(o['method']) == kind and o[kind_x] != r[kind_x])]
+      pen = convergence_penalty(rest, levels=(level_frac,)).get(kind)
+      x = r[kind_x] - 1
+      factor = pen.factor(x)[0] if pen else None
+    epoch_h = r['predicted_epoch_s'] / 3600
+    rows.append({'name': r['name'], 'method': r['method'], 'level': level,
+                 'measured_epochs': measured, 'predicted_epochs':
+                 e_sync * factor if factor is not None else None,
+                 'measured_h': measured * epoch_h if measured is not None else None,
+                 'predicted_h': e_sync * factor * epoch_h if factor is not None else None})
+  return rows
