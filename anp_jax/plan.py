@@ -1,99 +1,12 @@
-"""Time-to-accuracy planner: which batch size, sync or async, how many nodes.
+"""Moved: the planner's command line is ``python -m anp_jax.research.planner`` (same flags).
 
-  python -m anp_jax.plan --pilot workdirs/pilot --target 0.25 --cluster minotauro --out plan/
-  python -m anp_jax.plan --sweep workdirs/bs_sweep --cluster my_cluster.yaml --out plan/
-
-The command line only: the planner is `anp_jax.research.planner` (`build_plan`, `write_plan`).
-Prints the plan; ``--out`` also writes plan.md, plan.json and the PNGs. Bad input exits 2.
+This module only says so, with exit code 2, so that an old command line fails with the fix (the
+core does not import `anp_jax.research`, so it cannot forward the call).
 """
 
-import os
 import sys
 
-from absl import app, flags
-
-from anp_jax import cli, runtime
-from anp_jax.research import perfmodel as pm
-from anp_jax.research import planner
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with noise-scale logs).")
-flags.DEFINE_string('sweep', None, 'A finished batch_size_sweep.py directory (results.json).')
-flags.DEFINE_string('metric', 'eval/anp_top1', 'The metric whose target is planned for.')
-flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's "
-                   "config.stop_at_value, or the sweep's target).")
-flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
-flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
-flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '
-                  'measured B_simple.')
-flags.DEFINE_string('cluster', 'minotauro', 'Preset or JSON/YAML cluster file.')
-cli.define_positive_ints('nodes', None, 'Node counts (default 1, 2, 4, ... up to the cluster).')
-cli.define_positive_ints('batches', None, 'Global batch sizes (default: the pilot batch x 1/4 '
-                         "... 32, or the batch sizes of the sweep's fit, i.e. those where every "
-                         'seed reached the target; a default size that splits over none of the '
-                         "node counts' devices is left out, a given one is an error).")
-flags.DEFINE_string('methods', 'sync,mixed', f'Comma-separated, of {planner.PLAN_METHODS}.')
-cli.define_positive_ints('sync_periods', [4], 'H for local_sgd.')
-flags.DEFINE_string('penalty_results',
-                    os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_cpu',
-                                 'results.json'),
-                    'sync_async_mixed.py results.json for the asynchrony penalty.')
-flags.DEFINE_string('workload', 'resnet50', f'{sorted(pm.WORKLOADS)}, or "pilot" (the pilot '
-                    "model's FLOPs from XLA).")
-flags.DEFINE_integer('dataset_size', 307_406, "Training images (for epoch times; default: the "
-                     "ANP recipe's 80 % split).")
-flags.DEFINE_integer('sprint_batch', None, "SPRINT's target global batch (default: pilot).")
-flags.DEFINE_string('out', None, 'Directory for plan.md, plan.json and the PNGs.')
-
-# `build_plan`'s arguments, each the flag of the same name.
-_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'rule', 'warmup', 'use', 'cluster', 'nodes',
-               'batches', 'methods', 'sync_periods', 'penalty_results', 'workload',
-               'dataset_size', 'sprint_batch')
-
-
-# Path flags, `~` expanded (the shell leaves it alone in ``--flag=~/x``).
-_PATH_FLAGS = ('pilot', 'sweep', 'cluster', 'penalty_results')  # --out: `out` below.
-# Sweep-only flags: with --pilot they would be ignored without a word.
-_SWEEP_ONLY = ('use', 'rule', 'warmup')
-
-
-def _check_out(out: str) -> None:
-  """--out must be (or become) a directory: refused before the plan is computed and printed."""
-  parent = cli.nearest_existing(out)
-  if parent and not os.path.isdir(parent):
-    what = 'is a file' if parent == out else f'is under {parent!r}, a file'
-    raise planner.PlanError(f'--out {out!r} {what}; give a directory for plan.md, plan.json and '
-                            'the PNGs.')
-
-
-def main(argv) -> int:
-  runtime.configure(tensorflow=False)  # XLA:CPU flags before JAX starts.
-  if (rc := cli.refuse_extra_arguments(argv)) is not None:
-    return rc
-  args = {name: FLAGS[name].value for name in _PLAN_FLAGS}
-  for name in _PATH_FLAGS:
-    if args[name]:
-      args[name] = os.path.expanduser(args[name])
-  out = os.path.expanduser(FLAGS.out) if FLAGS.out else FLAGS.out
-  try:
-    if FLAGS.pilot is not None:
-      given = [f'--{name}' for name in _SWEEP_ONLY if FLAGS[name].present]
-      if given:
-        raise planner.PlanError(f'{", ".join(given)} choose(s) what to read from a --sweep; '
-                                'they do not apply to --pilot: drop them.')
-    if out:
-      _check_out(out)
-    plan = planner.build_plan(**args)
-    print(planner.format_plan(plan))
-    if out:
-      planner.write_plan(plan, out)
-  except (ValueError, OSError) as e:  # PlanError is a ValueError.
-    print(f'ERROR: {e}', file=sys.stderr)
-    return cli.EXIT_USAGE
-  return 0
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.absl_flags_parser())
+  print('ERROR: python -m anp_jax.plan moved: run python -m anp_jax.research.planner with the '
+        'same flags.', file=sys.stderr)
+  sys.exit(2)

@@ -29,10 +29,10 @@ flags.DEFINE_string('parts', 'cpu,paper', 'cpu, paper or both (comma-separated).
 cli.define_positive_ints('batches', None, 'Global batches to measure.')
 cli.define_positive_ints('devices', None, 'Simulated device counts (must include 1).')
 flags.DEFINE_integer('processes', None, 'Processes of the loopback job (0 or 1: none).')
-flags.DEFINE_integer('calibration-batch', None, '1-device batch that calibrates the device '
+flags.DEFINE_integer('calibration_batch', None, '1-device batch that calibrates the device '
                      '(default 128; quick 16).')
-flags.DEFINE_integer('num-ps', 1, 'Parameter servers in experiment 2.')
-flags.DEFINE_enum('fit-method', 'mixed', perfvalidation.FIT_METHODS,
+flags.DEFINE_integer('num_ps', 1, 'Parameter servers in experiment 2.')
+flags.DEFINE_enum('fit_method', 'mixed', perfvalidation.FIT_METHODS,
                   "Method whose 16-node speed-up the transport-efficiency fit matches.")
 flags.DEFINE_float('timeout', 900.0, 'Seconds per measuring job.')
 flags.DEFINE_float('budget', None, 'Start no further measuring job after this many seconds.')
@@ -51,8 +51,8 @@ def main(argv) -> int:
     results = validation.run_validation(
         FLAGS.out, quick=FLAGS.quick, parts=[x for x in FLAGS.parts.split(',') if x],
         batches=FLAGS.batches, devices=FLAGS.devices,
-        processes=FLAGS.processes, calibration_batch=FLAGS['calibration-batch'].value,
-        num_ps=FLAGS['num-ps'].value, fit_method=FLAGS['fit-method'].value,
+        processes=FLAGS.processes, calibration_batch=FLAGS.calibration_batch,
+        num_ps=FLAGS.num_ps, fit_method=FLAGS.fit_method,
         timeout_s=FLAGS.timeout, reuse=FLAGS.reuse, budget_s=FLAGS.budget)
   except (ValueError, OSError) as e:  # Bad flags, or an --out that cannot be written.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)

@@ -429,9 +429,9 @@ def run_validation(out_dir: str, *, quick: bool = False, parts: Sequence[str] = 
   if processes < 0:
     raise ValueError(f'--processes={processes} must be >= 0 (0 or 1: no loopback job).')
   if num_ps < 1:
-    raise ValueError(f'--num-ps={num_ps} must be >= 1.')
+    raise ValueError(f'--num_ps={num_ps} must be >= 1.')
   if calibration_batch < 1:
-    raise ValueError(f'--calibration-batch={calibration_batch} must be >= 1.')
+    raise ValueError(f'--calibration_batch={calibration_batch} must be >= 1.')
   if not out_dir:
     raise ValueError('--out is empty: give the output directory.')
   out_dir = os.path.expanduser(out_dir)

@@ -19,6 +19,8 @@ CKPT = [os.path.join(EXP, 'checkpoint_overhead.py')]
 INPUT = [os.path.join(EXP, 'input_benchmark.py'), '--skip_model']
 PERFVAL = [os.path.join(EXP, 'perfmodel_validation.py')]
 PRETRAINED = ['-m', 'anp_jax.pretrained']
+PERFMODEL = ['-m', 'anp_jax.research.perfmodel']
+PLANNER = ['-m', 'anp_jax.research.planner']
 PREPARE = ['-m', 'anp_jax.data.prepare', '--manual_dir', '{tmp}/manual']
 
 # (command, arguments, a phrase of the message). '{file}' is an existing plain file, '{tmp}' an
@@ -50,6 +52,20 @@ CASES = [
     (PERFVAL, ['--out={tmp}/pv', '--timeout', '0'], '--timeout=0.0 must be > 0'),
     (PERFVAL, ['--out={file}', '--parts', 'paper'], 'is a file, not a directory'),
     (PERFVAL, ['--out={tmp}/pv', 'extra'], 'Unexpected arguments'),
+    # python -m anp_jax.research.perfmodel
+    (PERFMODEL, ['--inter_bw=0'], 'inter_node_bandwidth must be positive'),
+    (PERFMODEL, ['--gpus_per_node=8'], 'holds at most 4 k80 devices'),
+    (PERFMODEL, ['--per-device-batch=32'], 'Did you mean: per_device_batch'),
+    (PERFMODEL, ['extra'], 'Unexpected arguments'),
+    # python -m anp_jax.research.planner
+    (PLANNER, ['--pilot={tmp}/nonexist', '--methods=sync'], 'is not a trainer workdir'),
+    (PLANNER, ['--sweep={tmp}', '--methods=sync'], 'has no results.json'),
+    (PLANNER, ['--sweep={tmp}', '--out={file}'], 'is a file'),
+    (PLANNER, ['extra'], 'Unexpected arguments'),
+    # The old names of those two tools fail with the new one.
+    ([os.path.join(EXP, 'perfmodel.py')], ['--per-device-batch=32'],
+     'python -m anp_jax.research.perfmodel'),
+    (['-m', 'anp_jax.plan'], ['--sweep={tmp}'], 'python -m anp_jax.research.planner'),
     # python -m anp_jax.pretrained (the source is never read: the flags alone are wrong)
     (PRETRAINED, ['{tmp}/r.safetensors', '--num_anps', '0'], '--num_anps=0 is out of range'),
     (PRETRAINED, ['{tmp}/r.safetensors', '--width', '0'], '--width=0.0 is out of range'),

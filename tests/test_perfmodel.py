@@ -1,5 +1,5 @@
 """The SPRINT-style performance model: collective costs, the async simulation, predictions, and
-its command line (experiments/perfmodel.py)."""
+its command line (python -m anp_jax.research.perfmodel)."""
 
 import math
 import subprocess
@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from anp_jax.research import perfmodel as pm
-from conftest import run_experiment
+from conftest import subprocess_env
 
 
 def _cli(*args):
-  """experiments/perfmodel.py, the model's command line."""
-  return run_experiment('perfmodel.py', *args)
+  """``python -m anp_jax.research.perfmodel ARGS``, the model's command line."""
+  return subprocess.run([sys.executable, '-m', 'anp_jax.research.perfmodel', *args],
+                        env=subprocess_env(), capture_output=True, text=True, timeout=600)
 
 
 def _cluster(nodes=1, devices_per_node=4, **device_kwargs):
@@ -187,8 +188,8 @@ def test_best_configuration_meets_the_target_global_batch():
 
 
 def test_cli_prints_a_table():
-  r = _cli('--model', 'resnet50', '--nodes', '16', '--gpus-per-node', '4', '--device', 'k80',
-           '--per-device-batch', '32', '--method', 'sync', '--sweep-nodes', '1,2,4,8,16')
+  r = _cli('--model', 'resnet50', '--nodes', '16', '--gpus_per_node', '4', '--device', 'k80',
+           '--per_device_batch', '32', '--method', 'sync', '--sweep_nodes', '1,2,4,8,16')
   assert r.returncode == 0, r.stderr
   out = r.stdout
   lines = out.splitlines()
@@ -200,13 +201,13 @@ def test_cli_prints_a_table():
 
 
 def test_cli_async_target_batch_and_errors():
-  r = _cli('--method', 'async', '--nodes', '2', '--num-ps', '2', '--inter-bw', '3')
+  r = _cli('--method', 'async', '--nodes', '2', '--num_ps', '2', '--inter_bw', '3')
   assert r.returncode == 0, r.stderr
   assert 'asynchronous SGD, 8 device workers' in r.stdout
-  r = _cli('--target-global-batch', '256', '--sweep-nodes', '1,2,4')
+  r = _cli('--target_global_batch', '256', '--sweep_nodes', '1,2,4')
   assert r.returncode == 0, r.stderr
   assert 'best for global batch 256' in r.stdout
-  r = _cli('--gpus-per-node', '8')
+  r = _cli('--gpus_per_node', '8')
   assert r.returncode == 2
   assert 'max_devices_per_node' in r.stderr
 
@@ -286,15 +287,15 @@ def test_async_predictions_carry_the_closed_form_next_to_the_simulation():
 
 
 def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input():
-  r = _cli('--model', 'resnet20', '--step-time-ms', '100', '--measured-batch', '64', '--nodes',
-           '1', '--gpus-per-node', '1', '--per-device-batch', '64')
+  r = _cli('--model', 'resnet20', '--step_time_ms', '100', '--measured_batch', '64', '--nodes',
+           '1', '--gpus_per_node', '1', '--per_device_batch', '64')
   assert r.returncode == 0, r.stderr
   row = r.stdout.splitlines()[-1].split()
   assert float(row[3]) == pytest.approx(100.0) and float(row[5].replace(',', '')) == 640.0
-  for args, message in ((['--step-time-ms', '100'], '--measured-batch'),
+  for args, message in ((['--step_time_ms', '100'], '--measured_batch'),
                         # Zero bandwidth: impossible hardware.
-                        (['--intra-bw', '0'], 'intra_node_bandwidth must be positive'),
-                        (['--inter-bw', '0', '--nodes', '2'], 'inter_node_bandwidth'),
+                        (['--intra_bw', '0'], 'intra_node_bandwidth must be positive'),
+                        (['--inter_bw', '0', '--nodes', '2'], 'inter_node_bandwidth'),
                         (['--efficiency', '1.5'], 'efficiency')):
     r = _cli(*args)
     assert r.returncode == 2, args
@@ -302,17 +303,17 @@ def test_cli_calibrates_from_a_measured_step_time_and_rejects_bad_input():
 
 
 def test_cli_workload_from_a_flax_model():
-  r = _cli('--flax-model', 'resnet8', '--image-size', '16', '--width', '0.25', '--num-classes',
-           '8', '--dataset-size', '1000', '--nodes', '1', '--gpus-per-node', '2', '--device',
-           'cpu', '--step-time-ms', '20', '--measured-batch', '32',
-           '--devices-per-compute-pool', '2', '--per-device-batch', '16')
+  r = _cli('--flax_model', 'resnet8', '--image_size', '16', '--width', '0.25', '--num_classes',
+           '8', '--dataset_size', '1000', '--nodes', '1', '--gpus_per_node', '2', '--device',
+           'cpu', '--step_time_ms', '20', '--measured_batch', '32',
+           '--devices_per_compute_pool', '2', '--per_device_batch', '16')
   assert r.returncode == 0, r.stderr
   out = r.stdout
   assert out.startswith('resnet8_w0.25:') and '1,000 images/epoch' in out
   row = out.splitlines()[-1].split()
   # Two devices share the measured pool: 32 images per step still take the measured 20 ms.
   assert float(row[3]) == pytest.approx(20.0, rel=0.01)
-  r = _cli('--flax-model', 'resnet7')
+  r = _cli('--flax_model', 'resnet7')
   assert r.returncode == 2
   assert 'resnet7' in r.stderr
 

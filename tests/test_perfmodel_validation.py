@@ -44,9 +44,9 @@ def test_alpha_beta_fit_recovers_bandwidth_and_latency():
 
 @pytest.mark.parametrize('args,message', [
     (['--devices=2,4'], 'must include 1'),
-    (['--batches=16,32', '--calibration-batch=64'], 'calibration batch 64'),
-    (['--batches=32', '--calibration-batch=32'], 'at least two batch sizes'),
-    (['--batches=12,24', '--calibration-batch=12'], 'ghost-BN groups'),
+    (['--batches=16,32', '--calibration_batch=64'], 'calibration batch 64'),
+    (['--batches=32', '--calibration_batch=32'], 'at least two batch sizes'),
+    (['--batches=12,24', '--calibration_batch=12'], 'ghost-BN groups'),
     (['--parts=gpu'], 'parts'),
 ])
 def test_bad_settings_fail_before_anything_runs(tmp_path, args, message):

@@ -20,9 +20,9 @@ from experiments import plan_validation_lib as validation
 
 
 def _plan_cli(*args):
-  """``python -m anp_jax.plan ARGS``, the planner's command line, as a user runs it."""
-  return subprocess.run([sys.executable, '-m', 'anp_jax.plan', *args], env=subprocess_env(),
-                        capture_output=True, text=True, timeout=600)
+  """``python -m anp_jax.research.planner ARGS``, the planner's command line, as a user runs it."""
+  return subprocess.run([sys.executable, '-m', 'anp_jax.research.planner', *args],
+                        env=subprocess_env(), capture_output=True, text=True, timeout=600)
 
 
 def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0,
@@ -438,8 +438,9 @@ def test_cli_expands_a_tilde_in_paths(tmp_path):
   _write_rows(home / 'sweep', _sweep_rows())
   _write_pilot(home / 'pilot')
   env = subprocess_env(HOME=str(home))
-  run = lambda *a: subprocess.run([sys.executable, '-m', 'anp_jax.plan', *a], env=env,
-                                  capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+  run = lambda *a: subprocess.run([sys.executable, '-m', 'anp_jax.research.planner', *a],
+                                  env=env, capture_output=True, text=True, timeout=600,
+                                  cwd=str(tmp_path))
   r = run('--sweep=~/sweep', '--methods', 'sync', '--out=~/plan')
   assert r.returncode == 0, r.stderr[-2000:]
   assert (home / 'plan' / 'plan.json').exists() and not (tmp_path / '~').exists()

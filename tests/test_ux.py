@@ -15,7 +15,7 @@ import pytest
 
 from anp_jax.configs import default
 from anp_jax.research import sweep_report as report
-from conftest import ROOT, main_cmd, run_experiment, tiny_config
+from conftest import ROOT, main_cmd, run_experiment, subprocess_env, tiny_config
 
 
 def _env(**extra):
@@ -177,32 +177,33 @@ def test_every_entry_point_uses_the_project_data_dir(monkeypatch, tmp_path):
 
 
 def _perfmodel(*args):
-  """experiments/perfmodel.py's output (it must succeed)."""
-  r = run_experiment('perfmodel.py', *args)
+  """``python -m anp_jax.research.perfmodel ARGS``'s output (it must succeed)."""
+  r = subprocess.run([sys.executable, '-m', 'anp_jax.research.perfmodel', *args],
+                     env=subprocess_env(), capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr
   return r.stdout
 
 
 def test_perfmodel_minotauro_epoch_is_the_papers_dataset():
   argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
-          '--per-device-batch', '32', '--nodes', '1']
+          '--per_device_batch', '32', '--nodes', '1']
   out = _perfmodel(*argv)
   assert '307,406 images/epoch' in out
   row = out.splitlines()[-1].split()
   images_per_s = float(row[5].replace(',', ''))
   assert row[7] == 'min'  # The epoch column: 307,406 images, not ImageNet's 1.28 M (1.8 h).
   assert float(row[6]) == pytest.approx(307_406 / images_per_s / 60, abs=0.1)
-  assert '1,000 images/epoch (--dataset-size)' in _perfmodel(*argv, '--dataset-size', '1000')
-  out = _perfmodel('--target-global-batch', '128', '--sweep-nodes', '1,2')
+  assert '1,000 images/epoch (--dataset_size)' in _perfmodel(*argv, '--dataset_size', '1000')
+  out = _perfmodel('--target_global_batch', '128', '--sweep_nodes', '1,2')
   assert out.splitlines()[-1].endswith('(307,406 images)')
 
 
 def test_perfmodel_headers_say_what_was_predicted():
-  out = _perfmodel('--model', 'resnet20', '--device', 'cpu', '--step-time-ms', '100',
-                   '--measured-batch', '64', '--nodes', '1', '--gpus-per-node', '1')
+  out = _perfmodel('--model', 'resnet20', '--device', 'cpu', '--step_time_ms', '100',
+                   '--measured_batch', '64', '--nodes', '1', '--gpus_per_node', '1')
   assert 'minotauro: cpu' not in out and '(measured)' not in out
   assert "minotauro's links with cpu devices: cpu calibrated to 100 ms per step of 64" in out
-  out = _perfmodel('--method', 'mixed', '--num-ps', '4', '--sweep-nodes', '1,4,16')
+  out = _perfmodel('--method', 'mixed', '--num_ps', '4', '--sweep_nodes', '1,4,16')
   method = next(l for l in out.splitlines() if l.startswith('method:'))
   assert '16 node workers' not in method and 'one worker per node' in method
 

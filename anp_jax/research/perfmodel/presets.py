@@ -135,6 +135,6 @@ def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
 WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}
 DEVICES = {'k80': k80, 'v100': v100, 'h200': h200, 'cpu': cpu}
 CLUSTERS = {'minotauro': minotauro, 'dgx_h200': dgx_h200}
-# A cluster preset's own dataset (its epoch when --dataset-size is not given), with its source.
+# A cluster preset's own dataset (its epoch when --dataset_size is not given), with its source.
 CLUSTER_DATASETS = {'minotauro': (MUSA2_TRAIN_IMAGES,
                                   "the seed paper's ANP training set, the minotauro preset's epoch")}

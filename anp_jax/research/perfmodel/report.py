@@ -49,14 +49,14 @@ def recalibrated_device(device: str, workload: Workload, *, peak_tflops: Optiona
                         measured_batch: Optional[int] = None,
                         step_overhead_ms: Optional[float] = None) -> Device:
   """The `DEVICES` preset ``device``, recalibrated by a datasheet peak/efficiency or a measured
-  step time of ``workload`` (``--step-time-ms`` at ``--measured-batch``), not both."""
+  step time of ``workload`` (``--step_time_ms`` at ``--measured_batch``), not both."""
   preset = DEVICES[device]()
   if step_time_ms is not None or measured_batch is not None:
     if step_time_ms is None or measured_batch is None:
-      raise ValueError('--step-time-ms and --measured-batch go together: give the measured step '
+      raise ValueError('--step_time_ms and --measured_batch go together: give the measured step '
                        'time and the batch it was measured at.')
     if peak_tflops is not None or efficiency is not None:
-      raise ValueError('--step-time-ms replaces --peak-tflops/--efficiency; give one or the other.')
+      raise ValueError('--step_time_ms replaces --peak_tflops/--efficiency; give one or the other.')
     overhead = 0.0 if step_overhead_ms is None else step_overhead_ms * 1e-3
     return Device(name=(f'{device} calibrated to {step_time_ms:g} ms per step of '
                         f'{measured_batch} images'), memory_bytes=preset.memory_bytes,
@@ -88,7 +88,7 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
                       compute_cv: float = 0.1, sweep_nodes: Optional[Sequence[int]] = None,
                       target_global_batch: Optional[int] = None, exact: bool = False,
                       seed: int = 0) -> str:
-  """The prediction table ``experiments/perfmodel.py`` prints, with its header lines.
+  """The prediction table ``python -m anp_jax.research.perfmodel`` prints, with its header lines.
 
   The arguments are the command line's flags (bandwidths in GB/s, latencies in microseconds,
   times in ms); `predict` for each of ``sweep_nodes`` (default: ``nodes``), or with
@@ -99,12 +99,12 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
                              ('device', device, DEVICES)):
     if value not in known:
       raise ValueError(f'--{name} {value!r} is unknown; choose one of {sorted(known)}.')
-  dataset_source = '--dataset-size'
+  dataset_source = '--dataset_size'
   if dataset_size is None and cluster in CLUSTER_DATASETS:
     dataset_size, dataset_source = CLUSTER_DATASETS[cluster]
   kwargs = {} if dataset_size is None else {'dataset_size': dataset_size}
   if dataset_size is None:
-    dataset_source = f'the {flax_model or model} default; set --dataset-size'
+    dataset_source = f'the {flax_model or model} default; set --dataset_size'
   workload = (flax_workload(flax_model, image_size, width, num_classes, **kwargs) if flax_model
               else WORKLOADS[model](**kwargs))
   base = CLUSTERS[cluster](device=recalibrated_device(

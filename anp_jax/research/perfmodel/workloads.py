@@ -43,14 +43,14 @@ def workload_from_flax(model, image_size: int, *, name: Optional[str] = None,
 
 def flax_workload(arch: str, image_size: int = 224, width: float = 1.0, num_classes: int = 553,
                   **kwargs) -> Workload:
-  """The workload of one of anp_jax.models' ResNets (``--flax-model``), from XLA's cost analysis."""
+  """The workload of one of anp_jax.models' ResNets (``--flax_model``), from XLA's cost analysis."""
   from anp_jax import models  # Lazily: imports JAX and Flax.
   if arch not in models.ARCHS:
-    raise ValueError(f'--flax-model {arch!r} is unknown; choose one of '
+    raise ValueError(f'--flax_model {arch!r} is unknown; choose one of '
                      f'{sorted(models.ARCHS)}.')
-  require_positive('--flax-model', 'image_size', image_size, integer=True)
-  require_positive('--flax-model', 'width', width)
-  require_positive('--flax-model', 'num_classes', num_classes, integer=True)
+  require_positive('--flax_model', 'image_size', image_size, integer=True)
+  require_positive('--flax_model', 'width', width)
+  require_positive('--flax_model', 'num_classes', num_classes, integer=True)
   model = models.build_resnet(arch, num_anps=num_classes, width=width)
   name = arch + (f'_w{width:g}' if width != 1 else '')
   return workload_from_flax(model, image_size, name=name, **kwargs)
