@@ -1,4 +1,4 @@
-"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking.py;
+"""Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking/;
 the PyTorch contender: experiments/torch_reference.py).
 
   .venv/bin/python experiments/benchmark.py --config=anp_jax/configs/default.py \

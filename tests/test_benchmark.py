@@ -1,4 +1,4 @@
-"""The benchmark harness (anp_jax/benchmarking.py, its PyTorch contender experiments/torch_reference.py)
+"""The benchmark harness (anp_jax/benchmarking/, its PyTorch contender experiments/torch_reference.py)
 and the convolution lowerings (models/conv.py)."""
 
 import functools
