@@ -35,7 +35,7 @@ SWEEP = os.path.join(HERE, 'results', 'bs_sweep_cpu', 'results.json')
 # A pilot run with the current trainer (metrics.jsonl + config.json copied from its workdir).
 PILOT = os.path.join(HERE, 'results', 'plan_validation', 'pilot_b128')
 METHODS = os.path.join(HERE, 'results', 'sync_async_mixed_cpu', 'results.json')
-RECIPE_EPOCHS, RECIPE_BATCH, ANP_TRAIN = 30, 128, 307_406
+RECIPE_EPOCHS, RECIPE_BATCH, ANP_TRAIN = 30, 128, pm.MUSA2_TRAIN_IMAGES
 # B_noise of ResNet-50 on ANP is not measured here; the assumed range: the CPU proxy's B_simple
 # at B=128 (low end: read from the committed sweep, linear rule + warmup) and Goyal et al.'s flat
 # ImageNet accuracy up to B=8k (high end), centre = their geometric mean. Nothing is fitted to the
@@ -130,7 +130,7 @@ done:** several seeds per arm, and a staleness-aware variant of the mixed arms.
 ## 3. The seed paper's cluster (MinoTauro, 4 K80 devices per node)
 
 Assumptions (none fitted to the published times): the recipe (`configs/musa2_resnet50.py`:
-ResNet-50, batch 128 on one node = 32 per K80 device, 30 epochs of 307,406 images) reaches its
+ResNet-50, batch 128 on one node = 32 per K80 device, 30 epochs of {anp_train:,} images) reaches its
 accuracy in S0 = {s0:.0f} steps at B0 = 128; sync keeps 32 images per device (global 128 × nodes,
 as the paper's weak scaling), mixed-asynchronous sends one node's 128 images per update with the
 staleness `perfmodel` simulates; B_noise of ResNet-50 on ANP is not measured — assumed
@@ -327,8 +327,8 @@ def main(argv) -> int:
               if (r['batch'], r['rule'], r['warmup']) == (RECIPE_BATCH, 'linear', 'on')]
   seed_lines, seed = seed_paper(pen, b_low, out)
   text = REPORT.format(statistical='\n'.join(stat_lines), methods='\n'.join(meth_lines),
-                         seed='\n'.join(seed_lines), s0=seed['s0'], b_low=b_low,
-                         b_mid=seed['b_noise'][1], b_high=B_NOISE_HIGH)
+                         seed='\n'.join(seed_lines), s0=seed['s0'], anp_train=ANP_TRAIN,
+                         b_low=b_low, b_mid=seed['b_noise'][1], b_high=B_NOISE_HIGH)
   with open(os.path.join(out, 'report.md'), 'w') as f:
     f.write(text)
   with open(os.path.join(out, 'results.json'), 'w') as f:

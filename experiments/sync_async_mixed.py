@@ -37,7 +37,7 @@ again at half (twice) it, at most E times; the summary lists the arms still at t
 
 Predicted wall time: each run is mapped to the seed paper's cluster (`perfmodel.minotauro`: K80
 devices, 4 per node, FDR InfiniBand) training ResNet-50 on the MUSA2 ANP training split
-(307,406 images) with 32 images per device/worker, and `perfmodel.predict` gives its epoch time:
+(307,185 images) with 32 images per device/worker, and `perfmodel.predict` gives its epoch time:
 ``sync`` on ``--sync_devices`` devices (all-reduce), ``async-N`` on N device workers against one
 parameter server (``method='async'``), ``mixed-nNN`` on N nodes of ``--sync_devices`` / N
 devices (``method='mixed'``: all-reduce inside a node, one parameter server across nodes),

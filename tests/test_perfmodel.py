@@ -356,3 +356,35 @@ def test_h200_preset_reproduces_the_measured_resnet50_step_times():
     assert measured['config']['batch_size'] == b and measured['config']['image_size'] == 224
     predicted = pm.predict(one_gpu, pm.resnet50(), b)
     assert predicted.step_time == pytest.approx(measured['bare']['step_time_median_s'], rel=0.02)
+
+
+def test_musa2_sizes_are_the_published_split():
+  """MUSA2's ANP set has a published split, 307,185 training / 77,073 test images
+  (docs/references.md); the epoch of the minotauro preset and the planner's default dataset are
+  that split, not 80 % of all 384,258 images (307,406)."""
+  import inspect
+  from anp_jax.research import planner
+  assert pm.MUSA2_TRAIN_IMAGES == 307_185
+  assert pm.CLUSTER_DATASETS['minotauro'][0] == pm.MUSA2_TRAIN_IMAGES
+  assert inspect.signature(planner.build_plan).parameters['dataset_size'].default == 307_185
+
+
+def test_sources_cite_papers_in_the_repository_not_files_outside_it():
+  """Citations point to docs/references.md (authors, title, venue, year), never to a file outside
+  the repository such as a shared folder's REFERENCES.md."""
+  import os
+  from conftest import ROOT
+  outside = []
+  for folder in ('anp_jax', 'experiments', 'docs'):
+    for d, _, files in os.walk(os.path.join(ROOT, folder)):
+      for name in files:
+        if name.endswith(('.py', '.md', '.sh')):
+          path = os.path.join(d, name)
+          with open(path, encoding='utf-8') as f:
+            if 'REFERENCES.md' in f.read():
+              outside.append(os.path.relpath(path, ROOT))
+  assert outside == []
+  with open(os.path.join(ROOT, 'docs', 'references.md'), encoding='utf-8') as f:
+    references = f.read()
+  for cited in ('Oyama', 'Campos', 'Sastre', 'Fernández', 'McCandlish', '307,185'):
+    assert cited in references, cited

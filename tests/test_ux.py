@@ -188,14 +188,14 @@ def test_perfmodel_minotauro_epoch_is_the_papers_dataset():
   argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
           '--per_device_batch', '32', '--nodes', '1']
   out = _perfmodel(*argv)
-  assert '307,406 images/epoch' in out
+  assert '307,185 images/epoch' in out  # MUSA2's published training split.
   row = out.splitlines()[-1].split()
   images_per_s = float(row[5].replace(',', ''))
-  assert row[7] == 'min'  # The epoch column: 307,406 images, not ImageNet's 1.28 M (1.8 h).
-  assert float(row[6]) == pytest.approx(307_406 / images_per_s / 60, abs=0.1)
+  assert row[7] == 'min'  # The epoch column: 307,185 images, not ImageNet's 1.28 M (1.8 h).
+  assert float(row[6]) == pytest.approx(307_185 / images_per_s / 60, abs=0.1)
   assert '1,000 images/epoch (--dataset_size)' in _perfmodel(*argv, '--dataset_size', '1000')
   out = _perfmodel('--target_global_batch', '128', '--sweep_nodes', '1,2')
-  assert out.splitlines()[-1].endswith('(307,406 images)')
+  assert out.splitlines()[-1].endswith('(307,185 images)')
 
 
 def test_perfmodel_headers_say_what_was_predicted():

@@ -377,7 +377,7 @@ def paper_comparison(sim_updates: int = 20_000, num_ps: int = 1, fit_method: str
   ``fit_method`` names the method whose 16-node speed-up is fitted to the paper's 10.3x with
   the inter-node transport efficiency (1 = the preset's 6 GB/s).
   """
-  workload = pm.resnet50(dataset_size=307_406)  # MUSA2: 384,258 images, 80 % for training.
+  workload = pm.resnet50(dataset_size=pm.MUSA2_TRAIN_IMAGES)
   base = pm.minotauro()
   methods = _paper_methods(num_ps)
   method_keys = list(methods)

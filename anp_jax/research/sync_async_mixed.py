@@ -50,7 +50,7 @@ from anp_jax.setup import resolve_setup, validate_config
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import sweep
 
-ANP_TRAIN_IMAGES = 307_406  # MUSA2: 384,258 images, 80 % for training (shared/REFERENCES.md).
+ANP_TRAIN_IMAGES = pm.MUSA2_TRAIN_IMAGES  # MUSA2's published training split (docs/references.md).
 PAPER_PER_DEVICE_BATCH = 32
 PREFIX = 'sync_async_mixed'  # Presets: anp_jax/configs/sync_async_mixed_<name>.py.
 DEVICES_PER_NODE = 4  # MinoTauro: 4 K80 devices per node.

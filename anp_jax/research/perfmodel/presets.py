@@ -12,9 +12,10 @@ from anp_jax.research.perfmodel.hardware import Cluster, Device, Interconnect, W
 # ImageNet-1k training images; the default dataset size of the ImageNet-style presets.
 IMAGENET_TRAIN_IMAGES = 1_281_167
 CIFAR10_TRAIN_IMAGES = 50_000
-# The seed paper's (MUSA2) MVSO-style ANP set: 384,258 images, stratified 80/20 -> 307,406 for
-# training (shared/REFERENCES.md). The epoch of the `minotauro` preset.
-MUSA2_TRAIN_IMAGES = 307_406
+# The training split of the seed paper's MVSO-style ANP set as MUSA2 published it (Fernández et
+# al. 2017, docs/references.md: 384,258 images, 307,185 train / 77,073 test). The epoch of the
+# `minotauro` preset and the planner's default dataset.
+MUSA2_TRAIN_IMAGES = 307_185
 
 
 def resnet50(dataset_size: int = IMAGENET_TRAIN_IMAGES) -> Workload:

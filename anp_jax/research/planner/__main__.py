@@ -45,8 +45,8 @@ flags.DEFINE_string('penalty_results',
                     'sync_async_mixed.py results.json for the asynchrony penalty.')
 flags.DEFINE_string('workload', 'resnet50', f'{sorted(pm.WORKLOADS)}, or "pilot" (the pilot '
                     "model's FLOPs from XLA).")
-flags.DEFINE_integer('dataset_size', 307_406, "Training images (for epoch times; default: the "
-                     "ANP recipe's 80 % split).")
+flags.DEFINE_integer('dataset_size', pm.MUSA2_TRAIN_IMAGES, 'Training images (for epoch times; '
+                     "default: MUSA2's published training split).")
 flags.DEFINE_integer('sprint_batch', None, "SPRINT's target global batch (default: pilot).")
 flags.DEFINE_string('out', None, 'Directory for plan.md, plan.json and the PNGs.')
 

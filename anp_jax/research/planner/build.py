@@ -3,6 +3,7 @@
 import os
 from typing import Optional, Sequence
 
+from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.inputs import load_pilot, load_sweep, read_rows, workload_for
@@ -16,7 +17,7 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
                sync_periods: Sequence[int] = (4,), penalty_results: Optional[str] = None,
-               workload: str = 'resnet50', dataset_size: int = 307_406,
+               workload: str = 'resnet50', dataset_size: int = pm.MUSA2_TRAIN_IMAGES,
                sprint_batch: Optional[int] = None) -> Plan:
   """The plan from a pilot run or a sweep directory (one of them); arguments as the CLI's flags.
 
