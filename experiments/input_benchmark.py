@@ -121,7 +121,7 @@ def main(argv):
     else:
       try:  # Before any timing: the folder exists and holds the prepared config.
         args.data_dir = os.path.expanduser(args.data_dir)
-        anp.dataset_dir(args.data_dir, args.config_name)
+        anp.prepared.dataset_dir(args.data_dir, args.config_name)
       except (OSError, ValueError) as e:
         message = f'--data_dir: {e}'
   if message:

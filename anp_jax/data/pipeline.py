@@ -64,9 +64,9 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
                                     file_format='tfrecord')
     return _prepared(make, data_dir)
   if config.dataset == 'anp':
-    from anp_jax.data import anp
+    from anp_jax.data.anp import prepared
     check_data_dir(config)
-    return anp.builder_from_config(config, data_dir)
+    return prepared.builder_from_config(config, data_dir)
   raise ValueError(f'Unknown dataset {config.dataset!r}; choose synthetic_anp or anp.')
 
 

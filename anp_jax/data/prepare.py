@@ -46,13 +46,13 @@ class _Unknown:
 def _parser(defaults=None) -> argparse.ArgumentParser:
   """The CLI; without `defaults` (the first, TensorFlow-free parse) values default to None."""
   if defaults is None and anp is not None:
-    defaults = anp.AnpConfig(name='defaults')
+    defaults = anp.options.AnpConfig(name='defaults')
   defaults = defaults or _Unknown()
   p = argparse.ArgumentParser(prog='python -m anp_jax.data.prepare', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--manual_dir', required=True, help='Folder with the images (and the CSV).')
   p.add_argument('--data_dir', required=True, help='TFDS data dir to write the dataset to.')
-  p.add_argument('--layout', choices=anp.LAYOUTS if anp else None, default=defaults.layout,
+  p.add_argument('--layout', choices=anp.options.LAYOUTS if anp else None, default=defaults.layout,
                  help='csv or folder (see anp_jax.data.anp).')
   p.add_argument('--csv_file', default=defaults.csv_file,
                  help='CSV list, relative to --manual_dir.')
@@ -133,7 +133,7 @@ def _print_report(builder, out=None):
   _import_tensorflow()
   out = out or sys.stdout
   info = builder.info
-  report = anp.read_report(builder.data_dir)
+  report = anp.prepared.read_report(builder.data_dir)
   summary = report['summary']
   feats = info.features
   print(f'Prepared {info.full_name} at {builder.data_dir}', file=out)
@@ -177,9 +177,9 @@ def _check_contact_sheet(args) -> str:
   """What is wrong with the --contact_* flags ('' if nothing); creates the sheet's folder."""
   if not args.contact_sheet:
     return ''
-  if args.contact_split not in anp.SPLITS:
+  if args.contact_split not in anp.options.SPLITS:
     return (f'--contact_split={args.contact_split!r} is not a split; use one of '
-            f'{", ".join(anp.SPLITS)}.')
+            f'{", ".join(anp.options.SPLITS)}.')
   for flag in ('contact_rows', 'contact_cols'):
     if getattr(args, flag) < 1:
       return f'--{flag}={getattr(args, flag)} is out of range: use an integer >= 1.'
@@ -201,7 +201,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if message:  # Before the preparation (minutes), not after it.
     print(f'prepare: error: {message}', file=sys.stderr, flush=True)
     return 2
-  options = {k: getattr(args, k) for k in anp.OPTION_NAMES}
+  options = {k: getattr(args, k) for k in anp.options.OPTION_NAMES}
   builder = anp.prepare(args.manual_dir, args.data_dir, overwrite=args.overwrite,
                         num_workers=args.num_workers, **options)
   _print_report(builder)
