@@ -251,7 +251,9 @@ def test_source_splits_folder_and_csv(tmp_path):
   builder = anp.prepare(root, str(tmp_path / 'd1'), resize=RESIZE)
   got = {r[0]: split for split in builder.info.splits for r in read_split(builder, split, False)}
   assert got == expected
-  assert prepared.read_report(builder.data_dir)['summary']['source_splits']
+  summary = prepared.read_report(builder.data_dir)['summary']
+  assert summary['source_splits']
+  assert summary['split_origin'] == {s: 'source' for s in ('train', 'validation', 'test')}
 
   write_csv(os.path.join(root, 'list.csv'), [(f, f.split('/')[1], sp.upper())
                                              for f, sp in sorted(expected.items())],
@@ -261,6 +263,39 @@ def test_source_splits_folder_and_csv(tmp_path):
                         csv_split_column='subset', resize=RESIZE)
   got = {r[0]: split for split in builder.info.splits for r in read_split(builder, split, False)}
   assert got == expected
+
+
+def test_a_split_the_source_lacks_is_carved_from_its_train_split(tmp_path, capsys):
+  """A source with train and test only (as MUSA2): validation is carved from each ANP's train
+  images, 0.1 / 0.9 of them (split_fractions 0.8 / 0.1 / 0.1), seeded; the test split stays the
+  source's; summary.json and the report say where each split comes from. A validation fraction
+  of 0 carves nothing. (Before: such a source gave no validation split.)"""
+  root = str(tmp_path / 'train_test')
+  source = {}
+  for s, (split, n) in enumerate((('train', 18), ('test', 3))):
+    for k, name in enumerate(('red_car', 'blue_car')):
+      for f in write_class(os.path.join(root, split), name, n, 10 * s + k):
+        source[f'{split}/{f}'] = split
+  builder = anp.prepare(root, str(tmp_path / 'd'), resize=RESIZE)
+  got = {split: {r[0]: r[1] for r in read_split(builder, split, False)}
+         for split in builder.info.splits}
+  assert set(got['test']) == {f for f, sp in source.items() if sp == 'test'}
+  assert set(got['train']) | set(got['validation']) == {f for f, sp in source.items()
+                                                        if sp == 'train'}
+  assert collections.Counter(got['validation'].values()) == {'red_car': 2, 'blue_car': 2}
+  origin = prepared.read_report(builder.data_dir)['summary']['split_origin']
+  assert origin['test'] == 'source'
+  assert origin['validation'].startswith('carved from the source train split: 0.1111 of each')
+  assert origin['train'] == 'source, less the images carved into validation'
+  prepare_cli._print_report(builder)
+  assert 'validation: carved from the source train split' in capsys.readouterr().out
+  other_seed = anp.prepare(root, str(tmp_path / 'd2'), resize=RESIZE, split_seed=1)
+  assert {r[0] for r in read_split(other_seed, 'validation', False)} != set(got['validation'])
+  uncarved = anp.prepare(root, str(tmp_path / 'd3'), resize=RESIZE,
+                         split_fractions=(0.9, 0.0, 0.1))
+  assert set(uncarved.info.splits) == {'train', 'test'}
+  assert prepared.read_report(uncarved.data_dir)['summary']['split_origin'] == {
+      'train': 'source', 'test': 'source'}
 
 
 def test_max_images_per_anp_and_config_names(manual_dir, tmp_path):

@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from jax.sharding import PartitionSpec as P
 
 from anp_jax import executors, setup, trainer
@@ -39,6 +40,40 @@ def test_generated_dataset_is_deterministic_and_sized(data_dir, tmp_path):
   a = next(iter(builder.as_dataset(split='validation', shuffle_files=False).take(5)))
   b = next(iter(again.as_dataset(split='validation', shuffle_files=False).take(5)))
   np.testing.assert_array_equal(a['image'].numpy(), b['image'].numpy())
+
+
+def test_generated_dataset_has_a_held_out_test_split(data_dir):
+  """train / validation / test: test as large as validation by default, no image in two splits,
+  every split named in `dataset_meta` and evaluated exactly by `eval_dataset`."""
+  config = tiny_config(data_dir, augment='none')
+  builder = pipeline.get_builder(config)
+  meta = pipeline.dataset_meta(builder, config)
+  assert meta.split_sizes == {'train': TRAIN_SIZE, 'validation': EVAL_SIZE, 'test': EVAL_SIZE}
+  images = {}
+  for split in meta.split_sizes:
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    images[split] = set(_digest(ex['image'] for ex in tfds.as_numpy(ds)))
+    assert len(images[split]) == meta.split_sizes[split]
+  assert not (images['test'] & images['validation']) and not (images['test'] & images['train'])
+  batches = list(pipeline.eval_dataset(builder, config, per_process_batch=48, split='test',
+                                       process_index=1, process_count=2).as_numpy_iterator())
+  assert len(batches) == pipeline.num_eval_batches(EVAL_SIZE, 2, 48)
+  assert sum(int(b['mask'].sum()) for b in batches) == EVAL_SIZE // 2
+  with pytest.raises(ValueError, match=r"split='tset'.* it has \['train', 'validation', 'test'\]"):
+    pipeline.eval_dataset(builder, config, per_process_batch=48, split='tset')
+
+
+def test_the_test_split_size_is_an_option_of_its_own(data_dir):
+  """test_per_class sets the test split alone; None (the default) means eval_per_class, under
+  the same config name."""
+  from anp_jax.data import synthetic
+  same = synthetic.make_config(**TINY_SYNTHETIC)
+  assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=None) == same
+  assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=13).name == same.name
+  other = synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=5))
+  assert other.name != same.name and other.test_per_class == 5
+  with pytest.raises(ValueError, match='test_per_class must be >= 1'):
+    synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=0))
 
 
 def test_train_batches_shard_on_the_data_axis(data_dir):

@@ -56,6 +56,7 @@ class DatasetMeta:
   eval_size: int
   eval_split: str
   stored_image_size: Optional[int]
+  split_sizes: Dict[str, int]  # Every split of the dataset (train, validation, test, ...).
 
 
 def get_builder(config) -> tfds.core.DatasetBuilder:
@@ -144,9 +145,7 @@ def dataset_meta(builder, config) -> DatasetMeta:
   info = builder.info
   feats = info.features
   eval_split = config.eval_split
-  if eval_split not in info.splits:
-    raise ValueError(f'Dataset {builder.name} has no split {eval_split!r}; it has '
-                     f'{list(info.splits)}.')
+  check_split(builder, eval_split, 'config.eval_split')
   return DatasetMeta(
       name=builder.name,
       num_anps=feats['label_anp'].num_classes,
@@ -156,7 +155,15 @@ def dataset_meta(builder, config) -> DatasetMeta:
       train_size=info.splits['train'].num_examples,
       eval_size=info.splits[eval_split].num_examples,
       eval_split=eval_split,
-      stored_image_size=_stored_size(builder))
+      stored_image_size=_stored_size(builder),
+      split_sizes={name: split.num_examples for name, split in info.splits.items()})
+
+
+def check_split(builder, split: str, what: str = 'split') -> None:
+  """Raises naming the dataset's splits when `split` is not one of them."""
+  if split not in builder.info.splits:
+    raise ValueError(f'{what}={split!r}: dataset {builder.name} has no such split; it has '
+                     f'{list(builder.info.splits)}.')
 
 
 def dataset_identity(builder, meta: DatasetMeta) -> Dict[str, Any]:
@@ -507,6 +514,7 @@ def eval_dataset(builder, config, *, per_process_batch: int, split: str,
   """Per-process evaluation batches: every example exactly once, padding masked out."""
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
+  check_split(builder, split)
   total = builder.info.splits[split].num_examples
   shard = _process_split(split, process_count, process_index, drop_remainder=False)
   ds = builder.as_dataset(split=shard, shuffle_files=False,

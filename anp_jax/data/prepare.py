@@ -142,6 +142,8 @@ def _print_report(builder, out=None):
            f"splits assigned: fractions {summary['options']['split_fractions']}, seed "
            f"{summary['options']['split_seed']}")
     print(f"  source: {summary['manual_dir']} ({summary['layout']} layout, {how})", file=out)
+    for split, origin in summary.get('split_origin', {}).items():  # Absent before version 1.1.
+      print(f'    {split}: {origin}', file=out)
   print(f'  training flags: --config.dataset=anp --config.data_dir={builder.data_dir_root} '
         f'--config.anp.config_name={builder.builder_config.name}', file=out)
   print(f"  classes: {feats['label_anp'].num_classes} ANPs, "

@@ -25,7 +25,10 @@ is written, so class and split sizes are known up front:
   that are in the dataset otherwise; an ANP that this takes below ``min_images_per_anp`` is
   dropped too (`scan` says in which order);
 * without source splits, each ANP is split train/validation/test by ``split_fractions`` with a
-  seeded permutation (stratified: every class appears in every split in proportion).
+  seeded permutation (stratified: every class appears in every split in proportion); with them,
+  a validation or test split the source does not give is carved the same way from each ANP's
+  source train images (MUSA2 gives train and test: validation is carved), and ``summary.json``
+  says where each split comes from (``split_origin``).
 
 Images are stored as JPEG with the shorter side at most ``resize`` px; a source JPEG that needs no
 resizing, rotation or colour conversion is stored byte for byte (``jpeg_quality`` applies only to
@@ -75,8 +78,13 @@ def _write_lines(path: epath.Path, rows: Iterable[Sequence[Any]]):
 class Anp(tfds.core.GeneratorBasedBuilder):
   """ANP images from a local manual dir (CSV list or class folders); see the module docstring."""
 
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'First version: CSV and folder layouts, validated and de-duplicated.'}
+  VERSION = tfds.core.Version('1.1.0')
+  RELEASE_NOTES = {
+      '1.0.0': 'First version: CSV and folder layouts, validated and de-duplicated.',
+      '1.1.0': 'A validation or test split the source does not give is carved from its train '
+               'split (stratified per ANP, seeded); summary.json records each split\'s origin '
+               'and the stored image size.',
+  }
   BUILDER_CONFIGS = [make_config()]
   MANUAL_DOWNLOAD_INSTRUCTIONS = """\
   Put the images in the manual dir, either listed in a CSV file (columns: image path relative to
@@ -145,6 +153,7 @@ class Anp(tfds.core.GeneratorBasedBuilder):
         'manual_dir': os.path.abspath(manual_dir),
         'layout': result.layout,
         'source_splits': result.source_splits,
+        'split_origin': result.split_origin,
         'config_name': self.builder_config.name,
         'options': {k: getattr(self.builder_config, k) for k in OPTION_NAMES},
         'num_listed': result.num_listed,

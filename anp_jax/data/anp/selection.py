@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import logging
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class ScanResult:
   duplicates: List[Tuple[str, str]]  # (dropped file_name, kept file_name)
   dropped: List[Tuple[str, int]]  # (anp, usable images)
   capped: Dict[str, int]  # anp -> images left out by max_images_per_anp
+  split_origin: Dict[str, str]  # split -> where its images come from (for summary.json)
 
 
 def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult:
@@ -168,19 +169,10 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
   duplicates = [(cand.file_name, kept[digest].file_name) for cand, digest in usable
                 if digest in kept and kept[digest] is not cand]
 
-  splits: Dict[str, List[Candidate]] = {s: [] for s in SPLITS}
-  fractions = parse_fractions(config.split_fractions)
-  for anp in sorted(alive):
-    items = stored[anp]
-    if source_splits:
-      for c in items:
-        splits[c.split].append(c)
-    else:
-      start = 0
-      for split, count in zip(SPLITS, allocate(len(items), fractions)):
-        splits[split].extend(items[start:start + count])
-        start += count
-  splits = {s: sorted(v, key=lambda c: c.file_name) for s, v in splits.items() if v}
+  listed_splits = {c.split for c in candidates} if source_splits else set()
+  splits, split_origin = assign_splits({anp: stored[anp] for anp in sorted(alive)},
+                                       listed_splits, parse_fractions(config.split_fractions),
+                                       config.split_seed)
   if 'train' not in splits:
     log.warning('anp: the source has no train images; splits: %s.', sorted(splits))
 
@@ -189,5 +181,50 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
   return ScanResult(layout=layout, source_splits=source_splits, num_listed=len(candidates),
                     splits=splits, anps=anps, adjectives=sorted({a for a, _ in pairs}),
                     nouns=sorted({n for _, n in pairs}), skipped=skipped,
-                    duplicates=duplicates, dropped=dropped, capped=capped)
+                    duplicates=duplicates, dropped=dropped, capped=capped,
+                    split_origin=split_origin)
+
+
+def assign_splits(stored: Dict[str, List[Candidate]], listed_splits: Set[str],
+                  fractions: Sequence[float], seed: int
+                  ) -> Tuple[Dict[str, List[Candidate]], Dict[str, str]]:
+  """Each ANP's images (in its seeded order) into splits; returns them (by file name) and where
+  each split comes from.
+
+  Without splits in the source (`listed_splits` empty) every ANP is cut by `fractions` (train,
+  validation, test). With them, each image keeps its source split, and a validation or test
+  split that the source does not give at all (MUSA2 gives train and test only) is carved from
+  each ANP's source train images, in proportion to its fraction (e.g. 0.8 / 0.1 / 0.1 with a
+  given test split: 1/9 of each ANP's train images become validation); a fraction of 0 carves
+  nothing. Both cuts are stratified per ANP and seeded by the order (``split_seed``).
+  """
+  share = dict(zip(SPLITS, fractions))
+  splits: Dict[str, List[Candidate]] = {s: [] for s in SPLITS}
+  if not listed_splits:
+    cut, cut_fractions = list(SPLITS), list(fractions)
+    origin = {s: f'assigned: {share[s]:g} of each ANP (seed {seed})' for s in SPLITS}
+  else:
+    carved = [s for s in SPLITS[1:] if s not in listed_splits and share[s] > 0
+              and 'train' in listed_splits]
+    cut = ['train', *carved]
+    total = sum(share[s] for s in cut)
+    cut_fractions = [share[s] / total for s in cut]
+    origin = {s: 'source' for s in SPLITS if s in listed_splits}
+    if carved:
+      origin['train'] = f'source, less the images carved into {" and ".join(carved)}'
+    for s in carved:
+      origin[s] = (f'carved from the source train split: {share[s] / total:.4g} of each ANP\'s '
+                   f'train images (seed {seed})')
+  for anp, items in stored.items():
+    if listed_splits:
+      for c in items:
+        if c.split != 'train':
+          splits[c.split].append(c)
+      items = [c for c in items if c.split == 'train']
+    start = 0
+    for split, count in zip(cut, allocate(len(items), cut_fractions)):
+      splits[split].extend(items[start:start + count])
+      start += count
+  splits = {s: sorted(v, key=lambda c: c.file_name) for s, v in splits.items() if v}
+  return splits, {s: origin[s] for s in splits}
 
