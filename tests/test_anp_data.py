@@ -390,6 +390,40 @@ def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, 
     assert img.format == 'PNG' and img.size[0] > img.size[1] > 100
 
 
+@pytest.mark.parametrize('side', [32, 0])
+def test_photos_stored_with_a_shorter_side_of_at_most_n(manual_dir, tmp_path, capsys, side):
+  """--resize_short_side N stores every photo with its shorter side min(N, source), re-encoded at
+  --jpeg_quality; summary.json records N for the pipeline (dataset_meta.stored_short_side); 0
+  keeps the source sizes (and records None)."""
+  from anp_jax.data import pipeline
+  from conftest import tiny_config
+  data_dir = str(tmp_path / 'data')
+  rc = prepare_cli.main(['--manual_dir', manual_dir, '--data_dir', data_dir, '--layout',
+                         'folder', '--min_images_per_anp', str(MIN), '--resize_short_side',
+                         str(side), '--jpeg_quality', '75'])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert (f'shorter side <= {side} px' if side else 'shorter side as in the source') in out
+  builder = prepared.load_builder(data_dir)
+  sources = {}
+  for name in os.listdir(manual_dir):
+    for f in (os.listdir(os.path.join(manual_dir, name))
+              if os.path.isdir(os.path.join(manual_dir, name)) else []):
+      try:
+        with Image.open(os.path.join(manual_dir, name, f)) as img:
+          sources[f'{name}/{f}'] = min(img.size)
+      except Exception:  # pylint: disable=broad-except  # The bad files: skipped anyway.
+        pass
+  for split in builder.info.splits:
+    for file_name, *_, data in read_split(builder, split, False):
+      with Image.open(io.BytesIO(data)) as img:
+        expected = min(side, sources[file_name]) if side else sources[file_name]
+        assert min(img.size) == expected, (file_name, img.size)
+  assert prepared.read_report(data_dir)['summary']['stored_short_side_max'] == (side or None)
+  config = tiny_config(data_dir, dataset='anp')
+  assert pipeline.dataset_meta(builder, config).stored_short_side == (side or None)
+
+
 def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   """The MUSA2 recipe (ResNet v1.5, inception crops, per-device BN, SGD) shrunk to a tiny run."""
   from anp_jax import trainer
@@ -411,6 +445,11 @@ def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   n_eval = folder_builder.info.splits['validation'].num_examples
   top1 = result.final_eval['eval/anp_top1'] * n_eval
   assert abs(top1 - round(top1)) < 1e-4  # A mean over exactly the validation examples.
+  run = trainer.build(config)  # The held-out split, as config.evals will name it.
+  assert run.meta.split_sizes == {'train': 60, 'validation': 6, 'test': 6}
+  assert run.meta.stored_short_side == RESIZE
+  test = run.evaluate(result.state, split='test')
+  assert abs(test['eval/anp_top1'] * 6 - round(test['eval/anp_top1'] * 6)) < 1e-4
 
 
 def _write_files(root: str, files) -> None:

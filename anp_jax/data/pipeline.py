@@ -55,7 +55,9 @@ class DatasetMeta:
   train_size: int
   eval_size: int
   eval_split: str
-  stored_image_size: Optional[int]
+  stored_image_size: Optional[int]  # Every image is this size (the generated dataset).
+  # The shorter side of stored images is at most this (a prepared `anp` with resize; None: any).
+  stored_short_side: Optional[int]
   split_sizes: Dict[str, int]  # Every split of the dataset (train, validation, test, ...).
 
 
@@ -156,6 +158,7 @@ def dataset_meta(builder, config) -> DatasetMeta:
       eval_size=info.splits[eval_split].num_examples,
       eval_split=eval_split,
       stored_image_size=_stored_size(builder),
+      stored_short_side=_stored_short_side(builder),
       split_sizes={name: split.num_examples for name, split in info.splits.items()})
 
 
@@ -277,6 +280,15 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
 def _stored_size(builder) -> Optional[int]:
   shape = builder.info.features['image'].shape
   return shape[0] if shape and shape[0] else None
+
+
+def _stored_short_side(builder) -> Optional[int]:
+  if _stored_size(builder):
+    return _stored_size(builder)
+  if builder.name == 'anp':
+    from anp_jax.data.anp import prepared
+    return prepared.stored_short_side(builder.data_dir)
+  return None
 
 
 # ----------------------------------------------------------------------------------------------

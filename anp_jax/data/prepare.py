@@ -1,7 +1,7 @@
 """Prepares the `anp` TFDS dataset from a local folder and reports what went in.
 
   python -m anp_jax.data.prepare --manual_dir /data/mvso_images --data_dir ~/tensorflow_datasets \\
-      --min_images_per_anp 500 --resize 256 --contact_sheet /tmp/anp_sheet.png
+      --min_images_per_anp 500 --resize_short_side 256 --contact_sheet /tmp/anp_sheet.png
 
 The manual dir holds either a CSV list (``--csv_file``, default ``images.csv``) or class folders
 ``ROOT/<adjective>_<noun>/`` (see `anp_jax.data.anp`). After preparing, this prints the classes,
@@ -71,9 +71,14 @@ def _parser(defaults=None) -> argparse.ArgumentParser:
                  default=','.join(str(f) for f in defaults.split_fractions or ()),
                  help='train,validation,test fractions when the source has no splits.')
   p.add_argument('--split_seed', type=int, default=defaults.split_seed)
-  p.add_argument('--resize', type=int, default=defaults.resize,
-                 help='Store images with the shorter side <= this many px; 0 keeps them.')
-  p.add_argument('--jpeg_quality', type=int, default=defaults.jpeg_quality)
+  p.add_argument('--resize_short_side', '--resize', dest='resize', type=int,
+                 default=defaults.resize,
+                 help='Store photos with the shorter side at most this many px (e.g. 256 or '
+                      '160: the smaller, the cheaper every decode in training); 0 keeps the '
+                      'source size.')
+  p.add_argument('--jpeg_quality', type=int, default=defaults.jpeg_quality,
+                 help='Quality of the JPEGs that preparation encodes (resized or converted '
+                      'images; a source JPEG that needs no change is stored as it is).')
   p.add_argument('--source_tag', default=defaults.source_tag,
                  help='Name of the source, part of the config name (e.g. mvso_en).')
   p.add_argument('--overwrite', action='store_true', help='Prepare again even if prepared.')
@@ -144,6 +149,9 @@ def _print_report(builder, out=None):
     print(f"  source: {summary['manual_dir']} ({summary['layout']} layout, {how})", file=out)
     for split, origin in summary.get('split_origin', {}).items():  # Absent before version 1.1.
       print(f'    {split}: {origin}', file=out)
+    side = summary['options']['resize']
+    print(f"  stored images: JPEG, shorter side {f'<= {side} px' if side else 'as in the source'}"
+          f" (re-encoded at quality {summary['options']['jpeg_quality']})", file=out)
   print(f'  training flags: --config.dataset=anp --config.data_dir={builder.data_dir_root} '
         f'--config.anp.config_name={builder.builder_config.name}', file=out)
   print(f"  classes: {feats['label_anp'].num_classes} ANPs, "

@@ -165,6 +165,8 @@ class Anp(tfds.core.GeneratorBasedBuilder):
         'num_adjectives': len(result.adjectives),
         'num_nouns': len(result.nouns),
         'split_sizes': {s: len(v) for s, v in result.splits.items()},
+        # The training pipeline reads this (`prepared.stored_short_side`).
+        'stored_short_side_max': self.builder_config.resize or None,
         'class_counts': counts,
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, ensure_ascii=False),

@@ -22,6 +22,12 @@ def read_summary(dataset_dir: str) -> Dict[str, Any]:
     return json.load(f)
 
 
+def stored_short_side(dataset_dir: str) -> Optional[int]:
+  """The largest shorter side of the stored images of a prepared config (its ``resize``), or
+  None when they keep their source sizes or the preparation predates the record (version 1.0)."""
+  return read_summary(dataset_dir).get('stored_short_side_max')
+
+
 def prepared_dirs(data_dir: str) -> Dict[str, str]:
   """Config name -> dataset dir of every prepared `anp` config under `data_dir`."""
   root = os.path.join(os.path.expanduser(os.fspath(data_dir)), 'anp')
