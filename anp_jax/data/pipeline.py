@@ -195,30 +195,33 @@ def image_dtype(config) -> tf.DType:
   return tf.bfloat16 if config.model.dtype == 'bfloat16' else tf.float32
 
 
-def _normalize(image, dtype=tf.float32):
+def normalize(image, dtype=tf.float32):
+  """uint8 or float RGB in [0, 255] -> (x / 255 - mean) / std, in `dtype`."""
   image = tf.cast(image, tf.float32) / 255.0
   return tf.cast((image - MEAN_RGB) / STDDEV_RGB, dtype)
 
 
-def _inception_crop(image_bytes, size, seed):
-  """Random-resized crop (area 8-100 %, aspect 3/4-4/3) of an encoded image of any format.
+def crop_window(shape, seed):
+  """The random-resized crop's window (area 8-100 %, aspect 3/4-4/3) of an image of `shape`:
+  ``(begin, size)``, as `tf.slice` takes them."""
+  bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
+      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  return begin, size
+
+
+def decode_crop(image_bytes, seed):
+  """The random-resized crop's window of an encoded image of any format, decoded (uint8).
 
   JPEG is decoded only inside the window (`decode_and_crop_jpeg`, the fast path for photos);
   other encodings (the generated dataset stores PNG) are decoded whole, then cropped. Both
   sample the window from the image shape with the same seed, so the crop does not depend on the
   encoding.
   """
-  bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
-
-  def window(shape):
-    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    return begin, crop_size
-
   def from_jpeg():
-    begin, crop_size = window(tf.io.extract_jpeg_shape(image_bytes))
+    begin, crop_size = crop_window(tf.io.extract_jpeg_shape(image_bytes), seed)
     offset_y, offset_x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(crop_size)
     return tf.io.decode_and_crop_jpeg(image_bytes, tf.stack([offset_y, offset_x, h, w]),
@@ -226,11 +229,25 @@ def _inception_crop(image_bytes, size, seed):
 
   def from_other():
     image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
-    begin, crop_size = window(tf.shape(image))
-    return tf.slice(image, begin, crop_size)
+    return tf.slice(image, *crop_window(tf.shape(image), seed))
 
-  image = tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
+  return tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
+
+
+def resize_square(image, size: int):
+  """Bicubic resize to `size` x `size` (float32)."""
   return tf.image.resize(image, [size, size], method='bicubic')
+
+
+def flip(image, seed):
+  """A left-right flip with probability 1/2, drawn from the example's seed."""
+  flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+  return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+
+
+def _inception_crop(image_bytes, size, seed):
+  """Random-resized crop of an encoded image of any format (`decode_crop`), resized to `size`."""
+  return resize_square(decode_crop(image_bytes, seed), size)
 
 
 def _center_crop(image_bytes, size, crop_fraction=0.875):
@@ -269,9 +286,8 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
       padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode='REFLECT')
       image = tf.image.stateless_random_crop(padded, [size, size, 3], seed=seed)
   if train and augment != 'none':
-    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-  out = {'image': _normalize(image, image_dtype(config)), 'mask': tf.constant(1.0, tf.float32)}
+    image = flip(image, seed)
+  out = {'image': normalize(image, image_dtype(config)), 'mask': tf.constant(1.0, tf.float32)}
   for key in LABEL_KEYS:
     out[key] = tf.cast(example[key], tf.int32)
   return out
