@@ -1,15 +1,30 @@
-"""Input-pipeline benchmark at 224 px: is the input the bottleneck?
+"""Input-pipeline benchmark on photo-like JPEGs: what each stage costs per core, and whether the
+host can feed the model.
 
-  python experiments/input_benchmark.py [--data_dir DIR --config_name NAME] [--batches 30]
+  python experiments/input_benchmark.py [--images 600] [--short_sides 256,160] [--out FILE]
+  python experiments/input_benchmark.py --data_dir DIR --config_name NAME   # a prepared `anp`
 
-Without ``--data_dir`` it first writes a folder of photo-like JPEGs (``--images`` of 400x300 px
-over 20 ANPs) and prepares it with the `anp` builder (shorter side 256, like a real preparation),
-then times the *training* pipeline of the paper config (JPEG decode + Inception random-resized
-crop + flip + normalisation in the tf.data graph, AUTOTUNE) for one process, after a warm-up.
-It reports images/s, the CPU cores the process may use, and compares with how fast a model
-consumes images: ResNet-50 training measured here on this CPU, and the performance model's
-predictions for K80, V100 and H200 devices (8 per node), so the ratio says whether a node's CPUs
-can keep its accelerators fed.
+Without ``--data_dir`` it writes ``--images`` photo-like JPEGs of ``--width`` x ``--height`` px
+at ``--quality`` (default 500 x 375 at 90, as the Flickr photos of MVSO), over 20 ANPs, and
+prepares them with the `anp` builder three ways: as they are (``source``) and with the shorter
+side at most each of ``--short_sides`` (``prepare --resize_short_side``). For every prepared
+dataset it reports, with the paper config's 224 px Inception pipeline (random-resized crop +
+flip + normalisation to bfloat16):
+
+* per stage (read, decode, crop, decode_and_crop, resize, flip, normalise, batch,
+  host_to_device): CPU microseconds per image and images/s per core, each stage timed alone on
+  one core (`anp_jax.data.input_stages`);
+* the training pipeline itself (`pipeline.train_dataset`, every core, AUTOTUNE): images/s and
+  CPU core-seconds per image.
+
+Then, for the reference dataset (the first of ``--short_sides``, or ``--data_dir``), how fast a
+model consumes images: ResNet-50 training on this CPU, and the performance model's predictions
+for 8 K80, V100 and H200 devices per node, so the ratio says whether a node's CPUs can keep its
+accelerators fed. The top-level ``pipeline_images_per_s`` / ``cpu_cores`` keys are those of the
+reference dataset (`experiments/bench_gpu.sh` reads them).
+
+Timings need a quiet machine: nothing else running, the files in the page cache (they are
+written just before).
 """
 
 import json
@@ -18,19 +33,27 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 from absl import app, flags
 
 from anp_jax import cli, runtime
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('data_dir', None, 'A prepared `anp` dataset (default: generate a folder of '
-                    'JPEGs and prepare it in a temporary directory).')
+flags.DEFINE_string('data_dir', None, 'A prepared `anp` dataset (default: generate photo-like '
+                    'JPEGs and prepare them in a temporary directory).')
 flags.DEFINE_string('config_name', None, 'The `anp` builder config of --data_dir.')
 flags.DEFINE_integer('images', 600, 'Generated JPEGs (without --data_dir).')
+flags.DEFINE_integer('stage_images', 1000, 'Images each stage is timed on (positions of the '
+                     'training stream: more than the dataset holds read it again).')
+flags.DEFINE_integer('width', 500, 'Width of the generated JPEGs.')
+flags.DEFINE_integer('height', 375, 'Height of the generated JPEGs.')
+flags.DEFINE_integer('quality', 90, 'JPEG quality of the generated photos (and of the '
+                     'resized copies).')
+flags.DEFINE_list('short_sides', ['256', '160'], 'Prepared copies with the shorter side at '
+                  'most this many px, besides the photos as they are.')
 flags.DEFINE_integer('batch', 64, 'Images per batch.')
-flags.DEFINE_integer('batches', 30, 'Timed batches.')
+flags.DEFINE_integer('batches', 30, 'Timed batches of the whole training pipeline.')
 flags.DEFINE_integer('warmup', 5, 'Untimed batches first.')
+flags.DEFINE_bool('stages', True, 'Time each stage alone (the per-core breakdown).')
 flags.DEFINE_bool('skip_model', False, 'Do not time ResNet-50 training on this CPU.')
 flags.DEFINE_string('out', None, 'Also write the JSON result to this file (stdout also carries '
                     "the dataset preparation's messages).")
@@ -39,38 +62,40 @@ flags.DEFINE_string('out', None, 'Also write the JSON result to this file (stdou
 ANPS = 20  # ANP folders of the generated dataset.
 
 
-def _write_folder(root: str, images: int, anps: int = ANPS):
-  from PIL import Image
-  rng = np.random.default_rng(0)
-  names = [f'adj{a}_noun{a % 7}' for a in range(anps)]
-  yy, xx = np.mgrid[0:300, 0:400] / 300.0
-  for i in range(images):
-    folder = os.path.join(root, names[i % anps])
-    os.makedirs(folder, exist_ok=True)
-    base = rng.uniform(0, 1, 3)
-    img = (base + 0.4 * np.sin(xx[..., None] * rng.uniform(2, 9, 3) + yy[..., None] *
-                               rng.uniform(2, 9, 3)) + rng.normal(0, 0.08, (300, 400, 3)))
-    Image.fromarray((np.clip(img, 0, 1) * 255).astype(np.uint8)).save(
-        os.path.join(folder, f'{i:05d}.jpg'), quality=90)
-
-
-def pipeline_rate(data_dir: str, config_name: str, batch: int, batches: int, warmup: int):
+def paper_config(data_dir: str, config_name: str):
+  """The paper config's input settings on a prepared dataset, read by position from the files
+  (``cache=False``, each process reading its own examples, as a real run on ~300k photos)."""
   from anp_jax.configs import musa2_resnet50
-  from anp_jax.data import pipeline
   config = musa2_resnet50.get_config()
   config.data_dir, config.anp.config_name = data_dir, config_name
-  config.cache = True
+  config.cache = False
+  return config
+
+
+def measure(data_dir: str, config_name: str, args, to_device) -> dict:
+  """Stage costs, host-to-device cost and the whole pipeline's rate on one prepared dataset."""
+  import numpy as np
+  from anp_jax.data import input_stages, pipeline
+  from anp_jax.data.anp import prepared
+  config = paper_config(data_dir, config_name)
   builder = pipeline.get_builder(config)
-  ds = pipeline.train_dataset(builder, config, per_device_batch=batch, num_shards=1, shards=[0])
-  it = iter(ds.as_numpy_iterator())
-  for _ in range(warmup):
-    next(it)
-  t0 = time.perf_counter()
-  for _ in range(batches):
-    out = next(it)
-  elapsed = time.perf_counter() - t0
-  assert out['image'].shape == (batch, 224, 224, 3)
-  return batches * batch / elapsed
+  split = builder.info.splits['train']
+  out = {'config_name': builder.builder_config.name if builder.builder_config else config_name,
+         'train_images': split.num_examples,
+         'mean_stored_bytes': split.num_bytes / max(1, split.num_examples),
+         'stored_short_side_max': prepared.stored_short_side(builder.data_dir)}
+  if args.stages:
+    images = max(args.stage_images, args.batch)
+    out['stages'] = input_stages.stage_costs(builder, config, images, args.batch)
+    batches = [np.asarray(b) for b in input_stages.stage_datasets(
+        builder, config, min(images, 4 * args.batch), args.batch)['batch']]
+    out['stages']['host_to_device'] = input_stages.host_to_device_cost(batches, to_device)
+    out['training_stages_cpu_us_per_image'] = sum(
+        out['stages'][s]['cpu_us_per_image']
+        for s in (*input_stages.TRAINING_STAGES, 'host_to_device'))
+  out['pipeline'] = input_stages.pipeline_cost(builder, config, args.batch, args.batches,
+                                               args.warmup)
+  return out
 
 
 def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
@@ -99,49 +124,91 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
   return steps * batch / (time.perf_counter() - t0)
 
 
+def _usage_error(args) -> str:
+  """What is wrong with the flags ('' if nothing), before any preparation or timing."""
+  for flag, low in (('images', ANPS), ('batch', 1), ('batches', 1), ('warmup', 0),
+                    ('width', 16), ('height', 16), ('stage_images', 1)):
+    if getattr(args, flag) < low:
+      return (f'--{flag}={getattr(args, flag)} is out of range: use an integer >= {low}'
+              + (f' (one image per each of the {ANPS} generated ANPs).' if flag == 'images'
+                 else '.'))
+  if not 1 <= args.quality <= 100:
+    return f'--quality={args.quality} is out of range: use an integer in [1, 100].'
+  sides = args.short_sides or []
+  if not all(s.isdigit() and int(s) >= 1 for s in sides):
+    return f'--short_sides={",".join(sides)}: give whole numbers of pixels >= 1, e.g. 256,160.'
+  if args.out is not None:
+    message = cli.output_file_error('--out', args.out, 'JSON file', 'input_pipeline.json')
+    if message:
+      return message
+  if args.data_dir is not None:
+    if not args.data_dir:
+      return ('--data_dir is empty: give a prepared `anp` dataset (or leave the flag out to '
+              'generate one).')
+    from anp_jax.data.anp import prepared
+    try:  # The folder exists and holds the prepared config.
+      args.data_dir = os.path.expanduser(args.data_dir)
+      prepared.dataset_dir(args.data_dir, args.config_name)
+    except (OSError, ValueError) as e:
+      return f'--data_dir: {e}'
+  return ''
+
+
+def _table(variants: dict) -> str:
+  """The per-core images/s of each stage, one column per prepared dataset."""
+  names = list(variants)
+  stages = []
+  for v in variants.values():
+    stages += [s for s in v.get('stages', {}) if s not in stages]
+  rate = lambda r: f"{r:10.0f}" if r else f"{'(<noise)':>10s}"  # noqa: E731
+  lines = [f"{'images/s per core':20s}" + ''.join(f'{n:>10s}' for n in names)]
+  for stage in stages:
+    lines.append(f'{stage:20s}' + ''.join(rate(variants[n]['stages'][stage][
+        'images_per_s_per_core']) for n in names))
+  lines.append(f"{'training pipeline':20s}" + ''.join(
+      rate(variants[n]['pipeline']['images_per_s_per_core']) for n in names))
+  return '\n'.join(lines)
+
+
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   args = FLAGS
-  message = ''
-  for flag, low in (('images', ANPS), ('batch', 1), ('batches', 1), ('warmup', 0)):
-    if getattr(args, flag) < low:
-      message = (f'--{flag}={getattr(args, flag)} is out of range: use an integer >= {low}'
-                 + (f' (one image per each of the {ANPS} generated ANPs).' if flag == 'images'
-                    else '.'))
-      break
-  if not message and args.out is not None:  # Before minutes of timing, not after.
-    message = cli.output_file_error('--out', args.out, 'JSON file', 'input_pipeline.json')
-  if not message and args.data_dir is not None:
-    from anp_jax.data import anp
-    if not args.data_dir:
-      message = ('--data_dir is empty: give a prepared `anp` dataset (or leave the flag out to '
-                 'generate one).')
-    else:
-      try:  # Before any timing: the folder exists and holds the prepared config.
-        args.data_dir = os.path.expanduser(args.data_dir)
-        anp.dataset_dir(args.data_dir, args.config_name)
-      except (OSError, ValueError) as e:
-        message = f'--data_dir: {e}'
+  message = _usage_error(args)
   if message:
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
+  import jax
+  from anp_jax import executors
+  from anp_jax.executors.common import MeshHelper
+  # The trainer's transfer, to one device: the cost per image of a host's batch.
+  to_device = MeshHelper(executors.make_mesh(jax.local_devices()[:1])).to_device
   cores = len(os.sched_getaffinity(0))
+  variants = {}
   try:
     with tempfile.TemporaryDirectory() as tmp:
-      data_dir, name = args.data_dir, args.config_name
-      if not data_dir:
-        from anp_jax.data import anp
+      if args.data_dir:
+        variants['given'] = measure(args.data_dir, args.config_name, args, to_device)
+      else:
+        from anp_jax.data import anp, input_stages
         manual, data_dir = os.path.join(tmp, 'manual'), os.path.join(tmp, 'tfds')
-        _write_folder(manual, args.images)
-        name = anp.prepare(manual, data_dir, layout='folder', resize=256).builder_config.name
-      rate = pipeline_rate(data_dir, name, args.batch, args.batches, args.warmup)
+        source = input_stages.write_photo_folder(manual, args.images, ANPS, args.height,
+                                                 args.width, args.quality)
+        for name, side in (('source', 0), *((s, int(s)) for s in args.short_sides)):
+          prepared_name = anp.prepare(manual, data_dir, layout='folder', resize=side,
+                                      jpeg_quality=args.quality).builder_config.name
+          variants[name] = measure(data_dir, prepared_name, args, to_device)
+          variants[name]['generated'] = dict(source, width=args.width, height=args.height,
+                                             quality=args.quality)
   except (OSError, ValueError) as e:  # The dataset could not be read or prepared.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
+  reference = 'given' if args.data_dir else (args.short_sides or ['source'])[0]
+  rate = variants[reference]['pipeline']['images_per_s']
   result = {'pipeline_images_per_s': rate, 'cpu_cores': cores,
-            'pipeline_images_per_s_per_core': rate / cores, 'batch': args.batch}
+            'pipeline_images_per_s_per_core': rate / cores, 'batch': args.batch,
+            'reference': reference, 'variants': variants}
   from anp_jax.research import perfmodel
   w = perfmodel.resnet50()
   for dev in ('k80', 'v100', 'h200'):
@@ -154,6 +221,8 @@ def main(argv):
   if not args.skip_model:
     result['model_images_per_s_this_cpu'] = model_rate_cpu()
     result['input_over_model_this_cpu'] = rate / result['model_images_per_s_this_cpu']
+  if args.stages:
+    print(_table(variants))
   print(json.dumps(result, indent=2))
   if args.out:
     with open(os.path.expanduser(args.out), 'w') as f:

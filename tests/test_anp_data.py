@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from anp_jax.data import anp, prepare as prepare_cli
+from anp_jax.data.anp import images, options, prepared, selection
 
 # 6 kept ANPs x 12 images; 'tiny_cat' has 3 and is dropped by MIN. 'old_school_bus' checks the
 # first-separator rule: adjective 'old', noun 'school_bus'.
@@ -136,7 +137,7 @@ def test_folder_layout_counts_labels_and_vocabularies(folder_builder):
   assert feats['image'].shape == (None, None, 3)
   assert {s: info.splits[s].num_examples for s in info.splits} == {
       'train': 60, 'validation': 6, 'test': 6}
-  report = anp.read_report(folder_builder.data_dir)
+  report = prepared.read_report(folder_builder.data_dir)
   assert report['anps'] == sorted(ANPS)
   assert report['adjectives'] == feats['label_adjective'].names
   assert report['nouns'] == feats['label_noun'].names
@@ -168,7 +169,7 @@ def test_every_image_kind_is_stored_as_rgb(folder_builder):
 
 
 def test_skipped_and_duplicate_reports(folder_builder):
-  report = anp.read_report(folder_builder.data_dir)
+  report = prepared.read_report(folder_builder.data_dir)
   skipped = dict(report['skipped'])
   assert set(skipped) == set(BAD)  # The hidden .DS_Store is ignored, not reported.
   for name, reason in BAD.items():
@@ -185,11 +186,11 @@ def test_split_is_stratified(folder_builder):
   for anp_name in ANPS:
     assert (counts['train'][anp_name], counts['validation'][anp_name],
             counts['test'][anp_name]) == (10, 1, 1)
-  summary = anp.read_report(folder_builder.data_dir)['summary']
+  summary = prepared.read_report(folder_builder.data_dir)['summary']
   assert summary['class_counts']['train'] == dict(sorted(counts['train'].items()))
-  assert anp.allocate(12, (0.8, 0.1, 0.1)) == [10, 1, 1]
-  assert anp.allocate(3, (0.8, 0.1, 0.1)) == [1, 1, 1]
-  assert anp.allocate(1000, (0.8, 0.1, 0.1)) == [800, 100, 100]
+  assert selection.allocate(12, (0.8, 0.1, 0.1)) == [10, 1, 1]
+  assert selection.allocate(3, (0.8, 0.1, 0.1)) == [1, 1, 1]
+  assert selection.allocate(1000, (0.8, 0.1, 0.1)) == [800, 100, 100]
 
 
 def test_preparation_is_deterministic(folder_builder, manual_dir, tmp_path):
@@ -205,9 +206,9 @@ def test_reuse_and_read_only_loading(folder_builder, manual_dir):
   same = anp.prepare(manual_dir, data_dir, layout='folder', min_images_per_anp=MIN,
                      resize=RESIZE)  # Already prepared: reused, not regenerated.
   assert same.info.splits['train'].num_examples == 60
-  info = anp.load_info(data_dir)
+  info = prepared.load_info(data_dir)
   assert info.features['label_anp'].names == sorted(ANPS)
-  loaded = anp.load_builder(data_dir, folder_builder.builder_config.name)
+  loaded = prepared.load_builder(data_dir, folder_builder.builder_config.name)
   assert read_split(loaded, 'test', False) == read_split(folder_builder, 'test', False)
   elsewhere = os.path.join(os.path.dirname(manual_dir), 'other_manual')
   shutil.copytree(manual_dir, elsewhere, dirs_exist_ok=True)
@@ -223,7 +224,7 @@ def test_reuse_and_read_only_loading(folder_builder, manual_dir):
 def test_csv_layout(manual_dir, tmp_path):
   builder = anp.prepare(manual_dir, str(tmp_path), resize=0, min_images_per_anp=MIN)
   assert builder.builder_config.layout == 'auto'
-  report = anp.read_report(builder.data_dir)
+  report = prepared.read_report(builder.data_dir)
   assert report['summary']['layout'] == 'csv'
   assert report['anps'] == sorted(ANPS)
   assert {s: builder.info.splits[s].num_examples for s in builder.info.splits} == {
@@ -250,7 +251,9 @@ def test_source_splits_folder_and_csv(tmp_path):
   builder = anp.prepare(root, str(tmp_path / 'd1'), resize=RESIZE)
   got = {r[0]: split for split in builder.info.splits for r in read_split(builder, split, False)}
   assert got == expected
-  assert anp.read_report(builder.data_dir)['summary']['source_splits']
+  summary = prepared.read_report(builder.data_dir)['summary']
+  assert summary['source_splits']
+  assert summary['split_origin'] == {s: 'source' for s in ('train', 'validation', 'test')}
 
   write_csv(os.path.join(root, 'list.csv'), [(f, f.split('/')[1], sp.upper())
                                              for f, sp in sorted(expected.items())],
@@ -262,18 +265,51 @@ def test_source_splits_folder_and_csv(tmp_path):
   assert got == expected
 
 
+def test_a_split_the_source_lacks_is_carved_from_its_train_split(tmp_path, capsys):
+  """A source with train and test only (as MUSA2): validation is carved from each ANP's train
+  images, 0.1 / 0.9 of them (split_fractions 0.8 / 0.1 / 0.1), seeded; the test split stays the
+  source's; summary.json and the report say where each split comes from. A validation fraction
+  of 0 carves nothing. (Before: such a source gave no validation split.)"""
+  root = str(tmp_path / 'train_test')
+  source = {}
+  for s, (split, n) in enumerate((('train', 18), ('test', 3))):
+    for k, name in enumerate(('red_car', 'blue_car')):
+      for f in write_class(os.path.join(root, split), name, n, 10 * s + k):
+        source[f'{split}/{f}'] = split
+  builder = anp.prepare(root, str(tmp_path / 'd'), resize=RESIZE)
+  got = {split: {r[0]: r[1] for r in read_split(builder, split, False)}
+         for split in builder.info.splits}
+  assert set(got['test']) == {f for f, sp in source.items() if sp == 'test'}
+  assert set(got['train']) | set(got['validation']) == {f for f, sp in source.items()
+                                                        if sp == 'train'}
+  assert collections.Counter(got['validation'].values()) == {'red_car': 2, 'blue_car': 2}
+  origin = prepared.read_report(builder.data_dir)['summary']['split_origin']
+  assert origin['test'] == 'source'
+  assert origin['validation'].startswith('carved from the source train split: 0.1111 of each')
+  assert origin['train'] == 'source, less the images carved into validation'
+  prepare_cli._print_report(builder)
+  assert 'validation: carved from the source train split' in capsys.readouterr().out
+  other_seed = anp.prepare(root, str(tmp_path / 'd2'), resize=RESIZE, split_seed=1)
+  assert {r[0] for r in read_split(other_seed, 'validation', False)} != set(got['validation'])
+  uncarved = anp.prepare(root, str(tmp_path / 'd3'), resize=RESIZE,
+                         split_fractions=(0.9, 0.0, 0.1))
+  assert set(uncarved.info.splits) == {'train', 'test'}
+  assert prepared.read_report(uncarved.data_dir)['summary']['split_origin'] == {
+      'train': 'source', 'test': 'source'}
+
+
 def test_max_images_per_anp_and_config_names(manual_dir, tmp_path):
   builder = anp.prepare(manual_dir, str(tmp_path), layout='folder', min_images_per_anp=MIN,
                         max_images_per_anp=8, resize=RESIZE)
-  summary = anp.read_report(builder.data_dir)['summary']
+  summary = prepared.read_report(builder.data_dir)['summary']
   assert all(n == 4 for n in summary['capped_classes'].values())
   assert sum(builder.info.splits[s].num_examples for s in builder.info.splits) == 6 * 8
-  names = {anp.make_config().name, anp.make_config(resize=128).name,
-           anp.make_config(split_fractions=(0.7, 0.2, 0.1)).name,
-           anp.make_config(separator='-').name, anp.make_config(source_tag='mvso_en').name}
+  names = {options.make_config().name, options.make_config(resize=128).name,
+           options.make_config(split_fractions=(0.7, 0.2, 0.1)).name,
+           options.make_config(separator='-').name, options.make_config(source_tag='mvso_en').name}
   assert len(names) == 5
-  assert anp.make_config(resize=128).name == anp.make_config(resize=128).name
-  assert anp.make_config(split_fractions='0.7,0.2,0.1').name == anp.make_config(
+  assert options.make_config(resize=128).name == options.make_config(resize=128).name
+  assert options.make_config(split_fractions='0.7,0.2,0.1').name == options.make_config(
       split_fractions=(0.7, 0.2, 0.1)).name
 
 
@@ -329,10 +365,10 @@ def test_bad_inputs_raise_naming_the_file_or_row(manual_dir, tmp_path):
     anp.prepare(empty, data_dir)
 
   with pytest.raises(ValueError, match='split_fractions'):
-    anp.make_config(split_fractions=(0.8, 0.1, 0.2))
+    options.make_config(split_fractions=(0.8, 0.1, 0.2))
   with pytest.raises(ValueError, match='Unknown anp option'):
-    anp.make_config(min_images=3)
-  assert not anp.prepared_dirs(data_dir)  # Failed preparations leave nothing behind.
+    options.make_config(min_images=3)
+  assert not prepared.prepared_dirs(data_dir)  # Failed preparations leave nothing behind.
 
 
 def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, tmp_path, capsys):
@@ -352,6 +388,40 @@ def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, 
   assert f'--config.anp.config_name={folder_builder.builder_config.name}' in out
   with Image.open(sheet) as img:
     assert img.format == 'PNG' and img.size[0] > img.size[1] > 100
+
+
+@pytest.mark.parametrize('side', [32, 0])
+def test_photos_stored_with_a_shorter_side_of_at_most_n(manual_dir, tmp_path, capsys, side):
+  """--resize_short_side N stores every photo with its shorter side min(N, source), re-encoded at
+  --jpeg_quality; summary.json records N for the pipeline (dataset_meta.stored_short_side); 0
+  keeps the source sizes (and records None)."""
+  from anp_jax.data import pipeline
+  from conftest import tiny_config
+  data_dir = str(tmp_path / 'data')
+  rc = prepare_cli.main(['--manual_dir', manual_dir, '--data_dir', data_dir, '--layout',
+                         'folder', '--min_images_per_anp', str(MIN), '--resize_short_side',
+                         str(side), '--jpeg_quality', '75'])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert (f'shorter side <= {side} px' if side else 'shorter side as in the source') in out
+  builder = prepared.load_builder(data_dir)
+  sources = {}
+  for name in os.listdir(manual_dir):
+    for f in (os.listdir(os.path.join(manual_dir, name))
+              if os.path.isdir(os.path.join(manual_dir, name)) else []):
+      try:
+        with Image.open(os.path.join(manual_dir, name, f)) as img:
+          sources[f'{name}/{f}'] = min(img.size)
+      except Exception:  # pylint: disable=broad-except  # The bad files: skipped anyway.
+        pass
+  for split in builder.info.splits:
+    for file_name, *_, data in read_split(builder, split, False):
+      with Image.open(io.BytesIO(data)) as img:
+        expected = min(side, sources[file_name]) if side else sources[file_name]
+        assert min(img.size) == expected, (file_name, img.size)
+  assert prepared.read_report(data_dir)['summary']['stored_short_side_max'] == (side or None)
+  config = tiny_config(data_dir, dataset='anp')
+  assert pipeline.dataset_meta(builder, config).stored_short_side == (side or None)
 
 
 def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
@@ -375,6 +445,11 @@ def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   n_eval = folder_builder.info.splits['validation'].num_examples
   top1 = result.final_eval['eval/anp_top1'] * n_eval
   assert abs(top1 - round(top1)) < 1e-4  # A mean over exactly the validation examples.
+  run = trainer.build(config)  # The held-out split, as config.evals will name it.
+  assert run.meta.split_sizes == {'train': 60, 'validation': 6, 'test': 6}
+  assert run.meta.stored_short_side == RESIZE
+  test = run.evaluate(result.state, split='test')
+  assert abs(test['eval/anp_top1'] * 6 - round(test['eval/anp_top1'] * 6)) < 1e-4
 
 
 def _write_files(root: str, files) -> None:
@@ -384,9 +459,10 @@ def _write_files(root: str, files) -> None:
       f.write(data)
 
 
-def _scan(root: str, **options):
-  """(ScanResult, {file_name: bytes} of every stored file) for `root` scanned with `options`."""
-  result = anp.scan(root, anp.make_config(layout='folder', **options))
+def _scan(root: str, **config_options):
+  """(ScanResult, {file_name: bytes} of every stored file) for `root` scanned with
+  `config_options`."""
+  result = selection.scan(root, options.make_config(layout='folder', **config_options))
   stored = {}
   for items in result.splits.values():
     for c in items:
@@ -465,28 +541,26 @@ def test_anp_names_that_label_files_would_change_are_refused(tmp_path, bad):
   write_class(root, 'happy_dog', 2, 0)
   write_class(root, bad, 2, 1)
   with pytest.raises(ValueError, match=r'whitespace at either end or a control character'):
-    anp.scan(root, anp.make_config(layout='folder'))
+    selection.scan(root, options.make_config(layout='folder'))
   with pytest.raises(ValueError, match=f'{re.escape(repr(bad))} \\(folder .*\\)'):
-    anp.scan(root, anp.make_config(layout='folder'))
+    selection.scan(root, options.make_config(layout='folder'))
   write_csv(os.path.join(root, 'images.csv'), [('happy_dog/img_00.jpg', 'happy_dog'),
                                                ('happy_dog/img_01.png', 'sad\ncat')])
   with pytest.raises(ValueError, match=r"'sad\\ncat' \(images\.csv line \d+\) has whitespace"):
-    anp.scan(root, anp.make_config(layout='csv'))
+    selection.scan(root, options.make_config(layout='csv'))
 
 
 @pytest.mark.parametrize('mode,key', [('RGB', (10, 200, 30)), ('L', 77)])
 def test_a_png_colour_key_is_composited_on_white(tmp_path, mode, key):
   """A PNG tRNS chunk on an RGB or greyscale image marks one colour transparent, like alpha: it
   becomes white, as RGBA and palette transparency do (it kept its key colour before)."""
-  from PIL import Image
-  from anp_jax.data import anp
   img = Image.new(mode, (4, 4), key)
   img.putpixel((0, 0), (1, 2, 3) if mode == 'RGB' else 5)
   path = tmp_path / 'keyed.png'
   img.save(path, transparency=key)
   with Image.open(path) as loaded:
     assert 'transparency' in loaded.info
-    rgb = np.asarray(anp._to_rgb(loaded))
+    rgb = np.asarray(images.to_rgb(loaded))
   assert rgb.shape == (4, 4, 3)
   assert (rgb[1:, 1:] == 255).all()  # The keyed colour.
   assert tuple(rgb[0, 0]) == ((1, 2, 3) if mode == 'RGB' else (5, 5, 5))

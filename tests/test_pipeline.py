@@ -1,16 +1,22 @@
 """Input pipeline: global sharded batches, determinism, exact resume, per-process shards, exact eval."""
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from jax.sharding import PartitionSpec as P
 
-from anp_jax import executors, setup
+from anp_jax import executors, setup, trainer
 from anp_jax.executors.common import MeshHelper
 from anp_jax.data import pipeline
-from conftest import TINY_SYNTHETIC, tiny_config
+from conftest import (ROOT, TESTS, TINY_SYNTHETIC, assert_leaves_close, launch, leaves, main_cmd,
+                      subprocess_env, tiny_config, wait)
 
 TRAIN_SIZE = TINY_SYNTHETIC['num_pairs'] * TINY_SYNTHETIC['train_per_class']  # 256
 EVAL_SIZE = TINY_SYNTHETIC['num_pairs'] * TINY_SYNTHETIC['eval_per_class']  # 104
@@ -34,6 +40,40 @@ def test_generated_dataset_is_deterministic_and_sized(data_dir, tmp_path):
   a = next(iter(builder.as_dataset(split='validation', shuffle_files=False).take(5)))
   b = next(iter(again.as_dataset(split='validation', shuffle_files=False).take(5)))
   np.testing.assert_array_equal(a['image'].numpy(), b['image'].numpy())
+
+
+def test_generated_dataset_has_a_held_out_test_split(data_dir):
+  """train / validation / test: test as large as validation by default, no image in two splits,
+  every split named in `dataset_meta` and evaluated exactly by `eval_dataset`."""
+  config = tiny_config(data_dir, augment='none')
+  builder = pipeline.get_builder(config)
+  meta = pipeline.dataset_meta(builder, config)
+  assert meta.split_sizes == {'train': TRAIN_SIZE, 'validation': EVAL_SIZE, 'test': EVAL_SIZE}
+  images = {}
+  for split in meta.split_sizes:
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    images[split] = set(_digest(ex['image'] for ex in tfds.as_numpy(ds)))
+    assert len(images[split]) == meta.split_sizes[split]
+  assert not (images['test'] & images['validation']) and not (images['test'] & images['train'])
+  batches = list(pipeline.eval_dataset(builder, config, per_process_batch=48, split='test',
+                                       process_index=1, process_count=2).as_numpy_iterator())
+  assert len(batches) == pipeline.num_eval_batches(EVAL_SIZE, 2, 48)
+  assert sum(int(b['mask'].sum()) for b in batches) == EVAL_SIZE // 2
+  with pytest.raises(ValueError, match=r"split='tset'.* it has \['train', 'validation', 'test'\]"):
+    pipeline.eval_dataset(builder, config, per_process_batch=48, split='tset')
+
+
+def test_the_test_split_size_is_an_option_of_its_own(data_dir):
+  """test_per_class sets the test split alone; None (the default) means eval_per_class, under
+  the same config name."""
+  from anp_jax.data import synthetic
+  same = synthetic.make_config(**TINY_SYNTHETIC)
+  assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=None) == same
+  assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=13).name == same.name
+  other = synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=5))
+  assert other.name != same.name and other.test_per_class == 5
+  with pytest.raises(ValueError, match='test_per_class must be >= 1'):
+    synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=0))
 
 
 def test_train_batches_shard_on_the_data_axis(data_dir):
@@ -94,6 +134,180 @@ def test_processes_read_disjoint_shards(data_dir):
     seen.append(set(_digest(np.concatenate([b['image'] for b in _batches(ds, 8)]))))
   assert len(seen[0]) == len(seen[1]) == 128
   assert not seen[0] & seen[1]
+
+
+def _stream(builder, config, devices: int, start_step: int, steps: int, batch: int = 32):
+  """`steps` global batches of `batch` examples from `start_step` on, read as one process with
+  `devices` devices would read them."""
+  return _batches(pipeline.train_dataset(builder, config, per_device_batch=batch // devices,
+                                         num_shards=devices, shards=range(devices),
+                                         start_step=start_step), steps)
+
+
+@pytest.mark.parametrize('before,after', [(2, 1), (1, 2), (8, 2)])
+def test_a_resume_on_another_device_count_continues_the_epoch(data_dir, before, after):
+  """An epoch (256 examples, 8 global batches of 32) read on `before` devices up to step 3,
+  then resumed on `after` devices: every example exactly once, and the same batches as the
+  uninterrupted run. (Before: each device read its own shard of the split, so the shards, and
+  what was left of them, changed with the device count; 2 -> 1 saw 191 distinct examples of
+  256, 65 twice and 65 never.)"""
+  config = tiny_config(data_dir, augment='none')  # An image's digest names its example.
+  builder = pipeline.get_builder(config)
+  seen = (_stream(builder, config, before, 0, 3) + _stream(builder, config, after, 3, 5))
+  ids = _digest(np.concatenate([b['image'] for b in seen]))
+  assert len(ids) == TRAIN_SIZE
+  assert len(set(ids)) == TRAIN_SIZE, (f'{len(set(ids))} distinct examples of {len(ids)}: '
+                                       f'{len(ids) - len(set(ids))} seen twice')
+  whole = _stream(builder, config, before, 0, 8)
+  assert ids == _digest(np.concatenate([b['image'] for b in whole]))
+
+
+def test_the_global_batch_does_not_depend_on_the_device_count(data_dir):
+  """1, 2 and 8 devices: the same examples in the same order at every step, with the same
+  augmentation (random crops and flips), across the epoch boundary at step 8."""
+  config = tiny_config(data_dir)  # augment='cifar': random crop + flip.
+  builder = pipeline.get_builder(config)
+  streams = {d: _stream(builder, config, d, 5, 5) for d in (1, 2, 8)}
+  for d in (2, 8):
+    for step, (a, b) in enumerate(zip(streams[1], streams[d], strict=True)):
+      for key in ('image', 'mask', *pipeline.LABEL_KEYS):
+        np.testing.assert_array_equal(a[key], b[key], err_msg=f'{d} devices, step {5 + step}')
+
+
+@pytest.fixture(scope='module')
+def four_file_builder(tmp_path_factory):
+  """The tests' dataset written as 4 TFRecord files of 64 training examples each."""
+  import tensorflow_datasets as tfds
+  from anp_jax.data import synthetic
+  path = str(tmp_path_factory.mktemp('tfds4'))
+  builder = synthetic.SyntheticAnp(config=synthetic.make_config(**TINY_SYNTHETIC), data_dir=path,
+                                   file_format='tfrecord')
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=4))
+  assert len(builder.info.splits['train'].file_instructions) == 4
+  return builder
+
+
+def _file_of_image(builder, config):
+  """Digest of each preprocessed training image -> index of the file that holds it."""
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+  out = {}
+  for k, fi in enumerate(builder.info.splits['train'].file_instructions):
+    for record in tf.data.TFRecordDataset(fi.filename):
+      ex = builder.info.features.deserialize_example(
+          record, decoders={'image': tfds.decode.SkipDecoding()})
+      image = pipeline.preprocess(ex, train=False, config=config, stored_size=16)['image']
+      out[_digest([image.numpy()])[0]] = k
+  assert len(out) == TRAIN_SIZE
+  return out
+
+
+@pytest.mark.parametrize('files', [1, 4])
+def test_reading_by_byte_offset_equals_the_in_memory_copy(data_dir, four_file_builder, files):
+  """config.cache=False reads each example from its TFRecord file at its byte offset; the
+  batches are those of the in-memory copy (cache=True), across the epoch boundary at step 8."""
+  builder = four_file_builder if files == 4 else pipeline.get_builder(tiny_config(data_dir))
+  kw = dict(per_device_batch=16, num_shards=2, shards=[1], start_step=6)
+  cached, read = (_batches(pipeline.train_dataset(builder, tiny_config(data_dir, cache=c), **kw),
+                           4) for c in (True, False))
+  for a, b in zip(cached, read, strict=True):
+    for key in ('image', *pipeline.LABEL_KEYS):
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_every_epoch_is_a_new_permutation_across_all_files(four_file_builder, data_dir):
+  """4 files of 64 examples, read by position: every epoch is the whole split, each in another
+  order, and its first 32 examples already come from every file. (Before: an epoch read its
+  files interleaved, example by example, in a shuffled file order, through a shuffle buffer; a
+  device's shard larger than the buffer stayed close to that file order.)"""
+  config = tiny_config(data_dir, augment='none', cache=False)
+  file_of = _file_of_image(four_file_builder, config)
+  batches = _batches(pipeline.train_dataset(four_file_builder, config, per_device_batch=32,
+                                            num_shards=1, shards=[0]), 8 * 3)
+  seen = _digest(np.concatenate([b['image'] for b in batches]))
+  epochs = [seen[e * TRAIN_SIZE:(e + 1) * TRAIN_SIZE] for e in range(3)]
+  for epoch in epochs:
+    assert sorted(epoch) == sorted(file_of)
+    assert {file_of[h] for h in epoch[:32]} == {0, 1, 2, 3}
+  assert len({tuple(e) for e in epochs}) == 3
+
+
+def test_a_cache_larger_than_the_memory_share_is_refused(data_dir, monkeypatch):
+  monkeypatch.setattr(pipeline, '_host_memory_bytes', lambda: 1000)
+  config = tiny_config(data_dir)
+  with pytest.raises(ValueError, match=r'config\.cache=True would hold .* set config\.cache=False'):
+    pipeline.train_dataset(pipeline.get_builder(config), config, per_device_batch=4,
+                           num_shards=8, shards=range(8))
+
+
+def test_a_truncated_record_file_is_a_clear_error(four_file_builder, tmp_path, data_dir):
+  """Reading by position indexes the record headers first: a cut file fails there, naming it."""
+  import shutil
+  import tensorflow_datasets as tfds
+  copy = tmp_path / 'copy'
+  shutil.copytree(four_file_builder.data_dir, copy)
+  victim = sorted(copy.glob('*-train.tfrecord-*'))[2]
+  victim.write_bytes(victim.read_bytes()[:-100])
+  builder = tfds.builder_from_directory(str(copy))
+  with pytest.raises(ValueError, match=f'{victim}.* is not a whole uncompressed TFRecord file'):
+    pipeline.train_dataset(builder, tiny_config(data_dir, cache=False), per_device_batch=4,
+                           num_shards=1, shards=[0])
+
+
+def test_shards_must_be_consecutive_devices(data_dir):
+  config = tiny_config(data_dir)
+  with pytest.raises(ValueError, match='consecutive device indices'):
+    pipeline.train_dataset(pipeline.get_builder(config), config, per_device_batch=4,
+                           num_shards=8, shards=[0, 2])
+
+
+@pytest.mark.slow(45)
+def test_training_resumed_on_two_devices_equals_the_uninterrupted_run_on_eight(data_dir,
+                                                                             tmp_path):
+  """8 devices train 3 steps (a checkpoint mid-epoch), 2 devices resume to step 6: the final
+  parameters and BatchNorm statistics are those of 6 steps on 8 devices, up to the rounding of
+  a sum over 2 devices instead of 8 (ghost BatchNorm groups do not depend on the device count).
+  (Before: the 2-device run read other examples from step 3 on, and the states differed.)"""
+  overrides = dict(schedule='constant', checkpoint_every_steps=3, noise_scale=False)
+  whole = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, **overrides),
+                                     str(tmp_path / 'whole'))
+  workdir = tmp_path / 'split'
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=3, **overrides), str(workdir))
+  out = subprocess.run(main_cmd(data_dir, workdir, num_train_steps=6, **overrides),
+                       env=subprocess_env(2), capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'Resumed from checkpoint at step 3' in out.stdout and '2 devices' in out.stdout
+  _, variables, _ = trainer.load_checkpoint(str(workdir))
+  assert_leaves_close(leaves(variables), leaves({'batch_stats': whole.state.batch_stats,
+                                                 'params': whole.state.params}),
+                      rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.slow(40)
+def test_a_resume_from_one_process_onto_two_and_back_continues_the_epoch(data_dir, tmp_path):
+  """Real processes: a job of 2 processes x 2 devices reads the epoch from step 0 and, as a
+  resumed run, from step 3 (`Run.train_batches`, as the trainer does). Its global batches are
+  those of one process with 1 device; 1 -> 2 (one process up to step 3, then the job) and
+  2 -> 1 (the job up to step 3, then one process) see every example of the epoch exactly once."""
+  config = tiny_config(data_dir, augment='none')
+  builder = pipeline.get_builder(config)
+  procs = launch([sys.executable, os.path.join(TESTS, 'data_worker.py')], 2, 2, tmp_path,
+                 MP_CONFIG=config.to_json(), MP_READS=json.dumps([[0, 8], [3, 5]]))
+  outs = wait(procs, tmp_path)
+  assert [o['devices'] for o in outs] == [4, 4]
+  job = []  # Per read, per step: the digests of the whole global batch, in order.
+  for read in zip(*(o['reads'] for o in outs), strict=True):
+    steps = []
+    for parts in zip(*read, strict=True):
+      rows = dict(row for part in parts for row in part)
+      assert sorted(rows) == list(range(32))  # Both processes' rows make the global batch.
+      steps.append([rows[i] for i in range(32)])
+    job.append(steps)
+  one = [_digest(b['image']) for b in _stream(builder, config, 1, 0, 8)]
+  assert job[0] == one and job[1] == one[3:]
+  for ids in (sum(one[:3] + job[1], []), sum(job[0][:3] + one[3:], [])):  # 1 -> 2, 2 -> 1.
+    assert len(ids) == len(set(ids)) == TRAIN_SIZE
 
 
 @pytest.mark.parametrize('processes', [1, 2, 3])

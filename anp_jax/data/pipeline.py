@@ -1,17 +1,22 @@
-"""tf.data input pipeline: per-process shards, deterministic epochs, exact evaluation.
+"""tf.data input pipeline: one global example order, per-process reads, exact evaluation.
 
 Design:
-* Each process reads only its own shard of every split (`tfds.even_splits` over processes) and
-  yields per-process batches of ``global_batch / process_count`` examples; `global_batches` turns
-  them into one global `jax.Array` sharded on the mesh's ``data`` axis.
-* Training data is a pure function of ``(seed, shard, position)``: each device's stream is its
-  shard's epochs back to back, epoch ``e`` shuffled with seed ``(seed, shard, e)``, batched across
-  epoch boundaries (no tail dropped: an epoch is train_size examples at every batch size), and
-  every example's augmentation uses a stateless seed ``(seed, e, index)``.
-  `train_dataset(start_step=s)` therefore continues exactly where step ``s`` left off — resume
-  needs no iterator state.
-* Evaluation is exact: every process yields the same number of batches, the last ones padded
-  with ``mask == 0`` examples, so every example is counted exactly once and no collective waits.
+* Training data is a pure function of ``(seed, position)``: the job reads one stream, the
+  training split's epochs back to back, epoch ``e`` a uniform permutation of the whole split
+  drawn from ``(seed, e)`` alone, cut into global batches across epoch boundaries (no tail
+  dropped: an epoch is train_size examples at every batch size). Global batch ``s`` is positions
+  ``[s * B, (s + 1) * B)``, split by position over however many devices and processes there
+  are, and every example's augmentation uses a stateless seed ``(seed, position)``. The global
+  batch of a step is therefore the same on 1, 2 or 8 devices, in one process or several, and
+  `train_dataset(start_step=s)` continues exactly where step ``s`` left off on any topology —
+  resume needs no iterator state.
+* Each process reads only its own examples: by byte offset in the TFRecord files, or from an
+  in-memory copy of the split (``config.cache``). It yields per-process batches of
+  ``global_batch / process_count`` examples; `global_batches` turns them into one global
+  `jax.Array` sharded on the mesh's ``data`` axis.
+* Evaluation is exact: each process reads its own part of the split (`tfds.even_splits`), every
+  process yields the same number of batches, the last ones padded with ``mask == 0`` examples, so
+  every example is counted exactly once and no collective waits.
 * TensorFlow never sees a GPU (`hide_gpus_from_tf`), images are decoded in `map`.
 """
 
@@ -50,7 +55,10 @@ class DatasetMeta:
   train_size: int
   eval_size: int
   eval_split: str
-  stored_image_size: Optional[int]
+  stored_image_size: Optional[int]  # Every image is this size (the generated dataset).
+  # The shorter side of stored images is at most this (a prepared `anp` with resize; None: any).
+  stored_short_side: Optional[int]
+  split_sizes: Dict[str, int]  # Every split of the dataset (train, validation, test, ...).
 
 
 def get_builder(config) -> tfds.core.DatasetBuilder:
@@ -64,9 +72,9 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
                                     file_format='tfrecord')
     return _prepared(make, data_dir)
   if config.dataset == 'anp':
-    from anp_jax.data import anp
+    from anp_jax.data.anp import prepared
     check_data_dir(config)
-    return anp.builder_from_config(config, data_dir)
+    return prepared.builder_from_config(config, data_dir)
   raise ValueError(f'Unknown dataset {config.dataset!r}; choose synthetic_anp or anp.')
 
 
@@ -139,9 +147,7 @@ def dataset_meta(builder, config) -> DatasetMeta:
   info = builder.info
   feats = info.features
   eval_split = config.eval_split
-  if eval_split not in info.splits:
-    raise ValueError(f'Dataset {builder.name} has no split {eval_split!r}; it has '
-                     f'{list(info.splits)}.')
+  check_split(builder, eval_split, 'config.eval_split')
   return DatasetMeta(
       name=builder.name,
       num_anps=feats['label_anp'].num_classes,
@@ -151,7 +157,16 @@ def dataset_meta(builder, config) -> DatasetMeta:
       train_size=info.splits['train'].num_examples,
       eval_size=info.splits[eval_split].num_examples,
       eval_split=eval_split,
-      stored_image_size=_stored_size(builder))
+      stored_image_size=_stored_size(builder),
+      stored_short_side=_stored_short_side(builder),
+      split_sizes={name: split.num_examples for name, split in info.splits.items()})
+
+
+def check_split(builder, split: str, what: str = 'split') -> None:
+  """Raises naming the dataset's splits when `split` is not one of them."""
+  if split not in builder.info.splits:
+    raise ValueError(f'{what}={split!r}: dataset {builder.name} has no such split; it has '
+                     f'{list(builder.info.splits)}.')
 
 
 def dataset_identity(builder, meta: DatasetMeta) -> Dict[str, Any]:
@@ -180,30 +195,33 @@ def image_dtype(config) -> tf.DType:
   return tf.bfloat16 if config.model.dtype == 'bfloat16' else tf.float32
 
 
-def _normalize(image, dtype=tf.float32):
+def normalize(image, dtype=tf.float32):
+  """uint8 or float RGB in [0, 255] -> (x / 255 - mean) / std, in `dtype`."""
   image = tf.cast(image, tf.float32) / 255.0
   return tf.cast((image - MEAN_RGB) / STDDEV_RGB, dtype)
 
 
-def _inception_crop(image_bytes, size, seed):
-  """Random-resized crop (area 8-100 %, aspect 3/4-4/3) of an encoded image of any format.
+def crop_window(shape, seed):
+  """The random-resized crop's window (area 8-100 %, aspect 3/4-4/3) of an image of `shape`:
+  ``(begin, size)``, as `tf.slice` takes them."""
+  bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
+      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  return begin, size
+
+
+def decode_crop(image_bytes, seed):
+  """The random-resized crop's window of an encoded image of any format, decoded (uint8).
 
   JPEG is decoded only inside the window (`decode_and_crop_jpeg`, the fast path for photos);
   other encodings (the generated dataset stores PNG) are decoded whole, then cropped. Both
   sample the window from the image shape with the same seed, so the crop does not depend on the
   encoding.
   """
-  bbox = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
-
-  def window(shape):
-    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, bounding_boxes=bbox, seed=seed, min_object_covered=0.1,
-        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-        use_image_if_no_bounding_boxes=True)
-    return begin, crop_size
-
   def from_jpeg():
-    begin, crop_size = window(tf.io.extract_jpeg_shape(image_bytes))
+    begin, crop_size = crop_window(tf.io.extract_jpeg_shape(image_bytes), seed)
     offset_y, offset_x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(crop_size)
     return tf.io.decode_and_crop_jpeg(image_bytes, tf.stack([offset_y, offset_x, h, w]),
@@ -211,11 +229,25 @@ def _inception_crop(image_bytes, size, seed):
 
   def from_other():
     image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
-    begin, crop_size = window(tf.shape(image))
-    return tf.slice(image, begin, crop_size)
+    return tf.slice(image, *crop_window(tf.shape(image), seed))
 
-  image = tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
+  return tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
+
+
+def resize_square(image, size: int):
+  """Bicubic resize to `size` x `size` (float32)."""
   return tf.image.resize(image, [size, size], method='bicubic')
+
+
+def flip(image, seed):
+  """A left-right flip with probability 1/2, drawn from the example's seed."""
+  flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+  return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+
+
+def _inception_crop(image_bytes, size, seed):
+  """Random-resized crop of an encoded image of any format (`decode_crop`), resized to `size`."""
+  return resize_square(decode_crop(image_bytes, seed), size)
 
 
 def _center_crop(image_bytes, size, crop_fraction=0.875):
@@ -254,9 +286,8 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
       padded = tf.pad(image, [[pad, pad], [pad, pad], [0, 0]], mode='REFLECT')
       image = tf.image.stateless_random_crop(padded, [size, size, 3], seed=seed)
   if train and augment != 'none':
-    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-  out = {'image': _normalize(image, image_dtype(config)), 'mask': tf.constant(1.0, tf.float32)}
+    image = flip(image, seed)
+  out = {'image': normalize(image, image_dtype(config)), 'mask': tf.constant(1.0, tf.float32)}
   for key in LABEL_KEYS:
     out[key] = tf.cast(example[key], tf.int32)
   return out
@@ -265,6 +296,15 @@ def preprocess(example, *, train: bool, config, seed=None, stored_size=None):
 def _stored_size(builder) -> Optional[int]:
   shape = builder.info.features['image'].shape
   return shape[0] if shape and shape[0] else None
+
+
+def _stored_short_side(builder) -> Optional[int]:
+  if _stored_size(builder):
+    return _stored_size(builder)
+  if builder.name == 'anp':
+    from anp_jax.data.anp import prepared
+    return prepared.stored_short_side(builder.data_dir)
+  return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,103 +345,190 @@ def local_shards(mesh: Optional[jax.sharding.Mesh] = None) -> Sequence[int]:
 
 def train_dataset(builder, config, *, per_device_batch: int, num_shards: int,
                   shards: Sequence[int], start_step: int = 0) -> tf.data.Dataset:
-  """Infinite training batches for the devices `shards`, starting exactly at ``start_step``.
+  """Endless training batches for this process's devices `shards`, from ``start_step`` on.
 
-  The training split is cut into ``num_shards`` (= devices of the job) disjoint shards (sizes
-  differ by at most one; no example is left out); device ``d`` always reads shard ``d``. Its
-  stream is the endless concatenation of the shard's epochs, epoch ``e`` shuffled with seed
-  ``(seed, d, e)``, and it is cut into batches of ``per_device_batch`` *across* epoch
-  boundaries: a batch may end one epoch and start the next, so no epoch's tail is dropped and
-  ``step * batch_size`` examples are exactly what the run has seen. Step ``s`` of device ``d``
-  reads positions ``[s * per_device_batch, (s + 1) * per_device_batch)`` of that stream, a pure
-  function of (seed, shard, position): resume needs no iterator state.
+  The job reads one stream: the training split's epochs back to back, epoch ``e`` a uniform
+  permutation of the whole split that depends on ``(config.seed, e)`` only (`epoch_order`),
+  cut into global batches of ``per_device_batch * num_shards`` examples *across* epoch
+  boundaries (no epoch's tail is dropped: ``step * batch_size`` examples are exactly what the
+  run has seen). Global batch ``s`` is positions ``[s * B, (s + 1) * B)`` of the stream, and
+  device ``d`` of the ``num_shards`` devices takes its ``d``-th slice of ``per_device_batch``.
+  Each example's augmentation is seeded by ``(config.seed, position)`` (`example_seed`).
 
-  A process yields the concatenation of its devices' batches. So the global batch of a step does
-  not depend on how devices are grouped into processes: one process with 8 devices and two with 4
-  see exactly the same data, and each process reads only its own shards.
+  So the global batch of a step, augmentation included, is the same on any number of devices
+  and processes, and a run resumed on another topology continues the same epoch with no repeat
+  and no gap; ``start_step`` is all a resume needs (no iterator state). This process yields the
+  consecutive positions of its devices (they must be contiguous in the mesh): each process
+  reads its own examples only (`TrainRecords`).
   """
-  seed = int(config.seed)
+  shards = list(shards)
+  if not shards or shards != list(range(shards[0], shards[0] + len(shards))):
+    raise ValueError(f'shards={shards} must be consecutive device indices (a process\'s devices '
+                     'are contiguous in the mesh).')
+  if shards[-1] >= num_shards:
+    raise ValueError(f'shards={shards} reaches beyond num_shards={num_shards}.')
+  records = TrainRecords(builder, cache=bool(config.cache))
+  size, seed = records.size, int(config.seed)
+  global_batch = per_device_batch * num_shards
+  local_batch = per_device_batch * len(shards)
+  first = start_step * global_batch + shards[0] * per_device_batch
   stored = _stored_size(builder)
-  splits = tfds.even_splits('train', n=num_shards, drop_remainder=False)
-  position = start_step * per_device_batch  # In every device's stream.
+
+  def position(j):  # j-th example this process reads -> its position in the job's stream.
+    return first + (j // local_batch) * global_batch + j % local_batch
+
+  def locate(j):
+    p = position(j)
+    return p, epoch_order(p // size, p % size, size=size, seed=seed)
 
   @tf.function(autograph=False)
-  def augment(e, i, d, ex):
-    # One traced graph for every shard (`d` is a tensor, not a constant of each shard's graph):
-    # tracing the augmentation once per device of the process cost ~0.1 s each.
-    example_seed = tf.stack([tf.cast(seed * 7919 + e, tf.int64),
-                             tf.cast(i, tf.int64) * num_shards + d])
-    return preprocess(ex, train=True, config=config, seed=example_seed, stored_size=stored)
+  def augment(p, example):
+    return preprocess(example, train=True, config=config, seed=example_seed(p, seed),
+                      stored_size=stored)
 
-  def shard_stream(d: int) -> tf.data.Dataset:
-    size = _split_size(builder, splits[d])
-    start_epoch, offset = divmod(position, size)
-    epochs = tf.data.Dataset.range(start_epoch, 2**62)
-    ds = epochs.flat_map(_plain(_epoch_reader(builder, config, splits[d], size, seed, d)))
-    ds = ds.skip(offset)
-    ds = ds.map(_plain(lambda e, i, ex: augment(e, i, tf.constant(d, tf.int64), ex)),
-                num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(per_device_batch, drop_remainder=True)
-
-  streams = [shard_stream(d) for d in shards]
-  if len(streams) == 1:
-    ds = streams[0]
-  else:
-    def concat(*batches):
-      return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
-    ds = tf.data.Dataset.zip(tuple(streams)).map(_plain(concat))
+  ds = tf.data.Dataset.counter().map(_plain(locate), num_parallel_calls=tf.data.AUTOTUNE)
+  ds = records.read(ds)
+  ds = ds.map(_plain(augment), num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(local_batch, drop_remainder=True)
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
 
 
-# Files read concurrently when a shard is read in shuffled file order (see `_epoch_reader`).
-FILE_CYCLE_LENGTH = 16
+def _seed_key(seed: int, purpose: str) -> int:
+  """A 63-bit key for one use of ``config.seed`` (the epoch order, the augmentation), so that
+  the uses draw from unrelated streams of TensorFlow's stateless generators."""
+  digest = hashlib.sha256(f'anp_jax/{purpose}/{seed}'.encode()).digest()
+  return int.from_bytes(digest[:8], 'little') >> 1
 
 
-def _epoch_reader(builder, config, split: str, size: int, seed: int, d: int):
-  """``epoch -> Dataset of (epoch, index in epoch, encoded example)``: one shuffled epoch.
+def epoch_order(epoch, index, *, size: int, seed: int):
+  """The example at position `index` of epoch `epoch`: a permutation of ``range(size)`` drawn
+  from ``(seed, epoch)`` alone (`tf.random.experimental.index_shuffle`, a stateless bijection:
+  nothing of size `size` is materialised, so it costs the same for 300k images as for 300)."""
+  key = tf.stack([tf.constant(_seed_key(seed, 'epoch_order'), tf.int64),
+                  tf.cast(epoch, tf.int64)])
+  return tf.random.experimental.index_shuffle(tf.cast(index, tf.int64), key,
+                                              tf.constant(size - 1, tf.int64))
 
-  When the shard fits into ``config.shuffle_buffer`` the buffer shuffles it completely (a uniform
-  permutation per epoch) and the encoded examples may be cached in memory (``config.cache``).
-  When it does not, a buffer alone would keep every epoch close to the order of the files, so the
-  shard's files (its TFDS file instructions) are first put in a random order per epoch, seed
-  ``(seed, d, e)``, and read ``FILE_CYCLE_LENGTH`` at a time, interleaved example by example,
-  before the buffer; such a shard is not cached (it is larger than the buffer, and a cache would
-  fix the file order).
+
+def example_seed(position, seed: int):
+  """The stateless seed of the augmentation of the example at `position` of the stream."""
+  return tf.stack([tf.constant(_seed_key(seed, 'augment'), tf.int64),
+                   tf.cast(position, tf.int64)])
+
+
+# Records read at once when examples are read from the files by position (`TrainRecords`).
+READ_PARALLELISM = 16
+# `config.cache` refuses a training split larger than this share of the host's memory.
+CACHE_MEMORY_SHARE = 0.5
+
+
+class TrainRecords:
+  """Random access to the encoded examples of a builder's training split, by example index.
+
+  The index follows TFDS's order of the split (its file instructions, in order). With
+  ``cache`` the whole split is read once, file by file, and held in memory (each process holds
+  all of it: fast for the small generated datasets, refused when larger than
+  ``CACHE_MEMORY_SHARE`` of the host's memory). Without it, each example is read from its
+  TFRecord file at its byte offset, found by one pass over the record headers: a process reads
+  only the examples it trains on. TFDS's shuffled reading (`shuffle_files` + a buffer) cannot
+  give a global order; grain reads ArrayRecord files by index in the same way.
   """
-  buffer = min(size, int(config.shuffle_buffer))
-  epoch_seed = lambda e: seed * 1_000_003 + 7_919 * d + e  # noqa: E731
-  instructions = builder.info.splits[split].file_instructions
-  if buffer >= size or len(instructions) < 2:
-    base = builder.as_dataset(split=split, shuffle_files=False,
-                              decoders={'image': tfds.decode.SkipDecoding()})
-    if config.cache:
-      base = base.cache()
-    read = lambda e: base  # noqa: E731
-  else:
+
+  def __init__(self, builder, cache: bool):
+    split = builder.info.splits['train']
     if builder.info.file_format not in (None, tfds.core.FileFormat.TFRECORD):
-      raise ValueError(f'Shuffled file order needs TFRecord files; {builder.name} is stored as '
-                       f'{builder.info.file_format}.')
-    features = builder.info.features
-    files = tf.data.Dataset.from_tensor_slices(
-        (tf.constant([fi.filename for fi in instructions]),
-         tf.constant([fi.skip for fi in instructions], tf.int64),
-         tf.constant([fi.take for fi in instructions], tf.int64)))
+      raise ValueError(f'Reading training examples by position needs TFRecord files; '
+                       f'{builder.name} is stored as {builder.info.file_format}.')
+    self.size = split.num_examples
+    if self.size < 1:
+      raise ValueError(f'{builder.name} has no training examples.')
+    self._features = builder.info.features
+    instructions = split.file_instructions
+    if cache:
+      limit = CACHE_MEMORY_SHARE * _host_memory_bytes()
+      if split.num_bytes > limit:
+        raise ValueError(
+            f'config.cache=True would hold the {split.num_bytes / 2**30:.1f} GiB training split '
+            f'of {builder.name} in memory in every process, more than '
+            f'{CACHE_MEMORY_SHARE:.0%} of this host\'s {limit / CACHE_MEMORY_SHARE / 2**30:.1f} '
+            'GiB; set config.cache=False (each process then reads its own examples from the '
+            'files).')
+      reads = [tf.data.TFRecordDataset(fi.filename).skip(fi.skip).take(fi.take)
+               for fi in instructions]
+      ds = reads[0]
+      for more in reads[1:]:
+        ds = ds.concatenate(more)
+      self._records = ds.batch(self.size).get_single_element()
+      if self._records.shape[0] != self.size:
+        raise ValueError(f'{builder.name}: read {self._records.shape[0]} training records, its '
+                         f'info says {self.size}; prepare the dataset again.')
+    else:
+      self._records = None
+      self._files, self._file_sizes, self._offsets, self._lengths = _record_index(
+          builder.name, instructions, self.size)
+
+  def read(self, located: tf.data.Dataset) -> tf.data.Dataset:
+    """``(position, example index)`` -> ``(position, decoded example, image still encoded)``."""
     decoders = {'image': tfds.decode.SkipDecoding()}
+    deserialize = lambda p, record: (  # noqa: E731
+        p, self._features.deserialize_example(record, decoders=decoders))
+    if self._records is not None:
+      records = self._records
+      ds = located.map(_plain(lambda p, k: (p, tf.gather(records, k))),
+                       num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+      files = tf.constant(self._files)
+      file_sizes = tf.constant(self._file_sizes, tf.int64)
+      offsets = tf.constant(self._offsets, tf.int64)
+      lengths = tf.constant(self._lengths, tf.int64)
 
-    def read(e):
-      order = files.shuffle(len(instructions), seed=epoch_seed(e) * 31 + 17,
-                            reshuffle_each_iteration=False)
-      ds = order.interleave(
-          _plain(lambda f, skip, take: tf.data.TFRecordDataset(f).skip(skip).take(take)),
-          cycle_length=min(len(instructions), FILE_CYCLE_LENGTH), block_length=1,
-          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-      return ds.map(_plain(lambda x: features.deserialize_example(x, decoders=decoders)))
+      def one_record(p, k):
+        f, offset, length = tf.gather(files, k), tf.gather(offsets, k), tf.gather(lengths, k)
+        size = tf.gather(file_sizes, k)
+        record = tf.data.FixedLengthRecordDataset(
+            f, record_bytes=length, header_bytes=offset, footer_bytes=size - offset - length,
+            buffer_size=length)
+        return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(p), record))
 
-  def epoch(e):
-    ds = read(e).shuffle(buffer, seed=epoch_seed(e), reshuffle_each_iteration=False)
-    return ds.enumerate().map(_plain(lambda i, ex: (e, i, ex)))
+      ds = located.interleave(_plain(one_record), cycle_length=READ_PARALLELISM, block_length=1,
+                              num_parallel_calls=READ_PARALLELISM, deterministic=True)
+    return ds.map(_plain(deserialize), num_parallel_calls=tf.data.AUTOTUNE)
 
-  return epoch
+
+def _record_index(name: str, instructions, size: int):
+  """Per example of the split, in order: its file, that file's size, and the byte offset and
+  length of its serialised record (TFRecord framing: a little-endian uint64 length, its CRC32C,
+  the record, its CRC32C; only the headers are read)."""
+  files, file_sizes, offsets, lengths = [], [], [], []
+  for fi in instructions:
+    file_size = tf.io.gfile.stat(fi.filename).length
+    with tf.io.gfile.GFile(fi.filename, 'rb') as f:
+      position, k = 0, 0
+      while position < file_size and k < fi.skip + fi.take:
+        f.seek(position)
+        header = f.read(12)
+        length = int.from_bytes(header[:8], 'little') if len(header) == 12 else -1
+        end = position + 12 + length + 4
+        if length < 0 or end > file_size:
+          raise ValueError(f'{fi.filename} is not a whole uncompressed TFRecord file (record '
+                           f'{k} at byte {position} overruns it); prepare {name} again.')
+        if k >= fi.skip:
+          files.append(fi.filename)
+          file_sizes.append(file_size)
+          offsets.append(position + 12)
+          lengths.append(length)
+        position, k = end, k + 1
+    if k < fi.skip + fi.take:
+      raise ValueError(f'{fi.filename} holds {k} records, {name}\'s info expects at least '
+                       f'{fi.skip + fi.take}; prepare it again.')
+  if len(offsets) != size:
+    raise ValueError(f'{name}: found {len(offsets)} training records, its info says {size}.')
+  return (np.asarray(files), np.asarray(file_sizes, np.int64), np.asarray(offsets, np.int64),
+          np.asarray(lengths, np.int64))
+
+
+def _host_memory_bytes() -> int:
+  return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 
 def num_eval_batches(eval_size: int, process_count: int, per_process_batch: int) -> int:
@@ -415,6 +542,7 @@ def eval_dataset(builder, config, *, per_process_batch: int, split: str,
   """Per-process evaluation batches: every example exactly once, padding masked out."""
   process_index = jax.process_index() if process_index is None else process_index
   process_count = jax.process_count() if process_count is None else process_count
+  check_split(builder, split)
   total = builder.info.splits[split].num_examples
   shard = _process_split(split, process_count, process_index, drop_remainder=False)
   ds = builder.as_dataset(split=shard, shuffle_files=False,

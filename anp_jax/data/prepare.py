@@ -1,7 +1,7 @@
 """Prepares the `anp` TFDS dataset from a local folder and reports what went in.
 
   python -m anp_jax.data.prepare --manual_dir /data/mvso_images --data_dir ~/tensorflow_datasets \\
-      --min_images_per_anp 500 --resize 256 --contact_sheet /tmp/anp_sheet.png
+      --min_images_per_anp 500 --resize_short_side 256 --contact_sheet /tmp/anp_sheet.png
 
 The manual dir holds either a CSV list (``--csv_file``, default ``images.csv``) or class folders
 ``ROOT/<adjective>_<noun>/`` (see `anp_jax.data.anp`). After preparing, this prints the classes,
@@ -46,13 +46,13 @@ class _Unknown:
 def _parser(defaults=None) -> argparse.ArgumentParser:
   """The CLI; without `defaults` (the first, TensorFlow-free parse) values default to None."""
   if defaults is None and anp is not None:
-    defaults = anp.AnpConfig(name='defaults')
+    defaults = anp.options.AnpConfig(name='defaults')
   defaults = defaults or _Unknown()
   p = argparse.ArgumentParser(prog='python -m anp_jax.data.prepare', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--manual_dir', required=True, help='Folder with the images (and the CSV).')
   p.add_argument('--data_dir', required=True, help='TFDS data dir to write the dataset to.')
-  p.add_argument('--layout', choices=anp.LAYOUTS if anp else None, default=defaults.layout,
+  p.add_argument('--layout', choices=anp.options.LAYOUTS if anp else None, default=defaults.layout,
                  help='csv or folder (see anp_jax.data.anp).')
   p.add_argument('--csv_file', default=defaults.csv_file,
                  help='CSV list, relative to --manual_dir.')
@@ -71,9 +71,14 @@ def _parser(defaults=None) -> argparse.ArgumentParser:
                  default=','.join(str(f) for f in defaults.split_fractions or ()),
                  help='train,validation,test fractions when the source has no splits.')
   p.add_argument('--split_seed', type=int, default=defaults.split_seed)
-  p.add_argument('--resize', type=int, default=defaults.resize,
-                 help='Store images with the shorter side <= this many px; 0 keeps them.')
-  p.add_argument('--jpeg_quality', type=int, default=defaults.jpeg_quality)
+  p.add_argument('--resize_short_side', '--resize', dest='resize', type=int,
+                 default=defaults.resize,
+                 help='Store photos with the shorter side at most this many px (e.g. 256 or '
+                      '160: the smaller, the cheaper every decode in training); 0 keeps the '
+                      'source size.')
+  p.add_argument('--jpeg_quality', type=int, default=defaults.jpeg_quality,
+                 help='Quality of the JPEGs that preparation encodes (resized or converted '
+                      'images; a source JPEG that needs no change is stored as it is).')
   p.add_argument('--source_tag', default=defaults.source_tag,
                  help='Name of the source, part of the config name (e.g. mvso_en).')
   p.add_argument('--overwrite', action='store_true', help='Prepare again even if prepared.')
@@ -133,7 +138,7 @@ def _print_report(builder, out=None):
   _import_tensorflow()
   out = out or sys.stdout
   info = builder.info
-  report = anp.read_report(builder.data_dir)
+  report = anp.prepared.read_report(builder.data_dir)
   summary = report['summary']
   feats = info.features
   print(f'Prepared {info.full_name} at {builder.data_dir}', file=out)
@@ -142,6 +147,11 @@ def _print_report(builder, out=None):
            f"splits assigned: fractions {summary['options']['split_fractions']}, seed "
            f"{summary['options']['split_seed']}")
     print(f"  source: {summary['manual_dir']} ({summary['layout']} layout, {how})", file=out)
+    for split, origin in summary.get('split_origin', {}).items():  # Absent before version 1.1.
+      print(f'    {split}: {origin}', file=out)
+    side = summary['options']['resize']
+    print(f"  stored images: JPEG, shorter side {f'<= {side} px' if side else 'as in the source'}"
+          f" (re-encoded at quality {summary['options']['jpeg_quality']})", file=out)
   print(f'  training flags: --config.dataset=anp --config.data_dir={builder.data_dir_root} '
         f'--config.anp.config_name={builder.builder_config.name}', file=out)
   print(f"  classes: {feats['label_anp'].num_classes} ANPs, "
@@ -177,9 +187,9 @@ def _check_contact_sheet(args) -> str:
   """What is wrong with the --contact_* flags ('' if nothing); creates the sheet's folder."""
   if not args.contact_sheet:
     return ''
-  if args.contact_split not in anp.SPLITS:
+  if args.contact_split not in anp.options.SPLITS:
     return (f'--contact_split={args.contact_split!r} is not a split; use one of '
-            f'{", ".join(anp.SPLITS)}.')
+            f'{", ".join(anp.options.SPLITS)}.')
   for flag in ('contact_rows', 'contact_cols'):
     if getattr(args, flag) < 1:
       return f'--{flag}={getattr(args, flag)} is out of range: use an integer >= 1.'
@@ -201,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if message:  # Before the preparation (minutes), not after it.
     print(f'prepare: error: {message}', file=sys.stderr, flush=True)
     return 2
-  options = {k: getattr(args, k) for k in anp.OPTION_NAMES}
+  options = {k: getattr(args, k) for k in anp.options.OPTION_NAMES}
   builder = anp.prepare(args.manual_dir, args.data_dir, overwrite=args.overwrite,
                         num_workers=args.num_workers, **options)
   _print_report(builder)

@@ -7,9 +7,13 @@ Every image also has a cluttered background, distractor blobs, random placement,
 and colour jitter, and the training split can carry label noise — learnable by a small ResNet, but
 not trivially.
 
+Three splits: ``train``, ``validation`` (for every choice: learning rate, warmup, stopping) and a
+held-out ``test`` (for the accuracies that get reported), by default as large as validation.
+
 Everything is a pure function of the builder config: example ``i`` of class ``c`` in split ``s`` is
-drawn from its own `numpy.random.Generator` seeded with ``(seed, s, c, i)``, so generation is
-deterministic whatever the order or the machine.
+drawn from its own `numpy.random.Generator` seeded with ``(seed, s, c, i)`` (``s``: 0 train,
+1 validation, 2 test), so generation is deterministic whatever the order or the machine, and the
+test split added no change to a training or validation example.
 """
 
 import dataclasses
@@ -17,7 +21,7 @@ import hashlib
 import logging
 import sys
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -29,7 +33,7 @@ ADJECTIVES = ('red', 'green', 'blue', 'yellow', 'striped', 'dotted', 'checkered'
 
 _COLOURS = {'red': (0.85, 0.12, 0.1), 'green': (0.1, 0.7, 0.15), 'blue': (0.12, 0.25, 0.9),
             'yellow': (0.92, 0.85, 0.1)}
-_SPLITS = ('train', 'validation')
+SPLITS = ('train', 'validation', 'test')
 # Seconds between progress lines while the dataset is generated (the demo's takes ~40 s).
 PROGRESS_EVERY_S = 5.0
 
@@ -54,24 +58,30 @@ class SyntheticAnpConfig(tfds.core.BuilderConfig):
   image_size: int = 32
   train_per_class: int = 300
   eval_per_class: int = 50
+  test_per_class: Optional[int] = None  # None: eval_per_class.
   label_noise: float = 0.0  # Fraction of training labels replaced by a random other ANP.
   seed: int = 0
 
 
 def make_config(**kwargs) -> SyntheticAnpConfig:
-  """Builds a config whose name encodes every option, so option sets never collide on disk."""
+  """Builds a config whose name encodes every option, so option sets never collide on disk.
+
+  ``test_per_class=None`` becomes ``eval_per_class`` first: the same dataset has one name."""
+  if kwargs.get('test_per_class') is None:
+    kwargs['test_per_class'] = kwargs.get('eval_per_class',
+                                          SyntheticAnpConfig.eval_per_class)
   probe = SyntheticAnpConfig(name='probe', **kwargs)
   fields = {f.name: getattr(probe, f.name) for f in dataclasses.fields(SyntheticAnpConfig)
             if f.name in kwargs or f.name in _OPTION_NAMES}
   _validate(probe)
   digest = hashlib.sha1(repr(sorted(fields.items())).encode()).hexdigest()[:8]
   name = (f'a{probe.num_adjectives}n{probe.num_nouns}p{probe.num_pairs}_s{probe.image_size}'
-          f'_{probe.train_per_class}x{probe.eval_per_class}_{digest}')
+          f'_{probe.train_per_class}x{probe.eval_per_class}x{probe.test_per_class}_{digest}')
   return SyntheticAnpConfig(name=name, description='Generated ANP dataset.', **kwargs)
 
 
 _OPTION_NAMES = ('num_adjectives', 'num_nouns', 'num_pairs', 'image_size', 'train_per_class',
-                 'eval_per_class', 'label_noise', 'seed')
+                 'eval_per_class', 'test_per_class', 'label_noise', 'seed')
 
 
 def _validate(c: SyntheticAnpConfig):
@@ -87,8 +97,9 @@ def _validate(c: SyntheticAnpConfig):
                      f'noun in at least one pair), got {c.num_pairs}.')
   if c.image_size < 16:
     raise ValueError(f'synthetic.image_size must be >= 16, got {c.image_size}.')
-  if c.train_per_class < 1 or c.eval_per_class < 1:
-    raise ValueError('synthetic.train_per_class and eval_per_class must be >= 1.')
+  if min(c.train_per_class, c.eval_per_class, c.test_per_class) < 1:
+    raise ValueError('synthetic.train_per_class, eval_per_class and test_per_class must be '
+                     f'>= 1, got {c.train_per_class}, {c.eval_per_class}, {c.test_per_class}.')
   if not 0.0 <= c.label_noise < 1.0:
     raise ValueError(f'synthetic.label_noise must be in [0, 1), got {c.label_noise}.')
   if c.label_noise and c.num_pairs < 2:
@@ -236,7 +247,7 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
   # anp_jax's own lines instead of TFDS's "Downloading and preparing dataset Unknown size ...".
   def _log_download_bytes(self):
     c = self.builder_config
-    total = c.num_pairs * (c.train_per_class + c.eval_per_class)
+    total = c.num_pairs * (c.train_per_class + c.eval_per_class + c.test_per_class)
     print(f'anp_jax | generating the {self.name} dataset ({total:,} images of {c.image_size} px, '
           f'{c.num_pairs} ANPs; first use only) in {self.data_dir}', flush=True)
     self._generation_start = time.time()
@@ -249,12 +260,13 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
     del dl_manager  # Nothing is downloaded.
     c = self.builder_config
     return {'train': self._generate_examples('train', c.train_per_class),
-            'validation': self._generate_examples('validation', c.eval_per_class)}
+            'validation': self._generate_examples('validation', c.eval_per_class),
+            'test': self._generate_examples('test', c.test_per_class)}
 
   def _generate_examples(self, split: str, per_class: int):
     c = self.builder_config
     pairs = choose_pairs(c.num_adjectives, c.num_nouns, c.num_pairs, c.seed)
-    split_id = _SPLITS.index(split)
+    split_id = SPLITS.index(split)
     total, last = len(pairs) * per_class, time.time()
     for cls, (a, n) in enumerate(pairs):
       for i in range(per_class):
