@@ -541,8 +541,9 @@ def run_grid(runs: Sequence[Run], out: str, is_main: bool):
 
 
 def collect(study: Study, out: str, runs: Sequence[Run]) -> List[Dict]:
-  """One row per run: the planned runs with the records planned now, then every other run
-  under ``out/runs`` with its recorded one (studies split over several jobs add up)."""
+  """One row per run: the planned runs with the records planned now, then (unless the study
+  says otherwise) every other run under ``out/runs`` with its recorded one (studies split over
+  several jobs add up)."""
   def summarize(run_dir, record):
     if study.summarize is not None:
       return study.summarize(run_dir, record)
@@ -556,7 +557,7 @@ def collect(study: Study, out: str, runs: Sequence[Run]) -> List[Dict]:
     if os.path.isdir(run_dir):
       rows.append(summarize(run_dir, run.record))
   runs_dir = os.path.join(out, 'runs')
-  if os.path.isdir(runs_dir):
+  if study.read_other_runs and os.path.isdir(runs_dir):
     for name in sorted(set(os.listdir(runs_dir)) - planned):
       row = summarize(os.path.join(runs_dir, name), None)
       if row is not None:

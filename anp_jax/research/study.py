@@ -97,6 +97,8 @@ class Study:
   overhead_s: float = 20.0
   cpu_devices: int = 0
   title: str = ''
+  read_other_runs: bool = True  # Results include runs under --out that this invocation did not
+  # plan (studies split over jobs add up); False: only the planned ones.
   summarize: Optional[Callable] = None
   write: Optional[Callable] = None
   report: Optional[Callable] = None

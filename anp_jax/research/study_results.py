@@ -31,7 +31,7 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from anp_jax import metrics_io, reporting
+from anp_jax import metrics_io
 from anp_jax.research import eval_seam, stats
 
 RECORD_FILE = 'sweep_run.json'  # A run's record, written before it trains.
@@ -350,15 +350,27 @@ def write_text_atomic(path: str, text: str):
   os.replace(tmp, path)
 
 
+def write_rows(out: str, rows: Sequence[Mapping[str, Any]],
+               columns: Optional[Sequence[str]] = None) -> List[str]:
+  """``results.json`` / ``results.csv`` (one row per run; `columns` of the CSV), atomically."""
+  from anp_jax import reporting  # Imports JAX: only the runner writes, readers stay without it.
+  paths = [os.path.join(out, 'results.json'), os.path.join(out, 'results.csv')]
+  reporting.write_json_atomic(paths[0], list(rows))
+  write_text_atomic(paths[1], csv_text(rows, columns))
+  return paths
+
+
+def write_points(out: str, points: Sequence[Mapping[str, Any]]) -> List[str]:
+  """``points.json`` / ``points.csv`` (one record per point: `flat_point`), atomically."""
+  from anp_jax import reporting  # Imports JAX: only the runner writes, readers stay without it.
+  paths = [os.path.join(out, 'points.json'), os.path.join(out, 'points.csv')]
+  reporting.write_json_atomic(paths[0], list(points))
+  write_text_atomic(paths[1], csv_text([flat_point(p) for p in points]))
+  return paths
+
+
 def write_results(out: str, rows: Sequence[Mapping[str, Any]],
                   points: Sequence[Mapping[str, Any]],
                   columns: Optional[Sequence[str]] = None) -> List[str]:
-  """``results.json`` / ``results.csv`` (one row per run; `columns` of the CSV) and
-  ``points.json`` / ``points.csv`` (one record per point), atomically; returns the paths."""
-  paths = [os.path.join(out, name) for name in ('results.json', 'results.csv', 'points.json',
-                                                 'points.csv')]
-  reporting.write_json_atomic(paths[0], list(rows))
-  write_text_atomic(paths[1], csv_text(rows, columns))
-  reporting.write_json_atomic(paths[2], list(points))
-  write_text_atomic(paths[3], csv_text([flat_point(p) for p in points]))
-  return paths
+  """`write_rows` and `write_points`; returns the paths."""
+  return write_rows(out, rows, columns) + write_points(out, points)

@@ -64,6 +64,7 @@ def normalized(row: Dict) -> Dict:
   r.setdefault('point', f"b{int(r['batch']):05d}-{r['rule']}-"
                         f"{'warmup' if r['warmup'] in ('on', True) else 'nowarmup'}")
   r['fields'] = r.get('fields') or {}
+  r.setdefault('lr_mult', 1.0)
   r.setdefault('eval/anp_top1', r.get('final_top1'))
   r.setdefault('has_test', False)
   if study_results.outcome_of(r) != 'reached':
