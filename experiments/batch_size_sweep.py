@@ -64,7 +64,7 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import sweep, sweep_report
+from anp_jax.research import runner, sweep, sweep_report
 
 
 def main(argv=None) -> int:
@@ -75,4 +75,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sweep.run_cli(main)
+  runner.run_cli(main)

@@ -67,7 +67,7 @@ the arms set: method, async_sgd, local_sgd, batch_size).
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import sweep, sync_async_mixed
+from anp_jax.research import runner, sync_async_mixed
 
 
 def main(argv=None) -> int:
@@ -78,4 +78,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sweep.run_cli(main)
+  runner.run_cli(main)

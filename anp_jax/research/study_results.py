@@ -114,7 +114,7 @@ def summarize_run(run_dir: str, target_metric: str, target_value: float,
   row.update(status=status, target_metric=target_metric, target_value=target_value,
              final_step=final.get('step') if final else (records[-1]['step'] if records else 0))
   for prefix, metric in (('', target_metric), ('test_', test_metric)):
-    if prefix and not has_test:
+    if prefix and not has_test and status == 'finished':  # This run evaluated no test split.
       hit = {'outcome': None, 'step': None, 'eval_step': None}
     else:
       hit = _crossing(evals, metric, target_value, base_outcome)
@@ -251,7 +251,9 @@ def point_statistics(rows: Sequence[Mapping[str, Any]], target_metric: str,
   outcome counts; ``late_crossings`` (seeds crossing after `LATE_FRACTION` of the budget).
   """
   outcomes = [outcome_of(r) for r in rows]
-  has_test = bool(rows) and all(r.get('has_test') for r in rows)
+  # A diverged or unfinished seed has no test figure either way: it counts as such on test too.
+  has_test = any(r.get('has_test') for r in rows) and all(
+      r.get('has_test') or o in ('diverged', 'unfinished') for r, o in zip(rows, outcomes))
   out = {'seeds': len(rows), 'published_split': 'test' if has_test else 'validation',
          **{k: outcomes.count(k) for k in ('reached', 'missed', 'diverged', 'unfinished')},
          'late_crossings': sum(bool(r.get('late_crossing')) for r in rows)}
