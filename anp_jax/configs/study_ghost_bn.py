@@ -21,8 +21,9 @@ budget), evaluation every half epoch, target 25 % ANP top-1 on validation. Publi
 provide one (``config.evals``), else on validation (the report says which).
 
 Time (``--dry_run`` prints it for any overrides): 36 runs x 16 epochs x 8,000 images at ~800
-img/s (the cpu sweep's assumption for 2 free cores) + evaluations + 20 s set-up per run
-≈ 3.5 h; each extension run ≈ 3.5 min. ``:tiny`` is the tests' variant: ResNet-8 on the
+img/s (the cpu sweep's assumption for 2 free cores) + 32 evaluations of 1,696 images per run at a
+third of the cost + 20 s set-up per run ≈ 122 min; each extension run ≈ 3.4 min (at most 24:
+≈ 81 min more). ``:tiny`` is the tests' variant: ResNet-8 on the
 tests' 8-class dataset, B=32 on 8 devices, ghost groups of 2 against global BN, 2 seeds, half
 an epoch.
 """

@@ -45,7 +45,7 @@ from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim,
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.research import eval_seam, stats, study_report, study_results
-from anp_jax.research.study import LrGrid, RunKey, Study, StudyError, from_preset
+from anp_jax.research.study import RunKey, Study, StudyError, from_preset
 from anp_jax.setup import flat_fields, resolve_setup, validate_config
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -718,11 +718,13 @@ def resolve(argv: Sequence[str], doc: str = __doc__):
   return study, base, opts, cpu_devices
 
 
-def main(argv: Sequence[str], doc: str = __doc__) -> int:
-  """Runs (or continues) the study of `argv`; 2 on bad input, 75 when preempted."""
+def run_command(resolve: Callable[[], Optional[Tuple[Study, Any, Options, int]]]) -> int:
+  """A study's command: `resolve()` gives (study, base config, options, simulated CPU devices)
+  from the command line (None after ``--help``); then the runner. 2 on bad input (``ERROR:``
+  on stderr), 75 when preempted."""
   preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
   try:
-    resolved = resolve(argv, doc)
+    resolved = resolve()
     if resolved is None:
       return 0
     study, base, opts, cpu_devices = resolved
@@ -733,3 +735,8 @@ def main(argv: Sequence[str], doc: str = __doc__) -> int:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
   return 0
+
+
+def main(argv: Sequence[str], doc: str = __doc__) -> int:
+  """Runs (or continues) the study preset of `argv`; 2 on bad input, 75 when preempted."""
+  return run_command(lambda: resolve(argv, doc))

@@ -18,7 +18,7 @@ row per run) and ``study.json`` (the study's settings) in ``DIR`` and writes, wi
 import json
 import math
 import os
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from anp_jax import plotting
 from anp_jax.research import stats, study_results

@@ -29,7 +29,7 @@ import ml_collections
 from absl import flags
 
 from anp_jax import cli, distributed, metrics_io, optim, preemption
-from anp_jax.research import noise_scale, runner, study_results, sweep_report
+from anp_jax.research import noise_scale, runner, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError
 
 SweepError = StudyError  # Bad sweep input, reported before any training (exit 2).

@@ -24,7 +24,7 @@ Everything here is numpy + matplotlib (Agg), importable without JAX.
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 

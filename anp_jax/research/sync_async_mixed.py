@@ -37,16 +37,15 @@ training ResNet-50 on the MUSA2 ANP training split; `predicted_epoch` gives its 
 
 import dataclasses
 import os
-import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import ml_collections
 from absl import flags
 
-from anp_jax import cli, distributed, metrics_io, plotting, preemption, reporting
+from anp_jax import metrics_io, plotting, reporting
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import runner, stats, study_results
-from anp_jax.research.study import LrGrid, RunKey, Study, StudyError
+from anp_jax.research.study import LrGrid, Study, StudyError
 
 ANP_TRAIN_IMAGES = 307_406  # MUSA2: 384,258 images, 80 % for training (shared/REFERENCES.md).
 PAPER_PER_DEVICE_BATCH = 32
@@ -479,15 +478,7 @@ def write_results(ex: Experiment, rows: List[Dict], points: List[Dict]) -> List[
 
 def main(argv: Sequence[str], doc: str = __doc__) -> int:
   """Runs (or continues) the experiment of `argv`; 2 on bad input, 75 when preempted."""
-  preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
-  try:
+  def resolved():
     ex = resolve(argv, doc)
-    if ex is None:
-      return 0
-    runner.simulate_cpu_devices(ex.cpu_devices)
-    distributed.initialize()
-    runner.run_study(study(ex), ex.base, ex.opts)
-  except StudyError as e:
-    print(f'ERROR: {e}', file=sys.stderr, flush=True)
-    return cli.EXIT_USAGE
-  return 0
+    return None if ex is None else (study(ex), ex.base, ex.opts, ex.cpu_devices)
+  return runner.run_command(resolved)
