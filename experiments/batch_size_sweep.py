@@ -74,7 +74,7 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import runner, sweep, sweep_report
+from anp_jax.research import study_cli, sweep, sweep_report
 
 
 def main(argv=None) -> int:
@@ -85,4 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  runner.run_cli(main)
+  study_cli.run_cli(main)

@@ -14,21 +14,22 @@ estimate. ``--config.x=y`` overrides the preset's config; ``--seeds``, ``--lr_gr
 ``--lr_extensions`` its axes. Results in DIR: ``results.json`` / ``results.csv`` (a row per run),
 ``points.json`` / ``points.csv`` (statistics per point over seeds), ``report.md`` (and
 ``points.png``). Rerun the same command to continue an interrupted study (exit 75 on
-preemption); see docs/experiments.md. Thin on purpose: the logic is `anp_jax.research.runner`.
+preemption); see docs/experiments.md. Thin on purpose: the command line is
+`anp_jax.research.study_cli`, the runner `anp_jax.research.runner`.
 """
 
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import runner
+from anp_jax.research import study_cli
 
 
 def main(argv=None) -> int:
   """Runs the study of `argv` (default: the command line); 2 on bad input."""
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
-  return runner.main(argv, doc=__doc__)
+  return study_cli.main(argv, doc=__doc__)
 
 
 if __name__ == '__main__':
-  runner.run_cli(main)
+  study_cli.run_cli(main)

@@ -71,7 +71,7 @@ the arms set: method, async_sgd, local_sgd, batch_size, seed).
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import runner, sync_async_mixed
+from anp_jax.research import study_cli, sync_async_mixed
 
 
 def main(argv=None) -> int:
@@ -82,4 +82,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  runner.run_cli(main)
+  study_cli.run_cli(main)

@@ -21,8 +21,8 @@ import types
 import pytest
 
 from anp_jax import trainer
-from anp_jax.research import runner, stats, study_results
-from anp_jax.research.study import LrGrid, Study, StudyError
+from anp_jax.research import runner, stats, study_cli, study_results
+from anp_jax.research.study import LrGrid, Study, StudyError, from_preset
 from conftest import ROOT, finish, launch, run_experiment
 
 # ----------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def test_the_rate_is_chosen_on_validation_and_figures_are_published_on_test(
     return top1 if not (point == 'global' and mult == 0.5 and seed == 1) else 0.1
   trained = _emulate(monkeypatch, curve)
   out = tmp_path / 'study'
-  assert runner.main(_argv(out, data_dir, '--lr_grid', '0.5,1,2', '--seeds', '0,1')) == 0
+  assert study_cli.main(_argv(out, data_dir, '--lr_grid', '0.5,1,2', '--seeds', '0,1')) == 0
   assert len(trained) == 12
   points = {p['point']: p for p in json.load(open(out / 'points.json'))}
   g = points['g0002']
@@ -205,7 +205,7 @@ def test_an_edge_choice_extends_the_grid_until_interior_with_every_seed(
   out = tmp_path / 'study'
   argv = _argv(out, data_dir, '--lr_grid', '1,2', '--lr_extensions', '3', '--seeds', '0,1',
                '--config.target_value=0.9')
-  assert runner.main(argv) == 0
+  assert study_cli.main(argv) == 0
   assert [n for n in trained if n.startswith('g0002')] == [
       'g0002-lrx1-s0', 'g0002-lrx1-s1', 'g0002-lrx2-s0', 'g0002-lrx2-s1', 'g0002-lrx4-s0',
       'g0002-lrx4-s1', 'g0002-lrx8-s0', 'g0002-lrx8-s1']
@@ -217,7 +217,7 @@ def test_an_edge_choice_extends_the_grid_until_interior_with_every_seed(
   assert 'best mean final metric' in points['g0002']['lr_reason']
   trained.clear()
   capsys.readouterr()
-  assert runner.main(argv) == 0
+  assert study_cli.main(argv) == 0
   # The rates tried earlier are read with the grid's: x4 is interior at once, nothing trains.
   assert trained == [] and capsys.readouterr().out.count('finished earlier, skipped') == 8
   again = {p['point']: p for p in json.load(open(out / 'points.json'))}
@@ -231,7 +231,7 @@ def test_a_point_whose_seeds_diverged_at_its_only_rate_is_reported_with_them(
   _emulate(monkeypatch, lambda p, m, s, split: (0.4 if s == 0 else None) if p == 'global'
            else 0.4)
   out = tmp_path / 'study'
-  assert runner.main(_argv(out, data_dir, '--seeds', '0,1,2')) == 0
+  assert study_cli.main(_argv(out, data_dir, '--seeds', '0,1,2')) == 0
   glob = {p['point']: p for p in json.load(open(out / 'points.json'))}['global']
   assert (glob['seeds'], glob['reached'], glob['diverged']) == (3, 1, 2)
   assert glob['lr_chosen'] is False and glob['lr_mult'] == 1.0  # Its only rate, not a choice.
@@ -247,21 +247,21 @@ def test_bad_study_input_fails_before_training(data_dir, tmp_path, capsys):
                          (['--config.target_value=0'], 'unreachable target'),
                          (['--preset', 'nope'], "Unknown preset 'nope'"),
                          (['--ci', 'jackknife'], 'jackknife')):
-    assert runner.main(_argv(tmp_path / 'x', data_dir, *extra)) == 2
+    assert study_cli.main(_argv(tmp_path / 'x', data_dir, *extra)) == 2
     assert message in capsys.readouterr().err
-  assert runner.main(['--preset', 'ghost_bn:tiny', f'--config.data_dir={data_dir}']) == 2
+  assert study_cli.main(['--preset', 'ghost_bn:tiny', f'--config.data_dir={data_dir}']) == 2
   assert '--out is required' in capsys.readouterr().err
   assert not (tmp_path / 'x').exists()
 
 
 def test_a_point_with_an_unknown_field_or_a_bad_size_is_named(data_dir, tmp_path):
-  base, sweep = runner.load_preset('study', 'ghost_bn:tiny')
+  base, sweep = study_cli.load_preset('study', 'ghost_bn:tiny')
   base.data_dir = str(data_dir)
   for points, message in (
       ((('a', {'model.widht': 1.0}),), r"Point 'a': Unknown config field --config.model.widht; "
                                        r'did you mean --config.model.width\?'),
       ((('g3', {'bn_group_size': 3}),), r'g3: .*bn_group_size=3')):
-    study = runner.from_preset('t', dict(sweep, points=points), base)
+    study = from_preset('t', dict(sweep, points=points), base)
     with pytest.raises(StudyError, match=message):
       runner.plan_runs(study, base, runner.Options(out=str(tmp_path / 'o')), devices=8)
 

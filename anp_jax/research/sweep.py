@@ -29,7 +29,7 @@ import ml_collections
 from absl import flags
 
 from anp_jax import cli, distributed, metrics_io, optim, preemption
-from anp_jax.research import noise_scale, runner, study_results
+from anp_jax.research import noise_scale, runner, study_cli, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError
 
 SweepError = StudyError  # Bad sweep input, reported before any training (exit 2).
@@ -43,8 +43,8 @@ METRICS = ('anp_top1', 'anp_top5', 'adjective_top1', 'noun_top1')
 # Shared with the planner's pilot (`anp_jax.research.plan.load_pilot`), so one run has the same
 # steps to target whether it is read as a sweep row or as a pilot.
 target_crossing = metrics_io.target_crossing
-preset_names = runner.preset_names
-load_preset = runner.load_preset
+preset_names = study_cli.preset_names
+load_preset = study_cli.load_preset
 
 CSV_COLUMNS = (
     'name', 'batch', 'rule', 'warmup', 'seed', 'lr_mult', 'base_lr', 'lr', 'warmup_epochs',
@@ -118,7 +118,7 @@ class Sweep:
 
 def define_sweep_flags(fv):
   """The batch-size sweep's flags (besides --preset and --config)."""
-  runner.define_runner_flags(fv, lr_flag='lr_search')
+  study_cli.define_runner_flags(fv, lr_flag='lr_search')
 
   def define(kind, name, help_string):
     getattr(flags, f'DEFINE_{kind}')(name, None, help_string, flag_values=fv)
@@ -135,17 +135,17 @@ def define_sweep_flags(fv):
 def parse_args(argv: Sequence[str], doc: str = __doc__):
   """(args, base config, overrides): the flags as a namespace (recorded in sweep.json), the
   preset config with the overrides applied, and the (key, value) overrides."""
-  parsed = runner.parse_command_line(argv, PREFIX, define_sweep_flags, doc)
+  parsed = study_cli.parse_command_line(argv, PREFIX, define_sweep_flags, doc)
   if parsed is None:
     return None
   fv, config, overrides = parsed
-  runner.out_path(fv.out)  # Required and not empty.
+  study_cli.out_path(fv.out)  # Required and not empty.
   args = types.SimpleNamespace(
       preset=fv.preset, out=fv.out,
-      batch_sizes=runner.list_flag(fv, 'batch_sizes', int),
-      rules=runner.list_flag(fv, 'rules', str), warmup=runner.list_flag(fv, 'warmup', str),
-      seeds=runner.list_flag(fv, 'seeds', int), epochs=fv.epochs, target_top1=fv.target_top1,
-      lr_search=runner.list_flag(fv, 'lr_search', float), lr_extensions=fv.lr_extensions,
+      batch_sizes=study_cli.list_flag(fv, 'batch_sizes', int),
+      rules=study_cli.list_flag(fv, 'rules', str), warmup=study_cli.list_flag(fv, 'warmup', str),
+      seeds=study_cli.list_flag(fv, 'seeds', int), epochs=fv.epochs, target_top1=fv.target_top1,
+      lr_search=study_cli.list_flag(fv, 'lr_search', float), lr_extensions=fv.lr_extensions,
       max_per_device_batch=fv.max_per_device_batch,
       checkpoint_every_epochs=fv.checkpoint_every_epochs, cpu_devices=fv.cpu_devices,
       stop_at_target=fv.stop_at_target, dry_run=fv.dry_run, no_report=fv.no_report, ci=fv.ci)
@@ -215,7 +215,7 @@ def resolve(args, base, overrides) -> Sweep:
       args.checkpoint_every_epochs)
   if ckpt < 0:
     raise SweepError(f'--checkpoint_every_epochs must be >= 0, got {ckpt}.')
-  return Sweep(preset=args.preset, out=runner.out_path(args.out), base=base,
+  return Sweep(preset=args.preset, out=study_cli.out_path(args.out), base=base,
                batch_sizes=sorted(set(batch_sizes)), arms=arms, seeds=_unique(seeds),
                lr=LrGrid(tuple(mults), int(extensions)), target_top1=float(target),
                max_per_device_batch=max_pd, checkpoint_every_epochs=ckpt,
@@ -369,7 +369,7 @@ def options(sw: Sweep, args, overrides, report: bool) -> runner.Options:
                         ci=args.ci, dry_run=args.dry_run, report=report,
                         user_fields=sw.user_fields, record_file='sweep.json',
                         invocation={'args': vars(args),
-                                    'overrides': runner.override_args(overrides)})
+                                    'overrides': study_cli.override_args(overrides)})
 
 
 def plan_runs(sw: Sweep, devices: Optional[int] = None, args=None):
@@ -393,7 +393,7 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
     return []
   args, config, overrides = parsed
   preset = sweep_preset(args.preset)
-  runner.simulate_cpu_devices(preset.cpu_devices if args.cpu_devices is None else
+  study_cli.simulate_cpu_devices(preset.cpu_devices if args.cpu_devices is None else
                               args.cpu_devices)
   distributed.initialize()  # Multi-process jobs (SLURM / ANP_* variables); no-op otherwise.
   sw = resolve(args, config, overrides)

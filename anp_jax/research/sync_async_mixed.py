@@ -44,7 +44,7 @@ from absl import flags
 
 from anp_jax import metrics_io, plotting, reporting
 from anp_jax.research import perfmodel as pm
-from anp_jax.research import runner, stats, study_results
+from anp_jax.research import runner, stats, study_cli, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError
 
 ANP_TRAIN_IMAGES = 307_406  # MUSA2: 384,258 images, 80 % for training (shared/REFERENCES.md).
@@ -172,7 +172,7 @@ def predicted_epoch(spec: RunSpec, sync_devices: int):
 
 
 def define_flags(fv):
-  runner.define_runner_flags(fv, lr_flag='lr_grid')
+  study_cli.define_runner_flags(fv, lr_flag='lr_grid')
 
   def define(kind, name, default, help_string):
     getattr(flags, f'DEFINE_{kind}')(name, default, help_string, flag_values=fv)
@@ -213,12 +213,12 @@ class Experiment:
 
 def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   """The experiment of `argv`; ExperimentError on bad input (touches no device)."""
-  parsed = runner.parse_command_line(argv, PREFIX, define_flags, doc)
+  parsed = study_cli.parse_command_line(argv, PREFIX, define_flags, doc)
   if parsed is None:
     return None
   fv, config, overrides = parsed
-  preset = Preset(**runner.load_preset(PREFIX, fv.preset)[1])
-  out = runner.out_path(fv.out)
+  preset = Preset(**study_cli.load_preset(PREFIX, fv.preset)[1])
+  out = study_cli.out_path(fv.out)
   base = ml_collections.ConfigDict(config.to_dict())
   keys = [k for k, _ in overrides]
   for key in keys:
@@ -228,7 +228,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
     base.num_epochs = fv.epochs
   if not base.num_epochs > 0:
     raise ExperimentError(f'--epochs must be > 0, got {base.num_epochs}.')
-  given = lambda name: runner.list_flag(fv, name, int)
+  given = lambda name: study_cli.list_flag(fv, name, int)
   workers = preset.workers if given('workers') is None else given('workers')
   nodes = preset.nodes if given('nodes') is None else given('nodes')
   every = preset.sync_every if given('sync_every') is None else given('sync_every')
@@ -246,9 +246,9 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   for n in mixed:
     mixed_worker_devices(n, fv.sync_devices)
   extensions = preset.lr_extensions if fv.lr_extensions is None else fv.lr_extensions
-  mults = runner.list_flag(fv, 'lr_grid', float)
+  mults = study_cli.list_flag(fv, 'lr_grid', float)
   lr = LrGrid(tuple(preset.lr_grid if mults is None else mults), int(extensions))
-  seeds = runner.list_flag(fv, 'seeds', int)
+  seeds = study_cli.list_flag(fv, 'seeds', int)
   target = preset.target_top1 if fv.target_top1 is None else fv.target_top1
   if not 0.0 < target <= 1.0:
     raise ExperimentError(f'--target_top1={target} is an unreachable target: top-1 accuracy is '
@@ -258,7 +258,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report, user_fields=frozenset(keys),
                         invocation={'argv': list(argv),
-                                    'overrides': runner.override_args(overrides)})
+                                    'overrides': study_cli.override_args(overrides)})
   return Experiment(preset=preset, base=base,
                     arms=grid(workers, aware, nodes, every, mixed, mixed_aware), lr=lr,
                     seeds=list(preset.seeds if seeds is None else seeds),
@@ -481,4 +481,4 @@ def main(argv: Sequence[str], doc: str = __doc__) -> int:
   def resolved():
     ex = resolve(argv, doc)
     return None if ex is None else (study(ex), ex.base, ex.opts, ex.cpu_devices)
-  return runner.run_command(resolved)
+  return study_cli.run_command(resolved)
