@@ -298,7 +298,12 @@ def test_ghost_bn_study_tiny_variant_end_to_end_through_the_command_line(data_di
   report = (out / 'report.md').read_text()
   assert 'Ghost BN group size' in report and 'Student-t' in report and '| g0002 |' in report
   assert json.load(open(out / 'experiment.json')) == {'kind': 'ghost_bn'}
-  # Rerun: nothing trained; another study kind refuses the directory.
+  assert (out / 'points.png').stat().st_size > 1000
+  # The report again from the results alone; rerun: nothing trained; another study kind refuses
+  # the directory.
+  os.remove(out / 'report.md')
+  r = run_experiment('report.py', str(out))
+  assert r.returncode == 0 and (out / 'report.md').read_text() == report, r.stderr[-2000:]
   r = run_experiment('study.py', *args)
   assert r.returncode == 0 and r.stdout.count('finished earlier, skipped') == 4, r.stdout
   r = run_experiment('sync_async_mixed.py', '--preset', 'tiny', '--out', str(out), '--dry_run',

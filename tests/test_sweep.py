@@ -20,7 +20,7 @@ import pytest
 
 from anp_jax import optim
 from anp_jax.setup import resolve_setup
-from anp_jax.research import noise_scale, runner, sweep
+from anp_jax.research import noise_scale, runner, study_results, sweep
 from anp_jax.research.study import RunKey, Study
 from conftest import TINY_SYNTHETIC, run_experiment
 
@@ -646,7 +646,7 @@ def test_one_out_directory_holds_one_kind_of_experiment(data_dir, tmp_path, caps
   assert 'holds the results of batch size sweep' in capsys.readouterr().err
   marked.mkdir()
   runner.claim_out_dir(str(marked), 'sync_async_mixed', write=True)
-  assert runner.out_dir_kind(str(marked)) == 'sync_async_mixed'
+  assert study_results.out_dir_kind(str(marked)) == 'sync_async_mixed'
   with pytest.raises(sweep.SweepError, match='holds the results of sync async mixed'):
     runner.claim_out_dir(str(marked), 'batch_size_sweep', write=False)
   runner.claim_out_dir(str(marked), 'sync_async_mixed', write=True)  # Its own: fine.

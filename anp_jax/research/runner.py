@@ -91,40 +91,20 @@ def check_existing(run_dir: str, config):
                      'or the settings of that study.')
 
 
-# Which study an --out directory belongs to: each writes its results over the same paths, so one
-# directory holds one kind. The marker is written before the first run.
-EXPERIMENT_FILE = 'experiment.json'
-# Directories written before the marker existed are recognised by the file their study wrote
-# (the first versions of two studies); every study since writes the marker.
-_PRE_MARKER_FILES = {'sweep.json': 'batch_size_sweep', 'grid.json': 'sync_async_mixed'}
-
-
-def out_dir_kind(out: str) -> Optional[str]:
-  """The kind of study whose results `out` holds, or None."""
-  path = os.path.join(out, EXPERIMENT_FILE)
-  if os.path.exists(path):
-    try:
-      with open(path) as f:
-        return json.load(f).get('kind')
-    except (OSError, ValueError):
-      return None
-  return next((kind for name, kind in _PRE_MARKER_FILES.items()
-               if os.path.exists(os.path.join(out, name))), None)
-
-
 def claim_out_dir(out: str, kind: str, write: bool) -> None:
   """Refuses `out` if it holds another study's results (StudyError: exit 2, before any
   training; its results would be overwritten); with `write`, marks it as `kind`'s."""
   if os.path.exists(out) and not os.path.isdir(out):
     raise StudyError(f'--out={out!r} is a file; give a directory.')
-  found = out_dir_kind(out)
+  found = study_results.out_dir_kind(out)
   if found and found != kind:
     raise StudyError(f'--out={out!r} holds the results of {found.replace("_", " ")} '
-                     f'({EXPERIMENT_FILE}); this {kind.replace("_", " ")} would overwrite its '
+                     f'({study_results.EXPERIMENT_FILE}); this {kind.replace("_", " ")} would '
+                     'overwrite its '
                      'results: use another --out.')
   if write and not found:
     os.makedirs(out, exist_ok=True)
-    reporting.write_json_atomic(os.path.join(out, EXPERIMENT_FILE), {'kind': kind})
+    reporting.write_json_atomic(os.path.join(out, study_results.EXPERIMENT_FILE), {'kind': kind})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ row per run) and ``study.json`` (the study's settings) in ``DIR`` and writes, wi
   (`stats.format_summary`: "≥ 93 (1/3 reached, 2 diverged)");
 * the learning-rate grid of each point (every rate's outcomes), the warnings (rates still at
   an edge, points without a stable rate, crossings late in the budget, figures on validation);
-* ``points.png``: the final metric and the steps to the target against the one numeric field
-  the points vary, when there is one, with the intervals as error bars.
+* ``points.png``: the final metric and the steps to the target per point (against the one
+  numeric field the points vary, when there is one), with the intervals as error bars.
 """
 
 import json
@@ -58,25 +58,28 @@ def error_bars(summaries, scale: float = 1.0):
   return means, [low, high]
 
 
-def plot_points(points: Sequence[Mapping], field: str, metric: str, path: str) -> str:
-  """Final `metric` and steps to the target against `field`, mean with its interval; a point
-  whose seeds did not all reach the target is drawn at its lower bound (▲), one with a
-  diverged seed is named under the axes."""
+def plot_points(points: Sequence[Mapping], field: Optional[str], metric: str, path: str) -> str:
+  """Final `metric` and steps to the target per point, mean with its interval, against `field`
+  (the one numeric field the points vary) or, without one, point by point; a point whose seeds
+  did not all reach the target is drawn at its lower bound (▲), one with a diverged seed is named
+  under the axes."""
   plt = plotting.pyplot()
   fig, (ax_m, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
-  ordered = sorted(points, key=lambda p: p['fields'][field])
-  xs = [p['fields'][field] for p in ordered]
-  log_x = all(x > 0 for x in xs) and max(xs) / min(xs) >= 4
+  if field is not None:
+    ordered = sorted(points, key=lambda p: p['fields'][field])
+    xs = [p['fields'][field] for p in ordered]
+  else:
+    ordered, xs = list(points), list(range(len(points)))
   done = [(x, p['final'][metric]) for x, p in zip(xs, ordered)
           if p['final'].get(metric) and p['final'][metric]['kind'] == 'complete']
   if done:
     means, bars = error_bars([s for _, s in done], 100)
-    ax_m.errorbar([x for x, _ in done], means, yerr=bars, marker='o', capsize=3)
+    ax_m.errorbar([x for x, _ in done], means, yerr=bars, marker='o', capsize=3, ls='none')
   complete = [(x, p['steps_to_target']) for x, p in zip(xs, ordered)
               if p['steps_to_target'] and p['steps_to_target']['kind'] == 'complete']
   if complete:
     means, bars = error_bars([s for _, s in complete])
-    ax_s.errorbar([x for x, _ in complete], means, yerr=bars, marker='o', capsize=3,
+    ax_s.errorbar([x for x, _ in complete], means, yerr=bars, marker='o', capsize=3, ls='none',
                   label='every seed reached it')
   censored = [(x, p['steps_to_target']) for x, p in zip(xs, ordered)
               if p['steps_to_target'] and p['steps_to_target']['kind'] == 'censored']
@@ -88,17 +91,20 @@ def plot_points(points: Sequence[Mapping], field: str, metric: str, path: str) -
   if bad:
     fig.text(0.01, 0.01, 'diverged seeds: ' + ', '.join(bad), fontsize=7)
   for ax in (ax_m, ax_s):
-    if log_x:
-      ax.set_xscale('log', base=2)
+    if field is None:
+      ax.set_xticks(xs, [p['point'] for p in ordered], rotation=30, fontsize=8)
+    else:
+      if all(x > 0 for x in xs) and max(xs) / min(xs) >= 4:
+        ax.set_xscale('log', base=2)
+      ax.set_xlabel(field)
     ax.grid(alpha=0.3, which='both')
-    ax.set_xlabel(field)
   if ax_s.lines:
     ax_s.legend(fontsize=7)
-  split = ordered[0]['published_split'] if ordered else ''
-  ax_m.set(ylabel=f'final {metric} (%)', title=f'Final {metric} ({split} split), 95 % CI')
-  target = ordered[0].get('target_value') if ordered else None
+  p0 = ordered[0]
+  ax_m.set(ylabel=f'final {metric} (%)',
+           title=f'Final {metric} ({p0["published_split"]} split), 95 % CI')
   ax_s.set(ylabel='steps to target (validation)',
-           title=f'Steps to {ordered[0]["target_metric"]} >= {target:g}' if ordered else '')
+           title=f'Steps to {p0["target_metric"]} >= {p0["target_value"]:g}, 95 % CI')
   return plotting.save_figure(fig, path)
 
 
@@ -106,6 +112,8 @@ def _lr_cell(p: Mapping) -> str:
   if p['lr_mult'] is None:
     return 'none: ' + p['lr_reason']
   text = f'{p["lr"]:.4g} (x{p["lr_mult"]:g})' if p.get('lr') is not None else f'x{p["lr_mult"]:g}'
+  if not p['lr_tuned']:
+    text += ', not tuned'
   if not p['lr_chosen']:
     text += ', not a stable rate'
   elif p['lr_edge']:
@@ -140,7 +148,7 @@ def grid_lines(points: Sequence[Mapping], rows: Sequence[Mapping]) -> List[str]:
 
 
 def make_report(out_dir: str) -> str:
-  """Writes DIR/report.md (and DIR/points.png when the points vary one numeric field)."""
+  """Writes DIR/report.md and DIR/points.png; returns the report's path."""
   points, rows, settings = load(out_dir)
   if not points:
     raise ValueError(f'{out_dir}/points.json has no points.')
@@ -153,8 +161,9 @@ def make_report(out_dir: str) -> str:
               f'{settings.get("epochs")} epochs per run, model `{settings.get("model")}` at '
               f'{settings.get("image_size")} px on `{settings.get("dataset")}`; seeds '
               f'{settings.get("seeds")}; learning-rate multipliers {settings.get("lr_grid")} of '
-              f'the preset\'s base_lr, extended x2 beyond an edge choice at most '
-              f'{settings.get("lr_extensions")} time(s) per point.', '']
+              'the preset\'s base_lr' + (f', extended x2 beyond an edge choice at most '
+                                         f'{settings["lr_extensions"]} time(s) per point.'
+                                         if settings.get('lr_extensions') else '.'), '']
   p0 = points[0]
   lines += [
       f'Target: {p0["target_metric"]} >= {p0["target_value"]:g} on the validation split. The '
@@ -201,9 +210,9 @@ def make_report(out_dir: str) -> str:
                     + ', '.join(late) + '.')
   if warnings:
     lines += ['## Warnings', ''] + [f'- {w}' for w in warnings] + ['']
-  field = varied_field(points)
-  if field is not None and metric_names:
-    plot_points(points, field, metric_names[0], os.path.join(out_dir, 'points.png'))
+  if metric_names:
+    plot_points(points, varied_field(points), metric_names[0],
+                os.path.join(out_dir, 'points.png'))
     lines += ['## Figure', '', '![points](points.png)', '']
   bad = [r for r in rows if r['status'] != 'finished']
   if bad:

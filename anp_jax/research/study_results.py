@@ -19,7 +19,8 @@
   diverged seeds counted, never dropped), `stats.value_summary` of the final metrics, on the test
   split when every seed evaluated it (``published_split``), else on validation (and the report
   says that the figures come from the split the choices were made on).
-* `write_results`: ``results.json`` / ``results.csv`` (rows), ``points.json`` / ``points.csv``.
+* `write_results`: ``results.json`` / ``results.csv`` (rows), ``points.json`` / ``points.csv``;
+  `out_dir_kind`: which kind of study a directory holds (``experiment.json``).
 
 No JAX: the reports and the planner import this.
 """
@@ -139,6 +140,26 @@ def summarize_run(run_dir: str, target_metric: str, target_value: float,
   row.update(wall_time_s=final.get('wall_time_s') if final else None,
              error=final.get('error') if final else None)
   return row
+
+
+# Which study an --out directory belongs to: each writes its results over the same paths, so one
+# directory holds one kind. The marker is written before the first run.
+EXPERIMENT_FILE = 'experiment.json'
+# Directories written before the marker existed are recognised by the file their study wrote
+# (the first versions of two studies); every study since writes the marker.
+_PRE_MARKER_FILES = {'sweep.json': 'batch_size_sweep', 'grid.json': 'sync_async_mixed'}
+
+
+def out_dir_kind(out: str) -> Optional[str]:
+  """The kind of study whose results `out` holds, or None."""
+  path = os.path.join(out, EXPERIMENT_FILE)
+  if os.path.exists(path):
+    try:
+      return read_json(path).get('kind')
+    except (OSError, ValueError):
+      return None
+  return next((kind for name, kind in _PRE_MARKER_FILES.items()
+               if os.path.exists(os.path.join(out, name))), None)
 
 
 # ----------------------------------------------------------------------------------------------
