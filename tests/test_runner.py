@@ -241,6 +241,51 @@ def test_a_point_whose_seeds_diverged_at_its_only_rate_is_reported_with_them(
   assert '(1/3 reached, 2 diverged)' in text and 'No rate without a diverged seed: global' in text
 
 
+def test_a_tuned_field_is_chosen_with_the_rate_on_validation(data_dir, tmp_path, monkeypatch):
+  """warmup_epochs tuned with the rate (Shallue et al. tune warmup per batch size too): every
+  (warmup, rate) pair runs; the pair with the best validation wins (here warmup 0.25 at x2 for
+  g0002, warmup 0 at x1 for global); the grid extension applies to every warmup value."""
+  best = {'g0002': (0.25, 2.0), 'global': (0.0, 1.0)}
+
+  def curve(point, mult, seed, split):
+    warm, good = best[point]
+    record_warmup = curve.warmup[-1]
+    return 0.4 - 0.05 * abs(math.log2(mult / good)) - 0.1 * abs(record_warmup - warm)
+
+  trained = _emulate(monkeypatch, curve)
+  real_emulated = trainer.train_and_evaluate
+  curve.warmup = []
+
+  def with_warmup(config, workdir):
+    curve.warmup.append(float(config.warmup_epochs))
+    return real_emulated(config, workdir)
+  monkeypatch.setattr(trainer, 'train_and_evaluate', with_warmup)
+  base, sweep = study_cli.load_preset('study', 'ghost_bn:tiny')
+  base.data_dir = str(data_dir)
+  study = from_preset('ghost_bn', dict(sweep, lr_grid=(1.0, 2.0), lr_extensions=1,
+                                       tune={'warmup_epochs': (0.0, 0.25)}), base)
+  assert [k.name for k in study.runs()][:4] == [
+      'g0002-warmup_epochs0-lrx1-s0', 'g0002-warmup_epochs0-lrx1-s1',
+      'g0002-warmup_epochs0-lrx2-s0', 'g0002-warmup_epochs0-lrx2-s1']
+  out = tmp_path / 'study'
+  runner.run_study(study, base, runner.Options(out=str(out), report=False))
+  # Round 1: 2 points x 2 warmups x 2 rates x 2 seeds; g0002's x2 is an edge: x4 for both
+  # warmups (4 more runs); global's x1 is an edge too: x0.5 (4 more).
+  assert len(trained) == 16 + 8
+  points = {p['point']: p for p in json.load(open(out / 'points.json'))}
+  assert (points['g0002']['tune'], points['g0002']['lr_mult']) == ({'warmup_epochs': 0.25}, 2.0)
+  assert (points['global']['tune'], points['global']['lr_mult']) == ({'warmup_epochs': 0.0}, 1.0)
+  assert points['g0002']['lr_edge'] is None and points['g0002']['lr_tried'] == [1.0, 2.0, 4.0]
+  rows = json.load(open(out / 'results.json'))
+  chosen = [r for r in rows if r['point'] == 'g0002' and r['tune'] == {'warmup_epochs': 0.25}
+            and r['lr_mult'] == 2.0]
+  assert [r['seed'] for r in chosen] == [0, 1] and points['g0002']['seeds'] == 2
+  assert chosen[0]['fields'] == {'bn_mode': 'ghost', 'bn_group_size': 2, 'warmup_epochs': 0.25}
+  assert sorted(set(curve.warmup)) == [0.0, 0.25]  # What the trainer's configs said.
+  with pytest.raises(StudyError, match='either compared'):
+    from_preset('x', dict(sweep, tune={'bn_mode': ('ghost',)}), base)
+
+
 def test_bad_study_input_fails_before_training(data_dir, tmp_path, capsys):
   for extra, message in ((['--config.seed=3'], '--config.seed is an axis'),
                          (['--lr_grid', '0'], 'multipliers > 0'),

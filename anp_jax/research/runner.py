@@ -177,7 +177,8 @@ def run_record(study: Study, run: Run) -> Dict:
   """``sweep_run.json``: the run's place in the study and its sizes (read back into its row)."""
   key, setup, config = run.key, run.setup, run.config
   record = {'name': key.name, 'study': study.kind, 'point': key.point,
-            'fields': dict(key.fields), 'seed': key.seed, 'lr_mult': key.lr_mult,
+            'fields': dict(key.fields), 'tune': dict(key.tune), 'seed': key.seed,
+            'lr_mult': key.lr_mult,
             'base_lr': float(config.base_lr), 'lr': float(optim.scaled_lr(config)),
             'batch': setup.batch_size, 'warmup_epochs': float(config.warmup_epochs),
             'epochs': setup.total_steps * setup.batch_size / setup.train_size,

@@ -7,18 +7,24 @@ multiplier** of ``config.base_lr`` (before the batch-size scaling rule). Per poi
 chosen on the validation split (`anp_jax.research.study_results.choose_rates`); a chosen rate at
 the edge of the rates tried extends the grid by a factor beyond that edge, at most
 ``LrGrid.extensions`` times per point, so that the optimum ends interior or the report says it
-did not. A **run** is one (point, multiplier, seed): its directory ``runs/<name>``.
+did not. Other fields may be **tuned** the same way (``tune``, e.g. ``{'warmup_epochs': (0.0,
+1.0, 2.0)}``: every point runs at each combination of their values x every rate, and the
+combination and rate with the best validation result are chosen together; the rate grid and its
+extensions are shared by the combinations). A **run** is one (point, tuned values, multiplier,
+seed): its directory ``runs/<name>``.
 
 A study preset is one config file, ``anp_jax/configs/study_<name>.py``: ``get_config()`` the
 run config every point starts from (its ``target_metric`` / ``target_value`` the target), and
 ``get_sweep()`` a dict with ``points`` (any iterable of (name, fields)), ``seeds``, ``lr_grid``,
-``lr_extensions`` and the time estimate's ``images_per_s`` / ``overhead_s`` (`from_preset`).
+``lr_extensions``, ``tune`` and the time estimate's ``images_per_s`` / ``overhead_s``
+(`from_preset`).
 Presets are plain config files (the core never imports ``anp_jax.research``).
 
 This module imports no JAX: reports and the planner read studies without it.
 """
 
 import dataclasses
+import itertools
 import math
 import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -60,14 +66,22 @@ def default_run_name(point: str, lr_mult: float, seed: int) -> str:
   return f'{point}-lrx{lr_mult:g}-s{seed}'
 
 
+def tune_label(tune: Mapping[str, Any]) -> str:
+  """Tuned values in a run name: {'warmup_epochs': 1.0} -> 'warmup_epochs1' ('' for none)."""
+  return '-'.join(f'{k.rsplit(".", 1)[-1]}{v:g}' if isinstance(v, float) else
+                  f'{k.rsplit(".", 1)[-1]}{v}' for k, v in tune.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class RunKey:
-  """One run of a study: a point at one learning-rate multiplier and seed."""
+  """One run of a study: a point with its tuned values (`tune`, also in `fields`) at one
+  learning-rate multiplier and seed."""
   name: str
   point: str
   fields: Mapping[str, Any]
   lr_mult: float
   seed: int
+  tune: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +103,7 @@ class Study:
   target_metric: str = eval_seam.DEFAULT_TARGET_METRIC
   seeds: Tuple[int, ...] = (0,)
   lr: LrGrid = LrGrid()
+  tune: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()  # Fields chosen with the rate, per point.
   metrics: Tuple[str, ...] = ('anp_top1',)
   run_name: Callable[[str, float, int], str] = default_run_name
   checkpoint_every_epochs: float = 1.0
@@ -121,7 +136,19 @@ class Study:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
       raise StudyError(f'Point names must be unique, got {repeated} more than once.')
+    tune = tuple((str(k), tuple(v)) for k, v in (self.tune.items() if isinstance(
+        self.tune, Mapping) else self.tune))
+    object.__setattr__(self, 'tune', tune)
+    for field, values in tune:
+      if not values:
+        raise StudyError(f'The tuned field {field!r} has no values.')
+      if field in AXIS_FIELDS:
+        raise StudyError(f'{field!r} is an axis of the study (seeds, lr_grid), not a tuned field.')
     for name, fields in points:
+      both = sorted(set(fields) & {f for f, _ in tune})
+      if both:
+        raise StudyError(f'Point {name!r} sets {both}, which the study tunes: a field is either '
+                         'compared (a point field) or tuned (chosen per point), not both.')
       axes = sorted(set(fields) & set(AXIS_FIELDS))
       if axes:
         raise StudyError(f'Point {name!r} sets {axes}: seeds and the learning rate are the '
@@ -139,24 +166,38 @@ class Study:
   def point_fields(self) -> Dict[str, Mapping[str, Any]]:
     return dict(self.points)
 
+  def settings(self) -> List[Dict[str, Any]]:
+    """Every combination of the tuned fields' values ([{}] when nothing is tuned)."""
+    fields = [f for f, _ in self.tune]
+    return [dict(zip(fields, combo)) for combo in itertools.product(*(v for _, v in self.tune))]
+
   def runs(self, extended: Optional[Mapping[str, Sequence[float]]] = None) -> List[RunKey]:
-    """Every run, point by point: the grid's multipliers, then the point's extensions."""
+    """Every run, point by point and tuned setting by setting: the grid's multipliers, then the
+    point's extensions."""
     extended = extended or {}
     keys = []
     for point, fields in self.points:
-      for mult in list(self.lr.multipliers) + [m for m in extended.get(point, ())
-                                              if m not in self.lr.multipliers]:
-        for seed in self.seeds:
-          keys.append(RunKey(self.run_name(point, mult, seed), point, fields, mult, seed))
+      mults = list(self.lr.multipliers) + [m for m in extended.get(point, ())
+                                           if m not in self.lr.multipliers]
+      for tune in self.settings():
+        label = '-'.join(filter(None, (point, tune_label(tune))))
+        for mult in mults:
+          for seed in self.seeds:
+            keys.append(RunKey(self.run_name(label, mult, seed), point, {**fields, **tune}, mult,
+                               seed, tune))
     names = [k.name for k in keys]
     if len(set(names)) != len(names):
       raise StudyError('Two runs of the study get the same directory name: make run_name '
                        'depend on the point, the multiplier and the seed.')
+    bad = sorted({n for n in names if not _NAME.match(n)})
+    if bad:
+      raise StudyError(f'Run names become directory names: use letters, digits and _ . + = -, '
+                       f'got {bad[:3]} (tuned values in a name?).')
     return keys
 
 
 # Keys of a preset's get_sweep() dict and the Study fields they fill.
-PRESET_KEYS = ('points', 'seeds', 'lr_grid', 'lr_extensions', 'lr_factor', 'metrics',
+PRESET_KEYS = ('points', 'seeds', 'lr_grid', 'lr_extensions', 'lr_factor', 'tune', 'metrics',
                'checkpoint_every_epochs', 'log_every_epochs', 'images_per_s', 'overhead_s',
                'cpu_devices', 'title')
 
@@ -178,7 +219,7 @@ def from_preset(kind: str, sweep: Mapping[str, Any], config, *, seeds=None, lr_g
   lr = LrGrid(tuple(sweep.get('lr_grid', (1.0,)) if lr_grid is None else lr_grid),
               int(sweep.get('lr_extensions', 0) if lr_extensions is None else lr_extensions),
               float(sweep.get('lr_factor', 2.0)))
-  other = {k: sweep[k] for k in ('metrics', 'checkpoint_every_epochs', 'log_every_epochs',
+  other = {k: sweep[k] for k in ('tune', 'metrics', 'checkpoint_every_epochs', 'log_every_epochs',
                                  'images_per_s', 'overhead_s', 'cpu_devices', 'title')
            if k in sweep}
   return Study(kind=kind, points=tuple(_pairs(sweep['points'])), target_metric=metric,

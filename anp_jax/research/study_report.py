@@ -9,8 +9,9 @@ row per run) and ``study.json`` (the study's settings) in ``DIR`` and writes, wi
   seeds' outcomes, steps to the target on validation and on test, and the final metrics, each
   as mean [95 % interval] over seeds or, when a seed missed or diverged, as a censored figure
   (`stats.format_summary`: "≥ 93 (1/3 reached, 2 diverged)");
-* the learning-rate grid of each point (every rate's outcomes), the warnings (rates still at
-  an edge, points without a stable rate, crossings late in the budget, figures on validation);
+* the learning-rate grid of each point (every rate's and tuned setting's outcomes), the
+  warnings (rates still at an edge, points without a stable rate, crossings late in the
+  budget, figures on validation);
 * ``points.png``: the final metric and the steps to the target per point (against the one
   numeric field the points vary, when there is one), with the intervals as error bars.
 """
@@ -118,6 +119,8 @@ def _lr_cell(p: Mapping) -> str:
     text += ', not a stable rate'
   elif p['lr_edge']:
     text += f', {"lowest" if p["lr_edge"] == "low" else "highest"} tried'
+  if p.get('tune'):
+    text += '; ' + ', '.join(f'{k}={v}' for k, v in p['tune'].items())
   if p['lr_pending']:
     text += ', provisional'
   return text
@@ -129,20 +132,26 @@ def _outcomes(p: Mapping) -> str:
 
 
 def grid_lines(points: Sequence[Mapping], rows: Sequence[Mapping]) -> List[str]:
-  """Per point, every rate tried and what its seeds did (the choice's evidence)."""
+  """Per point, every candidate tried (rate, and tuned values if any) and what its seeds did
+  (the choice's evidence; ← marks the chosen one)."""
   lines = []
   for p in points:
     runs = [r for r in rows if r['point'] == p['point']]
+    by_candidate = {}
+    for r in runs:
+      tune = study_results.tune_of(r)
+      label = ', '.join(f'{k}={v}' for k, v in tune.items())
+      by_candidate.setdefault((float(r['lr_mult']), label), []).append(r)
     cells = []
-    for mult in sorted({float(r['lr_mult']) for r in runs}):
-      these = [r for r in runs if float(r['lr_mult']) == mult]
+    for (mult, label), these in sorted(by_candidate.items()):
       outcomes = [study_results.outcome_of(r) for r in these]
       counts = ', '.join(f'{outcomes.count(k)} {k}' for k in ('reached', 'missed', 'diverged',
                                                               'unfinished') if k in outcomes)
       steps = [r['steps_to_target'] for r in these if r.get('steps_to_target') is not None]
       mean = f'; steps {math.fsum(steps) / len(steps):.0f}' if len(steps) == len(these) else ''
-      mark = ' ←' if p['lr_chosen'] and mult == p['lr_mult'] else ''
-      cells.append(f'x{mult:g}: {counts}{mean}{mark}')
+      mark = ' ←' if p['lr_chosen'] and study_results.is_chosen(
+          these[0], {'lr_mult': p['lr_mult'], 'tune': p['tune']}) else ''
+      cells.append(f'x{mult:g}{" (" + label + ")" if label else ""}: {counts}{mean}{mark}')
     lines.append(f'- {p["point"]}: ' + '; '.join(cells))
   return lines
 

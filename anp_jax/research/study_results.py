@@ -112,6 +112,7 @@ def summarize_run(run_dir: str, target_metric: str, target_value: float,
   total = record['total_steps']
   row = dict(record)
   row['fields'] = dict(record.get('fields', {}))
+  row['tune'] = dict(record.get('tune', {}))
   row.update(status=status, target_metric=target_metric, target_value=target_value,
              final_step=final.get('step') if final else (records[-1]['step'] if records else 0))
   for prefix, metric in (('', target_metric), ('test_', test_metric)):
@@ -179,34 +180,46 @@ def outcome_of(row: Mapping[str, Any]) -> str:
   return 'reached' if row.get('steps_to_target') is not None else 'missed'
 
 
+def tune_of(row: Mapping[str, Any]) -> Dict[str, Any]:
+  """The tuned values of a row's run ({} when the study tunes nothing but the rate)."""
+  return dict(row.get('tune') or {})
+
+
+def _candidate(row: Mapping[str, Any]):
+  """(tuned values as JSON, multiplier): what the choice picks among, per point."""
+  return json.dumps(tune_of(row), sort_keys=True), float(row['lr_mult'])
+
+
 def choose_rates(rows: Sequence[Mapping[str, Any]], group: Callable[[Mapping], Any],
                  final: Callable[[Mapping], Optional[float]]) -> Dict[Any, Dict[str, Any]]:
-  """Per group of `group` (a point), the chosen multiplier (see the module docstring).
+  """Per group of `group` (a point), the chosen multiplier and tuned values (see the module
+  docstring; a candidate is one multiplier with one combination of the tuned values).
 
   `final(row)` is the row's final validation metric (None when it has none). Each choice:
-  ``lr_mult`` (None: no rate is a candidate), ``tried`` (sorted multipliers), ``tuned`` (more
-  than one tried), ``edge`` ('low' / 'high' when the chosen rate is the lowest / highest of
-  several tried, 'low' when every rate had a diverged seed: smaller rates are the way on;
-  None), ``pending`` (some run has not finished: the choice may still change) and ``reason``.
+  ``lr_mult`` (None: no candidate), ``tune`` (the chosen tuned values, {} when the study tunes
+  none; None without a choice), ``tried`` (sorted multipliers), ``tuned`` (more than one
+  tried), ``edge`` ('low' / 'high' when the chosen rate is the lowest / highest of several
+  tried, 'low' when every candidate had a diverged seed: smaller rates are the way on; None),
+  ``pending`` (some run has not finished: the choice may still change) and ``reason``.
   """
-  groups: Dict[Any, Dict[float, List[Mapping]]] = {}
+  groups: Dict[Any, Dict[Any, List[Mapping]]] = {}
   for r in rows:
-    groups.setdefault(group(r), {}).setdefault(float(r['lr_mult']), []).append(r)
+    groups.setdefault(group(r), {}).setdefault(_candidate(r), []).append(r)
   choices = {}
-  for key, by_mult in groups.items():
-    tried = sorted(by_mult)
-    outcomes = {m: [outcome_of(r) for r in runs] for m, runs in by_mult.items()}
+  for key, by_candidate in groups.items():
+    tried = sorted({mult for _, mult in by_candidate})
+    outcomes = {c: [outcome_of(r) for r in runs] for c, runs in by_candidate.items()}
     pending = any('unfinished' in o for o in outcomes.values())
-    candidates = [m for m, o in outcomes.items() if 'unfinished' not in o and 'diverged' not in o]
+    candidates = [c for c, o in outcomes.items() if 'unfinished' not in o and 'diverged' not in o]
 
-    def score(mult):
-      runs = by_mult[mult]
+    def score(candidate):
+      runs = by_candidate[candidate]
       values = [final(r) for r in runs]
       mean = (math.fsum(values) / len(values)) if None not in values else -math.inf
-      if all(o == 'reached' for o in outcomes[mult]):
+      if all(o == 'reached' for o in outcomes[candidate]):
         steps = math.fsum(r['steps_to_target'] for r in runs) / len(runs)
-        return (0, steps, -mean, mult)
-      return (1, 0.0, -mean, mult)
+        return (0, steps, -mean, candidate[1], candidate[0])
+      return (1, 0.0, -mean, candidate[1], candidate[0])
 
     chosen = min(candidates, key=score) if candidates else None
     if chosen is None:
@@ -215,14 +228,24 @@ def choose_rates(rows: Sequence[Mapping[str, Any]], group: Callable[[Mapping], A
       reason = 'fewest mean steps to the target over seeds that all reached it'
     else:
       reason = 'no rate reached the target with every seed: best mean final metric'
+    mult = None if chosen is None else chosen[1]
     edge = None
     if chosen is None and not pending:
       edge = 'low'
-    elif chosen is not None and len(tried) > 1 and chosen in (tried[0], tried[-1]):
-      edge = 'low' if chosen == tried[0] else 'high'
-    choices[key] = {'lr_mult': chosen, 'tried': tried, 'tuned': len(tried) > 1, 'edge': edge,
-                    'pending': pending, 'reason': reason}
+    elif chosen is not None:
+      mults = sorted(m for c, m in by_candidate if c == chosen[0])
+      if len(mults) > 1 and mult in (mults[0], mults[-1]):
+        edge = 'low' if mult == mults[0] else 'high'
+    choices[key] = {'lr_mult': mult, 'tune': None if chosen is None else json.loads(chosen[0]),
+                    'tried': tried, 'tuned': len(tried) > 1, 'edge': edge, 'pending': pending,
+                    'reason': reason}
   return choices
+
+
+def is_chosen(row: Mapping[str, Any], choice: Mapping[str, Any]) -> bool:
+  """Whether a row is a run of its point's chosen multiplier and tuned values."""
+  return (choice['lr_mult'] is not None and float(row['lr_mult']) == choice['lr_mult']
+          and tune_of(row) == choice['tune'])
 
 
 def extensions(choices: Mapping[Any, Mapping[str, Any]], base: Sequence[float], limit: int,
@@ -248,11 +271,12 @@ def extensions(choices: Mapping[Any, Mapping[str, Any]], base: Sequence[float], 
 
 
 def reported_rows(runs: Sequence[Mapping[str, Any]], choice: Mapping[str, Any]) -> List[Mapping]:
-  """The rows a point is reported with: those of its chosen rate; with no choice, those of its
-  only rate when it tried one (its diverged seeds then show in the statistics); else none."""
+  """The rows a point is reported with: those of its chosen candidate; with no choice, those of
+  its only candidate when it tried one (its diverged seeds then show in the statistics); else
+  none."""
   if choice['lr_mult'] is not None:
-    return [r for r in runs if float(r['lr_mult']) == choice['lr_mult']]
-  if len(choice['tried']) == 1:
+    return [r for r in runs if is_chosen(r, choice)]
+  if len({_candidate(r) for r in runs}) == 1:
     return list(runs)
   return []
 
@@ -315,6 +339,8 @@ def aggregate(rows: Sequence[Mapping[str, Any]], target_metric: str, metrics: Se
         'point': name, 'fields': dict(runs[0].get('fields') or {}),
         'lr_mult': float(shown[0]['lr_mult']) if shown else None,
         'lr': shown[0].get('lr') if shown else None, 'lr_chosen': choice['lr_mult'] is not None,
+        'tune': tune_of(shown[0]) if shown else None,
+        'tune_tried': sorted({json.dumps(tune_of(r), sort_keys=True) for r in runs}),
         'lr_tuned': choice['tuned'], 'lr_edge': choice['edge'], 'lr_tried': choice['tried'],
         'lr_pending': choice['pending'], 'lr_reason': choice['reason'],
         'runs': len(runs), 'runs_diverged': sum(outcome_of(r) == 'diverged' for r in runs),

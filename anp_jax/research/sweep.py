@@ -302,7 +302,7 @@ def select_best_lr(rows: List[Dict], key: Callable[[Dict], object] = None) -> Li
   key = key or (lambda r: (r['batch'], r['rule'], r['warmup']))
   choices = study_results.choose_rates(rows, key, lambda r: r.get('final_top1'))
   for r in rows:
-    r['best_lr'] = choices[key(r)]['lr_mult'] == float(r['lr_mult'])
+    r['best_lr'] = study_results.is_chosen(r, choices[key(r)])
   return rows
 
 

@@ -332,7 +332,7 @@ def choose(records: List[Dict], points: Sequence[Dict] = ()) -> List[Dict]:
   for arm in dict.fromkeys(r['arm'] for r in records):
     members = [r for r in records if r['arm'] == arm]
     c = choices[arm]
-    at = [r for r in members if float(r['lr_mult']) == c['lr_mult']]
+    at = [r for r in members if study_results.is_chosen(r, c)]
     best = min(at, key=lambda r: r.get('seed', 0)) if at else members[0]
     cells = [{k: r.get(k) for k in GRID_KEYS}
              for r in sorted(members, key=lambda r: (r['lr_mult'], r.get('seed', 0)))]
