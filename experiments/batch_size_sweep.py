@@ -3,21 +3,26 @@
   python experiments/batch_size_sweep.py --preset cpu --out workdirs/bs_sweep
   python experiments/batch_size_sweep.py --preset cpu --out DIR --batch_sizes 64,256,1024 \\
       --rules linear,none --warmup on,off --seeds 0,1 --epochs 6 --target_top1 0.3
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2   # Shallue
+  python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2 \\
+      --lr_extensions 2 --seeds 0,1,2                                       # Shallue
   python experiments/batch_size_sweep.py --preset paper --out /scratch/bs --config.data_dir=/d/anp
   python experiments/batch_size_sweep.py --preset cpu --out DIR --dry_run   # grid + time estimate
   python experiments/report.py DIR                                          # (also run at the end)
 
-Thin on purpose: the grid, the runner and the results are `anp_jax.research.sweep` (tested there).
+Thin on purpose: the sweep is `anp_jax.research.sweep`, a study on the runner of every study
+(`anp_jax.research.runner`, docs/experiments.md).
 
 The grid is global batch sizes × (scaling rule, warmup) arms × seeds × learning-rate multipliers,
 each trained for the same number of epochs with `anp_jax.trainer.train_and_evaluate` in
 ``DIR/runs/<name>``. Without ``--rules``/``--warmup`` a preset's own arms are used (for ``cpu``
 and ``paper``: linear rule + warmup, linear without warmup, no scaling + warmup — Goyal et al.'s
 comparison); with either, the full product of the two lists. ``--lr_search`` multiplies the
-preset's ``base_lr`` (before the scaling rule) and the report keeps, per batch size, the rate that
-reaches the target in the fewest steps (Shallue et al. 2018: compare batch sizes each at its own
-best learning rate, not at one fixed rule).
+preset's ``base_lr`` (before the scaling rule); per batch size the rate is chosen on the
+validation split (Shallue et al. 2018: compare batch sizes each at its own best learning rate,
+not at one fixed rule): a rate with a diverged seed is never chosen; among the others, the fewest
+mean steps to the target over seeds that all reached it, else the best mean final top-1 (its
+rows have ``best_lr``). With ``--lr_extensions E`` a choice at the edge of the rates tried runs
+again x2 beyond it, at most E times per batch size, until it is interior.
 
 * ``--stop_at_target`` ends each run at its first evaluation reaching ``--target_top1`` (the
   epoch budget becomes a cap): time-to-accuracy without training past the target.
@@ -29,7 +34,7 @@ best learning rate, not at one fixed rule).
   outside (0, 1], batch sizes that do not split over devices × micro-batches × BN groups (all bad
   ones are listed) or do not fit the dataset, a run directory in DIR trained with other settings,
   and other runs in DIR (other batch sizes, seeds, ...) trained with settings that differ from
-  this invocation's outside the swept fields (`sweep.check_sweep_directory`: every run there is
+  this invocation's outside the swept fields (`runner.check_other_runs`: every run there is
   fitted together, so one DIR holds one sweep; extending it with new batch sizes, seeds, lr
   multipliers or warmup arms under the same settings works).
 * **Resumable**: a run with ``final_metrics.json`` is skipped; an interrupted one continues from
@@ -45,9 +50,14 @@ best learning rate, not at one fixed rule).
   `anp_jax.research.sweep.target_crossing`; epochs = examples / train_size; None if never), the
   step of the first evaluation reaching it, wall time (all the run's segments),
   and B_simple (mean logged tr(Σ) over mean logged |G|² in the second half of the steps the run
-  trained, see `anp_jax.noise_scale.window_b_simple`). Rows are recomputed from the run
-  directories on every invocation, so a new
-  ``--target_top1`` needs no retraining. Then ``experiments/report.py`` writes DIR/report.md.
+  trained, see `anp_jax.noise_scale.window_b_simple`), then the runner's columns
+  (point, outcome: reached / missed / diverged / unfinished, the test split's figures when the
+  runs evaluated one). A diverged run never reached the target. ``DIR/points.json`` /
+  ``points.csv``: per batch size and arm, statistics over seeds at its chosen rate (means with
+  95 % Student-t intervals, ``--ci bootstrap`` for a percentile bootstrap; steps to the target
+  censored when a seed missed or diverged: counted, never dropped). Rows are recomputed from the
+  run directories on every invocation, so a new ``--target_top1`` needs no retraining. Then
+  ``experiments/report.py`` writes DIR/report.md.
 
 Presets are config files, ``anp_jax/configs/sweep_<NAME>.py`` (``--preset NAME``): get_config()
 is the run config every grid point starts from, get_sweep() the grid, budget and time-estimate
@@ -64,7 +74,7 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import sweep, sweep_report
+from anp_jax.research import study_cli, sweep, sweep_report
 
 
 def main(argv=None) -> int:
@@ -75,4 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sweep.run_cli(main)
+  study_cli.run_cli(main)

@@ -1,8 +1,11 @@
-"""Report of a batch-size sweep: `python experiments/report.py DIR` writes DIR/report.md + PNGs.
+"""Report of a study directory: `python experiments/report.py DIR` writes DIR/report.md + figures.
 
-DIR is the ``--out`` directory of `experiments/batch_size_sweep.py` (which also writes the report
-at the end). The reading, fits and plots are `anp_jax.research.sweep_report`; exit 2 when DIR
-holds no sweep results.
+DIR is the ``--out`` directory of a study, which also wrote its report at the end; rerun this to
+regenerate it (e.g. after a new ``--target_top1``'s results). A batch-size sweep
+(`experiments/batch_size_sweep.py`; also a directory without ``experiment.json``) gets
+`anp_jax.research.sweep_report`'s report (fits, Goyal and Shallue figures); a study preset's
+directory (`experiments/study.py`) `anp_jax.research.study_report`'s. Exit 2 when DIR holds no
+results of either (sync/async/mixed writes its summary itself).
 """
 
 import sys
@@ -10,15 +13,20 @@ import sys
 from absl import app
 
 from anp_jax import cli
-from anp_jax.research import sweep_report
+from anp_jax.research import study_report, study_results, sweep_report
 
 
 def main(argv) -> int:
   if len(argv) != 2:
-    raise app.UsageError('Give the --out directory of a batch-size sweep: '
-                         'python experiments/report.py DIR', exitcode=2)
+    raise app.UsageError('Give the --out directory of a study: python experiments/report.py DIR',
+                         exitcode=2)
+  kind = study_results.out_dir_kind(argv[1])
   try:
-    path = sweep_report.make_report(argv[1])
+    if kind == 'sync_async_mixed':
+      raise ValueError(f'{argv[1]} holds sync/async/mixed results: its summary.md is written by '
+                       'experiments/sync_async_mixed.py (rerun it: nothing is retrained).')
+    make = sweep_report if kind in (None, 'batch_size_sweep') else study_report
+    path = make.make_report(argv[1])
   except (FileNotFoundError, ValueError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return 2

@@ -9,7 +9,8 @@ each arm at its own best learning rate.
       --target_top1 0.3 --config.base_lr=0.1
 
 Thin on purpose: the logic is `anp_jax.research.sync_async_mixed` (arms, predicted times, the
-per-arm learning-rate choice, the summary) on `anp_jax.research.sweep`'s runner (tested there).
+summary), a study on the runner of every study (`anp_jax.research.runner`: seeds, the per-arm
+learning-rate choice, statistics; docs/experiments.md).
 
 Every run trains with `anp_jax.trainer.train_and_evaluate` in ``DIR/runs/<name>`` on the generated
 ANP dataset, with the same model, schedule, number of epochs and examples per update (the global
@@ -28,12 +29,14 @@ batch of one step):
   averaged every H steps (H = 1 is synchronous SGD up to float rounding).
 
 Learning rate per arm: each arm runs at every multiplier of ``--lr_grid`` times the preset's
-``base_lr`` (runs ``<arm>-lrx<m>``; ``<arm>`` for m = 1). The chosen rate of an arm reaches
-``--target_top1`` in the fewest examples (interpolated first crossing; same examples per update in
-every run), else has the best final top-1; a diverged (NaN/Inf) grid point is reported, never
-chosen. Arms that miss the target at every rate are listed in the summary. With
+``base_lr`` and every seed of ``--seeds`` (runs ``<arm>[-lrx<m>][-s<seed>]``; m = 1 and seed 0
+unmarked). The rate is chosen on validation: a rate with a diverged (NaN/Inf) seed is reported,
+never chosen; among the others, the fewest mean examples to ``--target_top1`` over seeds that all
+reached it (interpolated first crossing; same examples per update in every run), else the best
+mean final top-1. Arms that miss the target at every rate are listed in the summary. With
 ``--lr_extensions E`` an arm whose chosen multiplier is the lowest (highest) of its grid runs
-again at half (twice) it, at most E times; the summary lists the arms still at the edge.
+again at half (twice) it, at most E times; the summary lists the arms still at the edge. With
+several seeds the summary gives means with 95 % intervals (``--ci t`` or ``bootstrap``).
 
 Predicted wall time: each run is mapped to the seed paper's cluster (`perfmodel.minotauro`: K80
 devices, 4 per node, FDR InfiniBand) training ResNet-50 on the MUSA2 ANP training split
@@ -50,10 +53,11 @@ summary says whether every arm runs on the same number of devices.
 
 Resumable: a run with ``final_metrics.json`` is skipped; an interrupted one continues from its
 checkpoints; a run directory trained with other settings is an error. Results:
-``DIR/results.json`` (one record per arm at its chosen rate: settings, eval curve, final/best
-top-1, predicted epoch time and cluster, chosen lr, the grid's outcomes under ``lr_grid``, examples
-to the target), ``DIR/grid.json`` (every grid point), ``DIR/accuracy_vs_epochs.png``,
-``DIR/accuracy_vs_time.png`` and ``DIR/summary.md``.
+``DIR/results.json`` (one record per arm at its chosen rate, first seed: settings, eval curve,
+final/best top-1, predicted epoch time and cluster, chosen lr, the grid's outcomes under
+``lr_grid``, examples to the target, the statistics over seeds under ``statistics``),
+``DIR/grid.json`` (every run), ``DIR/points.json`` / ``points.csv`` (statistics per arm over
+seeds), ``DIR/accuracy_vs_epochs.png``, ``DIR/accuracy_vs_time.png`` and ``DIR/summary.md``.
 
 Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--preset NAME``;
 get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm on 16
@@ -61,13 +65,13 @@ devices (sync, async-16 with and without staleness-aware lr, mixed with 4 worker
 8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1, 2 (24 runs) and up to 2
 extensions per arm at the grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
 local-n2-h2, half an epoch each. ``--config.x=y`` overrides the preset's config (not the fields
-the arms set: method, async_sgd, local_sgd, batch_size).
+the arms set: method, async_sgd, local_sgd, batch_size, seed).
 """
 
 import sys
 
 from anp_jax import runtime
-from anp_jax.research import sweep, sync_async_mixed
+from anp_jax.research import study_cli, sync_async_mixed
 
 
 def main(argv=None) -> int:
@@ -78,4 +82,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sweep.run_cli(main)
+  study_cli.run_cli(main)

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 
 import jax
@@ -19,9 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import noise_scale, optim
+from anp_jax import optim
 from anp_jax.setup import resolve_setup
-from anp_jax.research import sweep
+from anp_jax import noise_scale
+from anp_jax.research import runner, study_results, sweep
+from anp_jax.research.study import RunKey, Study
 from conftest import TINY_SYNTHETIC, run_experiment
 
 from anp_jax.research import sweep_report as report
@@ -248,6 +249,15 @@ def test_lamb_matches_hand_computation():
 # (c) Scaling rules and warmup for the sweep's batch sizes.
 
 
+def _run_config(base, batch, rule, warmup, seed, lr_mult):
+  """The config the runner trains for one grid point of the sweep (no accumulation)."""
+  fields = sweep.point_fields(base, batch, rule, warmup, accum=1)
+  point = sweep.point_name(batch, rule, warmup)
+  study = Study(kind=sweep.KIND, points=((point, fields),), target_value=0.25)
+  key = RunKey(f'{point}-lrx{lr_mult:g}-s{seed}', point, fields, lr_mult, seed)
+  return runner.make_run_config(base, study, key, stop_at_target=False)
+
+
 @pytest.mark.parametrize('rule', ['linear', 'sqrt', 'none'])
 @pytest.mark.parametrize('warmup', [True, False])
 def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
@@ -255,8 +265,7 @@ def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
   base.num_epochs = 10.0
   peaks = {}
   for batch in (32, 64, 128, 256, 512, 1024):
-    spec = sweep.RunSpec(batch, rule, warmup, seed=3, lr_mult=1.0)
-    c = sweep.make_run_config(base, spec, accum_steps=1)
+    c = _run_config(base, batch, rule, warmup, seed=3, lr_mult=1.0)
     assert (c.batch_size, c.lr_scaling, c.seed) == (batch, rule, 3)
     setup = resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
     assert setup.steps_per_epoch == pytest.approx(8000 / batch)  # An epoch is 8,000 examples.
@@ -280,7 +289,7 @@ def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
   for b in (32, 64, 128, 256, 512):
     assert peaks[2 * b] / peaks[b] == pytest.approx(ratio)
   # An lr multiplier scales the base rate before the rule.
-  c = sweep.make_run_config(base, sweep.RunSpec(512, rule, warmup, 0, lr_mult=0.5), 1)
+  c = _run_config(base, 512, rule, warmup, seed=0, lr_mult=0.5)
   assert optim.scaled_lr(c) == pytest.approx(0.5 * peaks[512])
 
 
@@ -499,7 +508,8 @@ def test_every_absl_form_of_a_config_override_is_recorded(data_dir, tmp_path, ex
   sw = sweep.resolve(args, config, overrides)
   assert sw.user_fields == {'data_dir', key}
   out.mkdir()
-  sweep._record_invocation(str(out), args, overrides, sw, 8)
+  runner._record_invocation(sweep.build_study(sw, 8, sweep.sweep_preset('tiny')), sw.base,
+                            sweep.options(sw, args, overrides, report=False), 8)
   recorded = json.load(open(out / 'sweep.json'))['invocations'][-1]['overrides']
   assert recorded == [f'--config.data_dir={data_dir}', f'--config.{key}={value}']
   # The record gives the same config again.
@@ -511,7 +521,7 @@ def test_run_trained_with_other_settings_is_not_reused(data_dir, tmp_path):
   out = tmp_path / 'sweep'
   plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir,
                                                                   '--batch_sizes', '32'))))
-  run_dir = out / 'runs' / plans[0].spec.name
+  run_dir = out / 'runs' / plans[0].name
   run_dir.mkdir(parents=True)
   other = plans[0].config
   other.num_epochs = 3.0
@@ -526,12 +536,12 @@ def _fake_finished_run(out, data_dir, *extra):
   as the sweep leaves it (sweep_run.json, config.json, final_metrics.json), without training."""
   plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir, *extra))))
   (plan,) = plans
-  run = out / 'runs' / plan.spec.name
+  run = out / 'runs' / plan.name
   run.mkdir(parents=True)
-  (run / 'sweep_run.json').write_text(json.dumps(sweep.run_info(plan)))
+  (run / 'sweep_run.json').write_text(json.dumps(plan.record))
   (run / 'config.json').write_text(plan.config.to_json_best_effort())
   (run / 'final_metrics.json').write_text(json.dumps({'step': 6, 'eval/anp_top1': 0.3}))
-  return plan.spec.name
+  return plan.name
 
 
 def test_runs_of_other_settings_are_not_mixed_into_one_sweep_directory(data_dir, tmp_path):
@@ -568,12 +578,12 @@ def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_
   out = tmp_path / 'sweep'
   plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(_argv(out, data_dir,
                                                                   '--batch_sizes', '32'))))
-  run_dir = out / 'runs' / plans[0].spec.name
+  run_dir = out / 'runs' / plans[0].name
   run_dir.mkdir(parents=True)
   older = json.loads(plans[0].config.to_json_best_effort())
   del older['stop_at_metric'], older['stop_at_value']  # A run from before those fields.
   (run_dir / 'config.json').write_text(json.dumps(older))
-  sweep.check_existing(str(run_dir), plans[0].config)  # Same settings: reused.
+  runner.check_existing(str(run_dir), plans[0].config)  # Same settings: reused.
   # ... but asking now for a non-default value of such a field is a different run.
   parsed = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32', '--stop_at_target'))
   with pytest.raises(sweep.SweepError, match=r"stop_at_metric: '' there vs 'eval/anp_top1'"):
@@ -587,14 +597,14 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
   out = tmp_path / 'sweep'
   argv = _argv(out, data_dir, '--batch_sizes', '32', '--no_report', '--target_top1', '0.2')
   plans, _ = sweep.plan_runs(sweep.resolve(*sweep.parse_args(argv)))
-  name = plans[0].spec.name
+  name = plans[0].name
   assert name == 'b00032-linear-warmup-lrx1-s0'
   run = out / 'runs' / name
   run.mkdir(parents=True)
   older = json.loads(plans[0].config.to_json_best_effort())
   del older['stop_at_metric'], older['stop_at_value']
   (run / 'config.json').write_text(json.dumps(older))
-  info = sweep.run_info(plans[0])
+  info = dict(plans[0].record)
   del info['train_size'], info['eval_every_steps']
   (run / 'sweep_run.json').write_text(json.dumps(info, indent=2))
   records = [{'step': 3, 'eval/anp_top1': 0.1}, {'step': 6, 'eval/anp_top1': 0.3}]
@@ -614,8 +624,8 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
   invocation = json.load(open(out / 'sweep.json'))['invocations'][-1]
   assert sorted(invocation['args']) == sorted(
       ['preset', 'out', 'batch_sizes', 'rules', 'warmup', 'seeds', 'epochs', 'target_top1',
-       'lr_search', 'max_per_device_batch', 'checkpoint_every_epochs', 'cpu_devices',
-       'stop_at_target', 'dry_run', 'no_report'])
+       'lr_search', 'lr_extensions', 'max_per_device_batch', 'checkpoint_every_epochs',
+       'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci'])
   assert invocation['overrides'] == [f'--config.data_dir={data_dir}']
 
 
@@ -636,11 +646,11 @@ def test_one_out_directory_holds_one_kind_of_experiment(data_dir, tmp_path, caps
                    f'--config.data_dir={data_dir}']) == 2
   assert 'holds the results of batch size sweep' in capsys.readouterr().err
   marked.mkdir()
-  sweep.claim_out_dir(str(marked), 'sync_async_mixed', write=True)
-  assert sweep.out_dir_kind(str(marked)) == 'sync_async_mixed'
+  runner.claim_out_dir(str(marked), 'sync_async_mixed', write=True)
+  assert study_results.out_dir_kind(str(marked)) == 'sync_async_mixed'
   with pytest.raises(sweep.SweepError, match='holds the results of sync async mixed'):
-    sweep.claim_out_dir(str(marked), 'batch_size_sweep', write=False)
-  sweep.claim_out_dir(str(marked), 'sync_async_mixed', write=True)  # Its own: fine.
+    runner.claim_out_dir(str(marked), 'batch_size_sweep', write=False)
+  runner.claim_out_dir(str(marked), 'sync_async_mixed', write=True)  # Its own: fine.
   (tmp_path / 'file').write_text('x')
   with pytest.raises(sweep.SweepError, match='is a file'):
     sweep.sweep(_argv(tmp_path / 'file', data_dir, '--dry_run'))

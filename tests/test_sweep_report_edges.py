@@ -98,3 +98,20 @@ def test_report_describes_b_simple_as_summarize_run_computes_it(tmp_path):
   # Table: median over seeds (B=64: 6.0); fit table: median over batch sizes (of 2 and 6: 4).
   assert '| linear rule, warmup | 64 |' in text and '| 6.0 |' in text
   assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['b_simple_median'] == 4.0
+
+
+def test_a_batch_whose_seeds_diverged_is_not_fitted_from_its_survivor():
+  """Issue 32: with one lr multiplier, B=1024 with seeds {reached at 40, diverged, diverged} was
+  fitted as "steps 40, 1 seed" (the survivor's mean); its diverged seeds count: no mean, out of
+  the fit, and the counts say why."""
+  rows = [_row(b, 1, 'finished', steps, 0.5, seed=s)
+          for b, steps in ((32, 100.0), (64, 60.0)) for s in (0, 1, 2)]
+  rows += [_row(1024, 1, 'finished', 40.0, 0.3, seed=0), _row(1024, 1, 'diverged', seed=1),
+           _row(1024, 1, 'diverged', seed=2)]
+  for r in rows:
+    r['name'] = f'b{r["batch"]:05d}-linear-warmup-lrx1-s{r["seed"]}'
+  rows = sweep.select_best_lr(rows)
+  entries = {e['batch']: e for e in report.aggregate(rows)[('linear', 'on')]}
+  assert entries[1024]['steps'] is None
+  assert entries[1024]['top1'] is None
+  assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['points'] == 2

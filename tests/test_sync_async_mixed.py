@@ -11,7 +11,9 @@ import types
 import pytest
 
 from anp_jax.executors import asynchronous
+from anp_jax.research import runner, study_results
 from anp_jax.research import sync_async_mixed as sam
+from anp_jax.research.study import RunKey
 
 
 @pytest.mark.slow(190)
@@ -147,15 +149,20 @@ def test_each_arm_gets_the_rate_reaching_the_target_in_the_fewest_examples():
   # Edges: sync's best is its highest rate, async-16's its lowest; all diverged: go lower.
   assert [rows[a]['lr_edge'] for a in ('sync', 'async-16', 'local-n4-h04')] == [
       'high', 'low', 'low']
-  assert sam.extensions(list(rows.values()), (0.5, 1.0, 2.0), 2) == {
-      'sync': 2.0, 'async-16': 0.25, 'local-n4-h04': 0.5}
-  assert sam.extensions(list(rows.values()), (0.5, 1.0, 2.0), 0) == {}
+  assert _extensions(records, 2) == {'sync': 2.0, 'async-16': 0.25, 'local-n4-h04': 0.5}
+  assert _extensions(records, 0) == {}
   # An arm extended `limit` times beyond the base grid is not extended again.
   twice = [_record('sync', m, None, 0.1 * (1 + math.log2(1 / m))) for m in (0.25, 0.5, 1.0)]
   (row,) = sam.choose(twice)
   assert row['lr_edge'] == 'low' and row['lr_mult'] == 0.25
-  assert sam.extensions([row], (0.5, 1.0, 2.0), 1) == {}
-  assert sam.extensions([row], (0.5, 1.0, 2.0), 2) == {'sync': 0.125}
+  assert _extensions(twice, 1) == {}
+  assert _extensions(twice, 2) == {'sync': 0.125}
+
+
+def _extensions(records, limit):
+  """The runner's next multipliers for the arms of `records` (base grid 0.5, 1, 2)."""
+  choices = study_results.choose_rates(records, lambda r: r['arm'], lambda r: r['final_top1'])
+  return study_results.extensions(choices, (0.5, 1.0, 2.0), limit)
 
 
 def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path, capsys):
@@ -163,7 +170,8 @@ def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path,
   assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run',
                    f'--config.data_dir={data_dir}']) == 0
   text = capsys.readouterr().out
-  assert '24 runs (0 finished earlier), 8 arms x lr multipliers [0.5, 1.0, 2.0]' in text
+  assert ('24 runs (0 finished earlier) = 8 points x 1 seed(s) x lr multipliers [0.5, 1, 2]'
+          in text)
   assert 'at most 2 time(s) each: up to 16 more runs' in text
   assert 'estimated' in text and not out.exists()
   ex = sam.resolve(['--preset', 'cpu', '--out', str(out)])
@@ -177,7 +185,8 @@ def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path,
 def test_a_mixed_arm_trains_with_the_staleness_of_n_workers_predicted_on_16_devices(workers):
   ex = sam.resolve(['--preset', 'cpu', '--out', '/nonexistent/sam'])
   arm = next(a for a in ex.arms if a.name == f'mixed-n{workers:02d}')
-  config = sam.run_config(ex.base, arm)
+  key = RunKey(arm.name, arm.name, arm.fields, 1.0, 0)
+  config = runner.make_run_config(ex.base, sam.study(ex), key, stop_at_target=False)
   assert config.method == 'async' and config.async_sgd.staleness == 'simulated'
   taus = asynchronous.staleness_sequence(config, 5000)
   assert taus.mean() == pytest.approx(workers - 1, abs=0.1)

@@ -15,21 +15,23 @@ three classic views of large-batch synchronous SGD:
    gradient noise scale B_simple measured during training.
 4. ``training_curves.png`` — evaluation top-1 against epochs, one line per batch size.
 
-When the sweep searched learning rates (``--lr_search``), only each batch size's best rate is
-plotted (the ``best_lr`` column; Shallue et al.'s protocol). Seeds are averaged.
+Each batch size is shown at its learning rate chosen on validation (`aggregate`; Shallue et al.'s
+protocol when ``--lr_search`` tried several) with statistics over seeds: means with 95 %
+intervals, and seeds that missed the target or diverged counted (`anp_jax.research.stats`).
 Everything here is numpy + matplotlib (Agg), importable without JAX.
 """
 
 import json
 import math
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from anp_jax import plotting  # numpy and matplotlib only; no JAX
 from anp_jax.metrics_io import read_metrics
 from anp_jax.research import planner as plan
+from anp_jax.research import stats, study_report, study_results
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
@@ -55,56 +57,77 @@ def _arms(rows) -> List[Tuple[str, str]]:
   return sorted(arms, key=lambda a: (order.get(a[0], 9), a[1] != 'on'))
 
 
-def aggregate(rows: Sequence[Dict]) -> Dict[Tuple[str, str], List[Dict]]:
-  """Per arm, per batch size: the best-lr runs' statistics averaged over seeds.
+def normalized(row: Dict) -> Dict:
+  """A results row in the runner's terms: rows of the first sweeps (no ``point``, ``outcome``,
+  ``eval/anp_top1``) get them from their own columns, and a diverged or unfinished run has no
+  steps to the target (the first version counted a crossing before the divergence)."""
+  r = dict(row)
+  r.setdefault('point', f"b{int(r['batch']):05d}-{r['rule']}-"
+                        f"{'warmup' if r['warmup'] in ('on', True) else 'nowarmup'}")
+  r['fields'] = r.get('fields') or {}
+  r.setdefault('lr_mult', 1.0)
+  r.setdefault('eval/anp_top1', r.get('final_top1'))
+  r.setdefault('has_test', False)
+  if study_results.outcome_of(r) != 'reached':
+    r['steps_to_target'] = r['examples_to_target'] = None
+  return r
 
-  Each entry: batch, n (finished seeds), top1 / top1_std (final), best_top1, reached (how many
-  finished seeds reached the target), not_reached (how many did not), steps / examples (mean to
-  target over the seeds, only when every finished seed reached it: a mean over the survivors
-  alone would flatter the batch sizes that reach it only sometimes; such entries are left out of
-  the B_crit fit and the table names the count), steps_reached / examples_reached (mean over the
-  seeds that reached it, whatever the others did), b_simple (median), lr, diverged / unfinished
-  (counts of runs).
 
-  A batch size whose learning-rate search made no choice (with ``--lr_search``: every multiplier
-  has a diverged or unfinished seed, so no row is ``best_lr``) is kept, not dropped: an entry
-  with n = 0, lr None (no rate was chosen) and the diverged / unfinished counts over all its
-  runs, as a batch size with a single diverged multiplier shows (a blow-up at large batch is a
-  result).
+def aggregate(rows: Sequence[Dict], method: str = 't') -> Dict[Tuple[str, str], List[Dict]]:
+  """Per arm, per batch size: the statistics over seeds at the batch size's reported rate.
+
+  The rate is `study_results.choose_rates`' choice on validation (a rate with a diverged or
+  unfinished seed is never chosen); with no choice, a batch size that tried a single rate is
+  reported at it (its diverged seeds then show), one that tried several at none. Statistics
+  come from `study_results.point_statistics`: a missed or diverged seed is counted, never
+  dropped. Each entry: batch, point, lr (None: no rate), lr_chosen, lr_edge, seeds (at the
+  reported rate), n (those that finished without diverging), runs / diverged / unfinished
+  (counts at the reported rate, or over every run of the batch size without one), reached /
+  not_reached (finished seeds that reached / missed the target), top1 (mean final top-1 when
+  every seed finished, else None) with top1_summary (`stats.value_summary`), best_top1, steps /
+  examples (mean to the target when every seed reached it, else None: such entries stay out of
+  the B_crit fit) with steps_summary / examples_summary (`stats.censored_summary`: the lower
+  bound and counts otherwise), b_simple (median over the finished seeds), published_split.
   """
+  rows = [normalized(r) for r in rows]
+  choices = study_results.choose_rates(rows, lambda r: r['point'],
+                                       lambda r: r.get('eval/anp_top1'))
   out = {}
   for arm in _arms(rows):
     entries = []
-    all_arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm]
-    arm_rows = [r for r in all_arm_rows if r.get('best_lr', True)]
-    for batch in sorted({r['batch'] for r in all_arm_rows}):
+    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm]
+    for batch in sorted({r['batch'] for r in arm_rows}):
       runs = [r for r in arm_rows if r['batch'] == batch]
-      chosen = bool(runs)
-      if not chosen:  # No multiplier chosen: count every run, report no accuracy.
-        runs = [r for r in all_arm_rows if r['batch'] == batch]
-      done = [r for r in runs if r['status'] == 'finished'] if chosen else []
-      reached = [r for r in done if r['steps_to_target'] is not None]
-      noise = [r['b_simple'] for r in done if r['b_simple'] is not None]
-      top1 = [r['final_top1'] for r in done]
-      steps_reached = (float(np.mean([r['steps_to_target'] for r in reached]))
-                       if reached else None)
-      examples_reached = (float(np.mean([r['examples_to_target'] for r in reached]))
-                          if reached else None)
-      every = bool(done) and len(reached) == len(done)
-      entries.append({
-          'batch': batch, 'n': len(done),
-          'runs': len(runs), 'diverged': sum(r['status'] == 'diverged' for r in runs),
-          'unfinished': sum(r['status'] not in ('finished', 'diverged') for r in runs),
-          'top1': float(np.mean(top1)) if top1 else None,
-          'top1_std': float(np.std(top1)) if top1 else None,
-          'best_top1': float(np.mean([r['best_top1'] for r in done])) if done else None,
-          'steps': steps_reached if every else None,
-          'examples': examples_reached if every else None,
-          'steps_reached': steps_reached, 'examples_reached': examples_reached,
-          'reached': len(reached), 'not_reached': len(done) - len(reached),
-          'b_simple': float(np.median(noise)) if noise else None,
-          'lr': runs[0]['lr'] if chosen else None, 'total_steps': runs[0]['total_steps'],
-      })
+      choice = choices[runs[0]['point']]
+      shown = study_results.reported_rows(runs, choice)
+      counted = [study_results.outcome_of(r) for r in (shown or runs)]
+      finished = [r for r in shown if study_results.outcome_of(r) in ('reached', 'missed')]
+      entry = {'batch': batch, 'point': runs[0]['point'], 'seeds': len(shown),
+               'n': len(finished), 'runs': len(counted), 'diverged': counted.count('diverged'),
+               'unfinished': counted.count('unfinished'), 'reached': counted.count('reached'),
+               'not_reached': counted.count('missed'),
+               'lr': shown[0]['lr'] if shown else None, 'lr_mult': choice['lr_mult'],
+               'lr_chosen': choice['lr_mult'] is not None, 'lr_edge': choice['edge'],
+               'total_steps': runs[0]['total_steps'], 'published_split': 'validation',
+               'top1': None, 'top1_summary': None, 'best_top1': None, 'steps': None,
+               'steps_summary': None, 'examples': None, 'examples_summary': None}
+      if shown:
+        st = study_results.point_statistics(shown, 'eval/anp_top1', ('anp_top1',),
+                                            method=method)
+        top1 = next(iter(st['final'].values()))
+        entry.update(published_split=st['published_split'], top1_summary=top1,
+                     steps_summary=st['steps_to_target'],
+                     examples_summary=st['examples_to_target'])
+        if top1['kind'] == 'complete':
+          entry['top1'] = top1['mean']
+          best = [r['best_top1'] for r in shown]
+          entry['best_top1'] = float(np.mean(best)) if None not in best else None
+        if st['steps_to_target']['kind'] == 'complete':
+          entry['steps'] = st['steps_to_target']['mean']
+          entry['examples'] = st['examples_to_target']['mean']
+      noise = [r['b_simple'] for r in finished if r.get('b_simple') is not None]
+      entry['b_simple'] = float(np.median(noise)) if noise else None
+      entries.append(entry)
     out[arm] = entries
   return out
 
@@ -164,15 +187,16 @@ def _arm_points(agg, key: str):
 
 
 def plot_accuracy(agg, path: str) -> str:
-  """Final top-1 (mean ± std over seeds) against the batch, log2 x axis (Goyal-style)."""
+  """Final top-1 (mean and its 95 % interval over seeds) against the batch, log2 x axis
+  (Goyal-style); a batch size with a diverged seed has no mean and no point."""
   fig, ax, arms = _arm_points(agg, 'top1')
   for arm, _, pts, marker in arms:
-    ax.errorbar([e['batch'] for e in pts], [100 * e['top1'] for e in pts],
-                yerr=[100 * e['top1_std'] for e in pts], marker=marker, capsize=3,
+    means, bars = study_report.error_bars([e['top1_summary'] for e in pts], 100)
+    ax.errorbar([e['batch'] for e in pts], means, yerr=bars, marker=marker, capsize=3,
                 label=arm_label(*arm))
   ax.set_xscale('log', base=2)
   ax.set(xlabel='global batch size B', ylabel='final ANP top-1 (%)',
-         title='Accuracy at a fixed epoch budget')
+         title='Accuracy at a fixed epoch budget (95 % CI over seeds)')
   return _finish(fig, ax, path)
 
 
@@ -184,24 +208,35 @@ def _finish(fig, ax, path: str) -> str:
 
 
 def plot_steps(agg, target: float, path: str) -> str:
-  """Steps to the target against the batch, log-log, with perfect scaling (Shallue-style)."""
+  """Steps to the target against the batch, log-log, with perfect scaling (Shallue-style): the
+  mean and its interval where every seed reached the target, the lower bound (▽ marker: the
+  mean is at least this) where some missed or diverged."""
   fig, ax, arms = _arm_points(agg, 'steps')
   for arm, entries, pts, marker in arms:
-    line, = ax.plot([e['batch'] for e in pts], [e['steps'] for e in pts], marker=marker,
-                    label=arm_label(*arm))
+    means, bars = study_report.error_bars([e['steps_summary'] for e in pts])
+    line = ax.errorbar([e['batch'] for e in pts], means, yerr=bars, marker=marker, capsize=3,
+                       label=arm_label(*arm)).lines[0]
     b0, s0 = pts[0]['batch'], pts[0]['steps']
     bs = np.array([e['batch'] for e in entries], np.float64)
     ax.plot(bs, s0 * b0 / bs, ':', color=line.get_color(), alpha=0.6)
+    bounds = [e for e in entries if e['steps_summary'] and
+              e['steps_summary']['kind'] == 'censored']
+    if bounds:
+      ax.plot([e['batch'] for e in bounds], [e['steps_summary']['lower_bound'] for e in bounds],
+              '^', color=line.get_color(), alpha=0.7)
+  if any(e['steps_summary'] and e['steps_summary']['kind'] == 'censored'
+         for entries in agg.values() for e in entries):
+    ax.plot([], [], 'k^', label='lower bound (a seed missed or diverged)')
   ax.plot([], [], 'k:', label='perfect scaling S ∝ 1/B')
   missed = _missed(agg)
   if missed:  # Named on the figure: a missing point is a result, not a gap.
-    ax.text(0.02, 0.02, 'did not reach the target:\n' + '\n'.join(missed),
+    ax.text(0.02, 0.02, 'did not reach the target with every seed:\n' + '\n'.join(missed),
             transform=ax.transAxes, fontsize=7, va='bottom')
   ax.set_xscale('log', base=2)
-  if ax.lines[:-1]:  # Log scale needs positive data; with no point it would raise.
+  if any(line.get_xydata().size for line in ax.lines):  # Log scale needs positive data.
     ax.set_yscale('log')
   ax.set(xlabel='global batch size B', ylabel=f'steps to {100 * target:g} % top-1',
-         title='Steps to target')
+         title='Steps to target (95 % CI over seeds)')
   return _finish(fig, ax, path)
 
 
@@ -215,13 +250,22 @@ def _run_counts(e) -> str:
 
 
 def _missed(agg) -> List[str]:
-  """Per arm, the batch sizes with finished seeds that did not reach the target (and how many),
-  and those with no finished run at all (diverged or unfinished: no point either)."""
+  """Per arm, the batch sizes where not every seed reached the target (how many did, and what
+  the others did), and those with no reported rate (every rate tried had a diverged or
+  unfinished seed)."""
   out = []
   for arm, entries in agg.items():
-    batches = [f"{e['batch']} ({e['not_reached']} of {e['n']} seeds)" if e['n'] else
-               f"{e['batch']} (no result: {_run_counts(e)})" for e in entries
-               if (e['n'] and e['not_reached']) or (not e['n'] and e['runs'])]
+    batches = []
+    for e in entries:
+      if e['steps'] is not None:
+        continue
+      if e['seeds']:
+        others = ', '.join(f'{e[k]} {w}' for k, w in (('not_reached', 'missed'),
+                                                     ('diverged', 'diverged'),
+                                                     ('unfinished', 'unfinished')) if e[k])
+        batches.append(f"{e['batch']} ({e['reached']} of {e['seeds']} seeds; {others})")
+      elif e['runs']:
+        batches.append(f"{e['batch']} (no result: {_run_counts(e)})")
     if batches:
       out.append(f'{arm_label(*arm)}: B = {", ".join(batches)}')
   return out
@@ -268,8 +312,9 @@ def plot_fit(agg, fits, path: str) -> str:
   return plotting.save_figure(fig, path)
 
 
-def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
-  """Evaluation top-1 against epochs, one panel per arm, one line per batch size (first seed)."""
+def plot_curves(rows, agg, out_dir: str, target: float, path: str) -> str:
+  """Evaluation top-1 against epochs, one panel per arm, one line per batch size (its first
+  seed at its reported rate)."""
   plt = plotting.pyplot()
   arms = _arms(rows)
   fig, axes = plt.subplots(1, max(1, len(arms)), figsize=(4.6 * max(1, len(arms)), 3.8),
@@ -278,7 +323,10 @@ def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
   batches = sorted({r['batch'] for r in rows})
   colour = {b: cmap(i / max(1, len(batches) - 1)) for i, b in enumerate(batches)}
   for ax, arm in zip(axes[0], arms):
-    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm and r.get('best_lr', True)]
+    rate = {e['batch']: e['lr_mult'] for e in agg[arm]}  # None: the batch's only rate.
+    shown = {e['batch'] for e in agg[arm] if e['seeds']}
+    arm_rows = [r for r in rows if (r['rule'], r['warmup']) == arm and r['batch'] in shown
+                and (rate[r['batch']] is None or float(r['lr_mult']) == rate[r['batch']])]
     seed = min((r['seed'] for r in arm_rows), default=0)
     for r in sorted((r for r in arm_rows if r['seed'] == seed), key=lambda r: r['batch']):
       evals = [m for m in read_metrics(os.path.join(out_dir, 'runs', r['name']))
@@ -292,7 +340,8 @@ def plot_curves(rows, out_dir: str, target: float, path: str) -> str:
     ax.axhline(100 * target, color='grey', ls='--', lw=0.8)
     ax.set(xlabel='epoch', ylabel='eval ANP top-1 (%)', title=arm_label(*arm), ylim=(0, 100))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.lines[1:]:  # Besides the target line.
+      ax.legend(fontsize=7)
   return plotting.save_figure(fig, path)
 
 
@@ -308,28 +357,43 @@ def _pct(x):
   return '—' if x is None else f'{100 * x:.2f}'
 
 
+def _steps_cell(e) -> str:
+  if e['steps_summary'] is None:
+    return '—'
+  return stats.format_summary(e['steps_summary'])
+
+
+def _top1_cell(e) -> str:
+  if e['seeds'] == 0:  # No reported rate: what its runs did.
+    if e['runs'] > 1:
+      return f'{e["runs"]} runs: {_run_counts(e)}'
+    return 'diverged' if e['diverged'] else 'unfinished'
+  return stats.format_summary(e['top1_summary'], '.2f', 100)
+
+
 def make_report(out_dir: str) -> str:
   """Writes DIR/report.md and the four PNGs next to it; returns the report's path."""
   rows = load_results(out_dir)
   if not rows:
     raise ValueError(f'{out_dir}/results.json has no runs.')
   target = rows[0]['target_top1']
-  agg = aggregate(rows)
-  fits = fit_arms(agg)
-  figures = {
-      'accuracy': plot_accuracy(agg, os.path.join(out_dir, 'accuracy_vs_batch.png')),
-      'steps': plot_steps(agg, target, os.path.join(out_dir, 'steps_vs_batch.png')),
-      'fit': plot_fit(agg, fits, os.path.join(out_dir, 'noise_scale_fit.png')),
-      'curves': plot_curves(rows, out_dir, target, os.path.join(out_dir, 'training_curves.png')),
-  }
   meta = {}
   if os.path.exists(os.path.join(out_dir, 'sweep.json')):
     with open(os.path.join(out_dir, 'sweep.json')) as f:
       meta = json.load(f)
+  method = meta.get('ci', 't')
+  agg = aggregate(rows, method)
+  fits = fit_arms(agg)
+  plot_accuracy(agg, os.path.join(out_dir, 'accuracy_vs_batch.png'))
+  plot_steps(agg, target, os.path.join(out_dir, 'steps_vs_batch.png'))
+  plot_fit(agg, fits, os.path.join(out_dir, 'noise_scale_fit.png'))
+  plot_curves(rows, agg, out_dir, target, os.path.join(out_dir, 'training_curves.png'))
   searched = len({r['lr_mult'] for r in rows}) > 1
   status = {}
   for r in rows:
     status[r['status']] = status.get(r['status'], 0) + 1
+  seeds = sorted({r['seed'] for r in rows})
+  split = {e['published_split'] for entries in agg.values() for e in entries if e['seeds']}
 
   lines = ['# Batch-size sweep: synchronous batch size vs accuracy', '']
   if meta:
@@ -337,30 +401,35 @@ def make_report(out_dir: str) -> str:
               f'{meta.get("epochs")} epochs per run, model `{meta.get("model")}` at '
               f'{meta.get("image_size")} px on `{meta.get("dataset")}`.', '']
   lines += [f'{len(rows)} runs (' + ', '.join(f'{n} {s}' for s, n in sorted(status.items())) +
-            f'); target ANP top-1 {100 * target:g} %.' +
-            (' Learning rates were searched; each batch size shows its best (fewest steps to '
-             'target, then best top-1), averaged over seeds.' if searched else ''), '']
+            f'), seeds {seeds}; target ANP top-1 {100 * target:g} % on validation.' +
+            (' Learning rates were searched: each batch size is shown at the rate chosen on '
+             'validation (a rate with a diverged seed is never chosen; fewest mean steps to the '
+             'target over seeds that all reached it, else best mean final top-1).'
+             if searched else ' One learning rate per batch size (not tuned).'), '',
+            stats.describe_method(method) + ' A batch size reaches the target only if every '
+            'seed reached it; otherwise its steps read "≥ X (k/n reached, ...)": a lower bound '
+            'of the mean (a miss counted at its budget), never the mean of the seeds that got '
+            'there. A diverged seed leaves no mean final accuracy.', '']
+  if split != {'test'}:
+    lines += ['Figures on the validation split (the runs evaluated no test split): the split '
+              'the learning rates were chosen on.', '']
 
   lines += ['## Final accuracy vs batch size (Goyal et al. 2017)', '',
             '![accuracy](accuracy_vs_batch.png)', '',
-            '| arm | batch | peak lr | final top-1 % | best top-1 % | steps to target | '
-            'examples to target | B_simple |', '|---|---:|---:|---:|---:|---:|---:|---:|']
+            '| arm | batch | peak lr | seeds | final top-1 % [95 % CI] | best top-1 % | '
+            'steps to target [95 % CI] | examples to target | B_simple |',
+            '|---|---:|---:|---|---:|---:|---:|---:|---:|']
   for arm, entries in agg.items():
     for e in entries:
-      if e['steps'] is not None:
-        steps = _fmt(e['steps']) + (f' ({e["n"]} seeds)' if e['n'] > 1 else '')
-      elif e['reached']:  # Some seeds never reached it: no mean over the survivors alone.
-        steps = (f'{e["not_reached"]}/{e["n"]} seeds never; the other {e["reached"]}: '
-                 f'{_fmt(e["steps_reached"])}')
-      else:
-        steps = 'never' if e['n'] else '—'
-      top1 = _pct(e['top1']) + (f' ± {100 * e["top1_std"]:.2f}' if e['n'] > 1 else '')
-      if e['n'] == 0:
-        top1 = 'diverged' if e['diverged'] else 'unfinished'
-        if e['runs'] > 1:  # Seeds or searched rates: say how many, and what they did.
-          top1 = f'{e["runs"]} runs: {_run_counts(e)}'
-      lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {_fmt(e["lr"], ".4g")} | {top1} | '
-                   f'{_pct(e["best_top1"])} | {steps} | {_fmt(e["examples_reached"])} | '
+      lr = _fmt(e['lr'], '.4g') + (', edge' if e['lr_chosen'] and e['lr_edge'] else '')
+      seeds_cell = (f'{e["seeds"]}: ' + ', '.join(
+          f'{e[k]} {w}' for k, w in (('reached', 'reached'), ('not_reached', 'missed'),
+                                     ('diverged', 'diverged'), ('unfinished', 'unfinished'))
+          if e[k])) if e['seeds'] else '—'
+      examples = (stats.format_summary(e['examples_summary'])
+                  if e['examples_summary'] else '—')
+      lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {lr} | {seeds_cell} | '
+                   f'{_top1_cell(e)} | {_pct(e["best_top1"])} | {_steps_cell(e)} | {examples} | '
                    f'{_fmt(e["b_simple"], ".1f")} |')
   lines.append('')
   for arm, entries in agg.items():
@@ -377,15 +446,16 @@ def make_report(out_dir: str) -> str:
             'Dotted lines: perfect scaling (half the steps per doubling) through the smallest '
             'batch that reached the target. Steps to target are interpolated linearly between '
             'the two evaluations around the first crossing; a batch size whose seeds did not all '
-            'reach the target shows how many did not and is left out of the fit below.', '']
+            'reach the target is drawn at its lower bound and left out of the fit below.', '']
   missed = _missed(agg)
   if missed:
-    lines += [f'Runs that did not reach {100 * target:g} % top-1 (no point on the figure):', '']
+    lines += [f'Batch sizes that did not reach {100 * target:g} % top-1 with every seed:', '']
     lines += [f'- {m}' for m in missed] + ['']
   lines += ['## Critical batch size (McCandlish et al. 2018)', '',
             '![fit](noise_scale_fit.png)', '',
             'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '
-            'linear in 1/B); E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² of a run is the ratio '
+            'linear in 1/B) over the batch sizes whose every seed reached the target; '
+            'E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² of a run is the ratio '
             'of the means of its logged tr(Σ) and |G|² estimates over the second half of the '
             'steps it trained (not a statistic of the per-step ratios, which is biased); the '
             'table above shows the median over seeds, this one the median over batch sizes.',
@@ -405,6 +475,5 @@ def make_report(out_dir: str) -> str:
               for r in bad]
     lines.append('')
   path = os.path.join(out_dir, 'report.md')
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines))
+  study_results.write_text_atomic(path, '\n'.join(lines))
   return path

@@ -1,0 +1,505 @@
+"""The study runner: every run of a study trained once, resumably, then results and a report.
+
+One runner for any study (`anp_jax.research.study.Study`: points over config fields x seeds x
+a learning-rate grid). `run_study`:
+
+1. **Plans** every run before any training: the point's fields, seed and rate applied to the
+   base config, validated, sized (`setup.resolve_setup`), every problem listed at once
+   (`StudyError`, exit 2); a run directory trained with other settings, and other runs in
+   ``--out`` whose settings differ outside the study's axes, are refused (one directory holds
+   one study, whose results are read together); ``--out`` holding another kind of study is
+   refused.
+2. **Trains** what has not finished (`run_grid`): a finished run (``final_metrics.json``) is
+   skipped, an interrupted one continues from its checkpoints, a NaN/Inf loss is recorded as a
+   diverged outcome and not retried, preemption (SIGTERM/SIGUSR1) exits 75 between or inside
+   runs so a requeued job continues.
+3. **Chooses** each point's learning rate on the validation split and **extends** the grid by a
+   factor beyond an edge choice (`study_results.choose_rates` / `extensions`), round after
+   round, until every choice is interior or its point used its extensions.
+4. **Writes** ``results.json`` / ``results.csv`` (a row per run), ``points.json`` /
+   ``points.csv`` (statistics per point over seeds: `study_results.aggregate`) and the report
+   (`study_report.make_report`, or the study's own), on process 0 while every other process
+   waits at a bounded barrier (``ANP_BARRIER_TIMEOUT``) that says what it waits for; so a slow
+   report never meets JAX's 60 s shutdown barrier of processes that already left.
+
+The command lines (flags, presets) are `anp_jax.research.study_cli`.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import ml_collections
+
+from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, preemption,
+                     reporting, trainer)
+from anp_jax.configs import default as default_config
+from anp_jax.data import pipeline
+from anp_jax.research import eval_seam, study_report, study_results
+from anp_jax.research.study import RunKey, Study, StudyError
+from anp_jax.setup import flat_fields, resolve_setup, validate_config
+
+is_finished = study_results.is_finished
+write_text_atomic = study_results.write_text_atomic
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directories: identity and ownership.
+
+
+# Fields that do not change what a run computes; they may differ between invocations.
+NEUTRAL_FIELDS = ('progress_bar', 'data_dir', 'checkpoint_every_steps',
+                  'checkpoint_every_minutes', 'async_checkpointing', 'keep_checkpoints',
+                  'log_every_steps', 'keep_best_metric', 'eval_only')
+
+
+def config_diff(old: Dict, config) -> Dict[str, Tuple]:
+  """(value there, value now) of every field but the `NEUTRAL_FIELDS` where a run's recorded
+  ``config.json`` (`old`, as loaded) and `config` differ. A field added to the config after that
+  run was trained counts as its default value there. The target (``target_metric`` /
+  ``target_value``) changes what a run computes only when the run stops at it."""
+  old = flat_fields(old)
+  new = flat_fields(json.loads(config.to_json_best_effort()))
+  defaults = flat_fields(json.loads(default_config.get_config().to_json_best_effort()))
+  old.update({k: defaults[k] for k in new if k not in old and k in defaults})
+  neutral = set(NEUTRAL_FIELDS)
+  if not (old.get('stop_at_target') or new.get('stop_at_target')):
+    neutral |= set(eval_seam.TARGET_FIELDS)
+  return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+          if k not in neutral and old.get(k) != new.get(k)}
+
+
+def check_existing(run_dir: str, config):
+  """A run directory already trained with other settings is an error, not silently reused.
+
+  Stricter than the checkpoint's identity (`checkpointing.identity`, the fields a checkpoint
+  must share to be *restorable*: model, data, batch): a run is one computation, so every field
+  but the `NEUTRAL_FIELDS` (logging, paths, checkpoint cadence) must match the run's
+  ``config.json`` — another schedule, lr or epoch budget is another run.
+  """
+  path = os.path.join(run_dir, 'config.json')
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    diff = config_diff(json.load(f), config)
+  if diff:
+    detail = ', '.join(f'{k}: {a!r} there vs {b!r} now' for k, (a, b) in diff.items())
+    raise StudyError(f'{run_dir} was trained with other settings ({detail}). Use another --out, '
+                     'or the settings of that study.')
+
+
+def claim_out_dir(out: str, kind: str, write: bool) -> None:
+  """Refuses `out` if it holds another study's results (StudyError: exit 2, before any
+  training; its results would be overwritten); with `write`, marks it as `kind`'s."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise StudyError(f'--out={out!r} is a file; give a directory.')
+  found = study_results.out_dir_kind(out)
+  if found and found != kind:
+    raise StudyError(f'--out={out!r} holds the results of {found.replace("_", " ")} '
+                     f'({study_results.EXPERIMENT_FILE}); this {kind.replace("_", " ")} would '
+                     'overwrite its '
+                     'results: use another --out.')
+  if write and not found:
+    os.makedirs(out, exist_ok=True)
+    reporting.write_json_atomic(os.path.join(out, study_results.EXPERIMENT_FILE), {'kind': kind})
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning: every run's config and sizes, checked before any training.
+
+
+@dataclasses.dataclass
+class Run:
+  """One run of a study made concrete: its directory name, config, sizes and record (written to
+  ``runs/<name>/sweep_run.json`` before it trains; what its results row is read with)."""
+  key: RunKey
+  config: ml_collections.ConfigDict
+  setup: Any  # anp_jax.setup.Setup
+  record: Dict
+
+  @property
+  def name(self) -> str:
+    return self.key.name
+
+
+def apply_fields(config, fields: Dict[str, Any], where: str) -> None:
+  """Sets dotted `fields` on `config`; an unknown field or a value of the wrong type is a
+  StudyError naming `where` (the point)."""
+  known = cli.config_fields(config)
+  for key, value in fields.items():
+    if key not in known:
+      raise StudyError(f'{where}: {cli.unknown_field_message(key, known)}')
+    *parents, leaf = key.split('.')
+    node = config
+    for part in parents:
+      node = node[part]
+    try:
+      node[leaf] = value
+    except (TypeError, ValueError) as e:
+      raise StudyError(f'{where}: config.{key}={value!r}: {e}') from None
+
+
+def make_run_config(base, study: Study, key: RunKey, stop_at_target: bool):
+  """The base config with the point's fields, the seed, the rate multiplier and the target."""
+  c = ml_collections.ConfigDict(base.to_dict())
+  apply_fields(c, dict(key.fields), f'Point {key.point!r}')
+  c.seed = key.seed
+  c.base_lr = float(base.base_lr) * key.lr_mult
+  eval_seam.set_target(c, study.target_metric, study.target_value, stop_at_target)
+  return c
+
+
+def default_cadences(config, setup, user_fields, *, checkpoint_epochs: float,
+                     log_epochs: float, log_cap: int) -> None:
+  """Sets a run's checkpoint and training-log cadences unless the user's --config gave them
+  (`user_fields`): a checkpoint every `checkpoint_epochs` (0: none), a training-log record every
+  `log_epochs` (at least every step, at most every `log_cap` steps). Results are read from the
+  evaluations and final metrics, whatever was logged or checkpointed."""
+  if 'checkpoint_every_steps' not in user_fields:
+    config.checkpoint_every_steps = (setup.steps(checkpoint_epochs, minimum=1)
+                                     if checkpoint_epochs > 0 else 0)
+  if 'log_every_steps' not in user_fields:
+    config.log_every_steps = max(1, min(log_cap, setup.steps(log_epochs, rounding='floor')))
+
+
+def dataset_meta(base):
+  """The dataset's sizes for `base` (StudyError if it cannot be read)."""
+  try:
+    return pipeline.dataset_meta(pipeline.get_builder(base), base)
+  except (FileNotFoundError, ValueError) as e:
+    raise StudyError(f'The dataset {base.dataset!r} is not usable: {e}') from e
+
+
+def run_record(study: Study, run: Run) -> Dict:
+  """``sweep_run.json``: the run's place in the study and its sizes (read back into its row)."""
+  key, setup, config = run.key, run.setup, run.config
+  record = {'name': key.name, 'study': study.kind, 'point': key.point,
+            'fields': dict(key.fields), 'tune': dict(key.tune), 'seed': key.seed,
+            'lr_mult': key.lr_mult,
+            'base_lr': float(config.base_lr), 'lr': float(optim.scaled_lr(config)),
+            'batch': setup.batch_size, 'warmup_epochs': float(config.warmup_epochs),
+            'epochs': setup.total_steps * setup.batch_size / setup.train_size,
+            'train_size': setup.train_size, 'devices': setup.devices,
+            'per_device_batch': setup.per_device_batch, 'accum_steps': setup.accum_steps,
+            'steps_per_epoch': setup.steps_per_epoch, 'total_steps': setup.total_steps,
+            'eval_every_steps': setup.eval_every_steps}
+  if study.record_extra is not None:
+    record.update(study.record_extra(run))
+  return record
+
+
+@dataclasses.dataclass
+class Options:
+  """How this invocation runs a study (the command line's settings that are not the study)."""
+  out: str
+  preset: str = ''
+  stop_at_target: bool = False
+  ci: str = 't'
+  dry_run: bool = False
+  report: bool = True
+  user_fields: frozenset = frozenset()  # Config fields set with --config: not recomputed.
+  invocation: Dict = dataclasses.field(default_factory=dict)  # Recorded in study.json.
+  record_file: str = 'study.json'  # The study's settings and every invocation.
+
+
+def plan_runs(study: Study, base, opts: Options, devices: Optional[int] = None,
+              extended: Optional[Dict[str, List[float]]] = None, meta=None):
+  """(runs, dataset meta): every run's config, sizes and record, checked before any training.
+
+  Raises StudyError listing every run that does not fit (bad fields, sizes that do not split
+  over the devices, ...), a run directory trained with other settings (`check_existing`), an
+  ``--out`` of another kind of study, and other runs in ``--out`` of other settings
+  (`check_other_runs`).
+  """
+  devices = jax.device_count() if devices is None else devices
+  try:
+    validate_config(base)
+  except (ValueError, FileNotFoundError) as e:
+    raise StudyError(f'The preset config with your overrides is invalid: {e}') from e
+  meta = dataset_meta(base) if meta is None else meta
+  runs, problems = [], {}
+  for key in study.runs(extended):
+    try:
+      config = make_run_config(base, study, key, opts.stop_at_target)
+      validate_config(config)
+      setup = resolve_setup(config, meta.train_size, meta.eval_size, devices=devices)
+    except (ValueError, FileNotFoundError) as e:  # StudyError is a ValueError.
+      problems.setdefault(key.point, str(e))
+      continue
+    default_cadences(config, setup, opts.user_fields,
+                     checkpoint_epochs=study.checkpoint_every_epochs,
+                     log_epochs=study.log_every_epochs, log_cap=int(base.log_every_steps))
+    run = Run(key, config, setup, {})
+    run.record = run_record(study, run)
+    runs.append(run)
+  if problems:
+    listing = '; '.join(f'{point}: {why}' for point, why in problems.items())
+    raise StudyError(f'These points do not fit {devices} device(s) and the dataset {meta.name} '
+                     f'({meta.train_size} training examples): {listing}')
+  for run in runs:
+    check_existing(os.path.join(opts.out, 'runs', run.name), run.config)
+  claim_out_dir(opts.out, study.kind, write=False)
+  check_other_runs(study, base, opts, [r.name for r in runs])
+  return runs, meta
+
+
+def check_other_runs(study: Study, base, opts: Options, planned: Sequence[str]):
+  """Refuses to add runs to ``--out`` when its other runs were trained with other settings.
+
+  The results and the report read every run under ``DIR/runs`` together (studies split over
+  several jobs add up), and `check_existing` guards only the runs planned now. So every other
+  run there (one with a record and a ``config.json``) is planned again from its point fields,
+  seed and rate under this invocation's settings, and must come out as the config it was
+  trained with, up to the `NEUTRAL_FIELDS`: another budget, base lr, model or dataset would put
+  two experiments into one table. New points, seeds or rates under the same settings pass.
+  """
+  runs_dir = os.path.join(opts.out, 'runs')
+  if not os.path.isdir(runs_dir):
+    return
+  planned = set(planned)
+  differ = {}  # field -> (value there, value now) -> run names.
+  for name in sorted(os.listdir(runs_dir)):
+    info_path = os.path.join(runs_dir, name, study_results.RECORD_FILE)
+    config_path = os.path.join(runs_dir, name, 'config.json')
+    if name in planned or not (os.path.exists(info_path) and os.path.exists(config_path)):
+      continue
+    info = study_results.read_json(info_path)
+    old = study_results.read_json(config_path)
+    fields = info.get('fields')
+    if fields is None and study.fields_of_record is not None:
+      fields = study.fields_of_record(info, old)
+    key = RunKey(name, str(info.get('point', name)), fields or {},
+                 float(info.get('lr_mult', 1.0)), int(info.get('seed', 0)))
+    again = make_run_config(base, study, key, opts.stop_at_target)
+    for field, (a, b) in config_diff(old, again).items():
+      differ.setdefault(field, {}).setdefault((repr(a), repr(b)), []).append(name)
+  if differ:
+    def listed(names):
+      return ', '.join(names[:3]) + (f' and {len(names) - 3} more' if len(names) > 3 else '')
+    detail = '; '.join(f'{field}: {a} there vs {b} now ({listed(names)})'
+                       for field, by_values in sorted(differ.items())
+                       for (a, b), names in by_values.items())
+    raise StudyError(
+        f'{runs_dir} holds runs trained with other settings than this invocation, apart from '
+        f'the study\'s points, seeds and learning rates ({detail}). The results and the report '
+        'would read them together with the new runs. Use another --out, or the settings of '
+        'those runs.')
+
+
+def estimate_seconds(runs: Sequence[Run], eval_size: int, images_per_s: float,
+                     overhead_s: float) -> float:
+  """Rough wall time: training images + evaluations (at 1/3 the cost) + per-run overhead."""
+  if not images_per_s > 0:
+    return float('nan')
+  total = 0.0
+  for r in runs:
+    s = r.setup
+    evals = -(-s.total_steps // s.eval_every_steps) if s.eval_every_steps else 0
+    total += (s.total_steps * s.batch_size + evals * eval_size / 3) / images_per_s + overhead_s
+  return total
+
+
+# ----------------------------------------------------------------------------------------------
+# Training.
+
+
+def run_grid(runs: Sequence[Run], out: str, is_main: bool):
+  """Trains every run of `runs` in ``out/runs/<name>`` that has not finished.
+
+  Finished runs are skipped; an interrupted one continues from its checkpoints. A NaN/Inf loss
+  is recorded as the run's outcome (``final_metrics.json`` with ``diverged``) and not retried.
+  Preemption (`errors.Preempted`, or a signal between runs) propagates: exit 75.
+  """
+  count = len(runs)
+  for i, run in enumerate(runs, 1):
+    tag = f'[{i}/{count}] {run.name}'
+    run_dir = os.path.join(out, 'runs', run.name)
+    if is_finished(run_dir):
+      if is_main:
+        print(f'{tag}: finished earlier, skipped.', flush=True)
+      continue
+    # A signal that came after the previous run's last step check (its final evaluation, its
+    # plots, this loop) is still pending: stop before starting another run.
+    preemption.exit_if_requested(tag)
+    if is_main:
+      os.makedirs(run_dir, exist_ok=True)
+      reporting.write_json_atomic(os.path.join(run_dir, study_results.RECORD_FILE), run.record)
+      resuming = checkpointing.has_checkpoint(run_dir)
+      print(f'{tag}: {"resuming" if resuming else "training"} — {run.setup.describe()}',
+            flush=True)
+    try:
+      result = trainer.train_and_evaluate(run.config, run_dir)
+    except errors.NonFiniteLossError as e:
+      if is_main:
+        step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
+        reporting.write_json_atomic(os.path.join(run_dir, study_results.FINAL_FILE),
+                                    {'diverged': True, 'step': step, 'error': str(e)})
+        print(f'{tag}: diverged ({e})', flush=True)
+      continue
+    except errors.Preempted:
+      if is_main:
+        print(f'{tag}: preempted; rerun the same command to continue.', flush=True)
+      raise
+    if is_main:
+      metric = eval_seam.target(run.config)[0]
+      value = result.final_eval.get(metric)
+      shown = f', {metric} {100 * value:.2f} %' if isinstance(value, float) else ''
+      print(f'{tag}: done in {result.wall_time_s:.0f} s{shown}', flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Results.
+
+
+def collect(study: Study, out: str, runs: Sequence[Run]) -> List[Dict]:
+  """One row per run: the planned runs with the records planned now, then (unless the study
+  says otherwise) every other run under ``out/runs`` with its recorded one (studies split over
+  several jobs add up)."""
+  def summarize(run_dir, record):
+    if study.summarize is not None:
+      return study.summarize(run_dir, record)
+    return study_results.summarize_run(run_dir, study.target_metric, study.target_value,
+                                       record, study.metrics)
+
+  rows, planned = [], set()
+  for run in runs:
+    planned.add(run.name)
+    run_dir = os.path.join(out, 'runs', run.name)
+    if os.path.isdir(run_dir):
+      rows.append(summarize(run_dir, run.record))
+  runs_dir = os.path.join(out, 'runs')
+  if study.read_other_runs and os.path.isdir(runs_dir):
+    for name in sorted(set(os.listdir(runs_dir)) - planned):
+      row = summarize(os.path.join(runs_dir, name), None)
+      if row is not None:
+        rows.append(row)
+  return rows
+
+
+def choices_of(study: Study, rows: Sequence[Dict]) -> Dict[str, Dict]:
+  """`study_results.choose_rates` per point, on the validation target metric."""
+  return study_results.choose_rates(rows, lambda r: r['point'],
+                                    lambda r: r.get(study.target_metric))
+
+
+def write_outputs(study: Study, opts: Options, rows, report: bool) -> None:
+  """Results, points and the report of `rows` (process 0)."""
+  points = study_results.aggregate(rows, study.target_metric, study.metrics,
+                                   method=opts.ci, order=[p for p, _ in study.points])
+  if study.write is not None:
+    paths = study.write(opts.out, rows, points)
+  else:
+    paths = study_results.write_results(opts.out, rows, points)
+  print(f'Results: {", ".join(paths)} ({len(rows)} runs)', flush=True)
+  if report:
+    make = study.report or study_report.make_report
+    print(f'Report: {make(opts.out)}', flush=True)
+
+
+def _record_invocation(study: Study, base, opts: Options, devices: int):
+  """DIR/<record_file>: the study's settings (for the report) and every invocation."""
+  path = os.path.join(opts.out, opts.record_file)
+  record = study_results.read_json(path) if os.path.exists(path) else {}
+  record.update(kind=study.kind, title=study.title, preset=opts.preset, devices=devices,
+                epochs=base.num_epochs,
+                model=f'{base.model.name} width {base.model.width}',
+                image_size=base.image_size, dataset=base.dataset,
+                target_metric=study.target_metric, target_value=study.target_value,
+                seeds=list(study.seeds), lr_grid=list(study.lr.multipliers),
+                lr_extensions=study.lr.extensions, ci=opts.ci,
+                points={name: dict(fields) for name, fields in study.points})
+  record.setdefault('invocations', []).append({'time': time.time(), **opts.invocation})
+  write_text_atomic(path, json.dumps(record, indent=2, default=str))
+
+
+def _print_plan(study: Study, opts: Options, runs: Sequence[Run], meta) -> None:
+  done = [r for r in runs if is_finished(os.path.join(opts.out, 'runs', r.name))]
+  todo = [r for r in runs if r not in done]
+  eta = estimate_seconds(todo, meta.eval_size, study.images_per_s, study.overhead_s)
+  per_run = (estimate_seconds(runs[:1], meta.eval_size, study.images_per_s, study.overhead_s)
+             if runs else 0.0)
+  grid = ', '.join(f'{m:g}' for m in study.lr.multipliers)
+  estimate = (f'estimated {eta / 60:.0f} min for the rest at ~{study.images_per_s:.0f} img/s'
+              if study.images_per_s > 0 else 'no time estimate (the preset gives no images_per_s)')
+  print(f'Study {study.kind} in {opts.out}: {len(runs)} runs ({len(done)} finished earlier) = '
+        f'{len(study.points)} points x {len(study.seeds)} seed(s) x lr multipliers [{grid}], '
+        f'{jax.device_count()} device(s), target {study.target_metric} >= '
+        f'{study.target_value:g}; {estimate}.', flush=True)
+  if study.lr.extensions:
+    more = study.lr.extensions * len(study.points) * len(study.seeds)
+    cost = f' (~{more * per_run / 60:.0f} min)' if study.images_per_s > 0 else ''
+    print(f'Points whose chosen rate is at the edge of their grid run again x'
+          f'{study.lr.factor:g} beyond it, at most {study.lr.extensions} time(s) each: up to '
+          f'{more} more runs{cost}.', flush=True)
+  for r in runs:
+    s = r.setup
+    print(f'  {r.name}: lr {optim.scaled_lr(r.config):.4g}, {s.total_steps} steps '
+          f'({s.steps_per_epoch:g}/epoch), {s.per_device_batch}/device'
+          + (f' = {s.accum_steps} x {s.per_device_micro_batch}' if s.accum_steps > 1 else '')
+          + (' [finished]' if r in done else ''), flush=True)
+
+
+def pending_extensions(study: Study, opts: Options, runs: Sequence[Run]) -> Dict[str, float]:
+  """`study_results.extensions` of the points whose planned runs have all finished."""
+  rows = collect(study, opts.out, runs)
+  unfinished = {r.key.point for r in runs
+                if not is_finished(os.path.join(opts.out, 'runs', r.name))}
+  planned = {r.key.point for r in runs}
+  choices = {p: c for p, c in choices_of(study, rows).items()
+             if p in planned and p not in unfinished}
+  return study_results.extensions(choices, study.lr.multipliers, study.lr.extensions,
+                                  study.lr.factor)
+
+
+def run_study(study: Study, base, opts: Options) -> List[Dict]:
+  """Plans, trains (resumably), chooses rates (extending the grid), writes results and report.
+
+  Returns the rows (every process; [] for a dry run). Raises StudyError on bad input (before
+  any training; or before an extension round whose run directory is taken by other settings).
+  Call after `distributed.initialize`.
+  """
+  is_main = jax.process_index() == 0
+  runs, meta = plan_runs(study, base, opts)
+  if is_main:
+    _print_plan(study, opts, runs, meta)
+  if opts.dry_run:
+    if is_main and study.lr.extensions:
+      more = pending_extensions(study, opts, runs)
+      if more:
+        print('From the finished runs, the first extension: ' + ', '.join(
+            f'{point} x{mult:g}' for point, mult in more.items()) + '.', flush=True)
+    return []
+  if is_main:
+    claim_out_dir(opts.out, study.kind, write=True)
+    _record_invocation(study, base, opts, jax.device_count())
+  extended: Dict[str, List[float]] = {}
+  todo = runs
+  for round_ in range(study.lr.extensions + 1):
+    run_grid(todo, opts.out, is_main)
+    # Every process decides the next round from the same files (written by process 0).
+    distributed.barrier(f'study_round_{round_}')
+    planned_points = {r.key.point for r in runs}
+    choices = {p: c for p, c in choices_of(study, collect(study, opts.out, runs)).items()
+               if p in planned_points}
+    more = study_results.extensions(choices, study.lr.multipliers, study.lr.extensions,
+                                    study.lr.factor)
+    if not more:
+      break
+    for point, mult in more.items():
+      extended.setdefault(point, []).append(mult)
+    if is_main:
+      print('Chosen rate at the edge of its grid; extending: ' + ', '.join(
+          f'{point} x{mult:g}' for point, mult in more.items()), flush=True)
+    planned, _ = plan_runs(study, base, opts, extended=extended, meta=meta)
+    known = {r.name for r in runs}
+    todo, runs = [r for r in planned if r.name not in known], planned
+  rows = collect(study, opts.out, runs)
+  if jax.process_count() > 1 and not is_main:
+    print(f'Process {jax.process_index()}: waiting (at most {distributed.barrier_timeout_s()} s, '
+          'ANP_BARRIER_TIMEOUT) for process 0 to write the results and the report.', flush=True)
+  distributed.on_process_0('study_results', lambda: write_outputs(study, opts, rows, opts.report),
+                           'write the study results and report')
+  return rows

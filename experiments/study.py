@@ -1,0 +1,35 @@
+"""Any study preset: its runs trained resumably, the learning rate chosen per point, statistics
+over seeds, results and a report.
+
+  python experiments/study.py --preset ghost_bn --out workdirs/ghost_bn
+  python experiments/study.py --preset ghost_bn --out DIR --dry_run        # runs + estimate
+  python experiments/study.py --preset ghost_bn --out DIR --seeds 0,1,2,3 --lr_grid 0.5,1 \\
+      --lr_extensions 1 --ci bootstrap --config.num_epochs=8
+  python experiments/study.py --preset ghost_bn:tiny --out /tmp/gbn         # a preset's variant
+
+A preset is one file, ``anp_jax/configs/study_<NAME>.py``: ``get_config()`` the run config every
+point starts from (with ``target_metric`` / ``target_value``), ``get_sweep()`` the points
+(``(name, {config field: value})`` pairs over any fields), seeds, learning-rate grid and time
+estimate. ``--config.x=y`` overrides the preset's config; ``--seeds``, ``--lr_grid`` and
+``--lr_extensions`` its axes. Results in DIR: ``results.json`` / ``results.csv`` (a row per run),
+``points.json`` / ``points.csv`` (statistics per point over seeds), ``report.md`` (and
+``points.png``). Rerun the same command to continue an interrupted study (exit 75 on
+preemption); see docs/experiments.md. Thin on purpose: the command line is
+`anp_jax.research.study_cli`, the runner `anp_jax.research.runner`.
+"""
+
+import sys
+
+from anp_jax import runtime
+from anp_jax.research import study_cli
+
+
+def main(argv=None) -> int:
+  """Runs the study of `argv` (default: the command line); 2 on bad input."""
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
+  argv = sys.argv[1:] if argv is None else argv
+  return study_cli.main(argv, doc=__doc__)
+
+
+if __name__ == '__main__':
+  study_cli.run_cli(main)

@@ -1,0 +1,120 @@
+"""anp_jax/research/stats.py: t quantiles, intervals over seeds, censored steps to target.
+
+The t quantiles are checked against the printed table of Student's t (two-sided 95 %: 12.706,
+4.303, 3.182, ...) and against scipy (a dependency of jax, so always installed with it); the
+intervals against hand computation; the censored summaries on the issue's example (B=1024 with
+seeds {reached at 40, diverged, diverged}).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from anp_jax.research import stats
+
+# t(0.975, df) as printed in statistics tables (3 decimals).
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 19: 2.093,
+           29: 2.045, 30: 2.042, 60: 2.000, 120: 1.980}
+
+
+@pytest.mark.parametrize('df,expected', sorted(T_TABLE.items()))
+def test_t_quantile_matches_the_printed_table(df, expected):
+  assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+
+
+def test_t_quantile_and_cdf_match_scipy_everywhere():
+  for df in (1, 1.5, 2, 3, 7, 25, 100, 1000):
+    for p in (0.001, 0.05, 0.3, 0.5, 0.8, 0.95, 0.995, 0.9999):
+      assert stats.t_quantile(p, df) == pytest.approx(scipy.stats.t.ppf(p, df), rel=1e-9,
+                                                      abs=1e-12), (p, df)
+    for t in (-30.0, -2.0, -0.1, 0.0, 0.4, 3.0, 50.0):
+      assert stats.t_cdf(t, df) == pytest.approx(scipy.stats.t.cdf(t, df), rel=1e-9,
+                                                 abs=1e-14), (t, df)
+  with pytest.raises(ValueError, match='0 < p < 1'):
+    stats.t_quantile(1.0, 3)
+  with pytest.raises(ValueError, match='df > 0'):
+    stats.t_quantile(0.9, 0)
+
+
+def test_t_interval_by_hand():
+  s = stats.mean_interval([10.0, 12.0, 17.0])
+  sd = math.sqrt(((10 - 13) ** 2 + (12 - 13) ** 2 + (17 - 13) ** 2) / 2)  # 3.606
+  half = 4.302653 * sd / math.sqrt(3)
+  assert (s['n'], s['mean'], s['method']) == (3, 13.0, 't')
+  assert s['sd'] == pytest.approx(sd)
+  assert (s['low'], s['high']) == pytest.approx((13 - half, 13 + half), rel=1e-6)
+  one = stats.mean_interval([5.0])
+  assert one['mean'] == 5.0 and one['low'] is None and one['sd'] is None
+  with pytest.raises(ValueError, match='finite'):
+    stats.mean_interval([1.0, float('nan')])
+  with pytest.raises(ValueError, match='finite'):
+    stats.mean_interval([])
+
+
+def test_bootstrap_interval_is_seeded_and_inside_the_range():
+  values = [10.0, 12.0, 17.0, 11.0, 14.0]
+  a = stats.mean_interval(values, method='bootstrap')
+  b = stats.mean_interval(values, method='bootstrap')
+  assert a == b and a['method'] == 'bootstrap'
+  assert min(values) <= a['low'] < a['mean'] < a['high'] <= max(values)
+  t = stats.mean_interval(values)
+  assert a['high'] - a['low'] < t['high'] - t['low']  # Few values: bootstrap is narrower.
+  with pytest.raises(ValueError, match='Unknown interval method'):
+    stats.mean_interval(values, method='jackknife')
+  assert 'Student-t' in stats.describe_method('t')
+  assert 'bootstrap' in stats.describe_method('bootstrap')
+
+
+def test_t_interval_covers_the_true_mean_95_percent_of_the_time():
+  rng = np.random.default_rng(0)
+  hits = 0
+  for _ in range(2000):
+    s = stats.mean_interval(list(rng.normal(5.0, 2.0, size=3)))
+    hits += s['low'] <= 5.0 <= s['high']
+  assert 0.93 <= hits / 2000 <= 0.97
+
+
+def test_a_seed_that_diverged_is_counted_not_dropped():
+  """The issue's B=1024: seeds {reached at 40, diverged, diverged}, budget 79 steps."""
+  s = stats.censored_summary([40.0, None, None], ['reached', 'diverged', 'diverged'],
+                             [79, 79, 79])
+  assert s['kind'] == 'censored' and s['mean'] is None
+  assert (s['n'], s['reached'], s['diverged'], s['missed']) == (3, 1, 2, 0)
+  assert s['lower_bound'] == pytest.approx((40 + 79 + 79) / 3)
+  assert s['median'] is None  # Two of three never got there: the median is beyond the budget.
+  assert stats.format_summary(s) == '≥ 66 (1/3 reached, 2 diverged)'
+  # Two of three reached: the median is a reached value (the miss sorts above both).
+  s = stats.censored_summary([40.0, 50.0, None], ['reached', 'reached', 'missed'], [79] * 3)
+  assert s['median'] == 50.0 and s['lower_bound'] == pytest.approx(169 / 3)
+  assert stats.format_summary(s) == '≥ 56 (2/3 reached, 1 missed; median 50)'
+  # Even counts: the median of 4 needs its two middle values.
+  s = stats.censored_summary([40.0, 50.0, 60.0, None], ['reached'] * 3 + ['missed'], [79] * 4)
+  assert s['median'] == 55.0
+  s = stats.censored_summary([40.0, 50.0, None, None], ['reached'] * 2 + ['missed'] * 2,
+                             [79] * 4)
+  assert s['median'] is None
+  # All reached: mean and interval.
+  s = stats.censored_summary([40.0, 50.0, 60.0], ['reached'] * 3, [79] * 3)
+  assert s['kind'] == 'complete' and s['mean'] == 50.0 and s['low'] < 50.0 < s['high']
+  assert stats.format_summary(s) == '50 [25, 75]'
+  # A seed still training: no statistic yet.
+  s = stats.censored_summary([40.0, None], ['reached', 'unfinished'], [79, 79])
+  assert s['kind'] == 'unfinished' and stats.format_summary(s) == 'unfinished (1/2 seeds)'
+  with pytest.raises(ValueError, match='only a reached target'):
+    stats.censored_summary([40.0], ['missed'], [79])
+  with pytest.raises(ValueError, match='Unknown outcome'):
+    stats.censored_summary([None], ['lost'], [79])
+
+
+def test_a_final_metric_has_no_mean_when_a_seed_diverged():
+  s = stats.value_summary([0.30, None, 0.34], ['reached', 'diverged', 'missed'])
+  assert s['kind'] == 'diverged' and s['mean'] is None and s['diverged'] == 1
+  assert (s['finished_min'], s['finished_max']) == (0.30, 0.34)
+  assert stats.format_summary(s, '.1f', 100) == '— (1/3 diverged; others 30.0–34.0)'
+  s = stats.value_summary([0.30, 0.32, 0.34], ['reached', 'missed', 'missed'])
+  assert s['kind'] == 'complete' and s['mean'] == pytest.approx(0.32)
+  s = stats.value_summary([0.30, None], ['missed', 'missed'])  # Never evaluated.
+  assert s['kind'] == 'missing' and s['mean'] is None
+  assert stats.format_summary(stats.value_summary([0.3], ['missed']), '.1f', 100) == '30.0 (1 seed)'
