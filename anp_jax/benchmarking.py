@@ -211,6 +211,22 @@ def head_sizes(config) -> Dict[str, int]:
   return {'anp': 553, 'adjective': 117, 'noun': 167}  # The MVSO-EN subset of the paper.
 
 
+def _heads(config):
+  """`head_sizes` as the `models.Heads` that `models.create_model` takes."""
+  from anp_jax import models
+  sizes = head_sizes(config)
+  return models.Heads(sizes['anp'], sizes['adjective'], sizes['noun'])
+
+
+def _whole_batch_bn_model(config):
+  """`config`'s model with BatchNorm statistics over the whole batch of each call (one
+  device, no collective, no ghost groups)."""
+  from anp_jax import models
+  whole_batch = config.copy_and_resolve_references()
+  whole_batch.bn_mode = 'global'  # Outside a per-device step (no axis): the call's batch.
+  return models.create_model(whole_batch, _heads(config))
+
+
 def synthetic_batch(config, batch: int, sizes: Dict[str, int], seed: int = 0):
   """A host batch of the pipeline's shapes and dtypes (normalised images, in the model's dtype
   when that is bfloat16 as `pipeline.image_dtype` gives them; int labels)."""
@@ -257,8 +273,7 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   big = int(config.batch_size) * 10_000
   setup = run_setup.resolve_setup(config, big, big)
   mesh = executors.make_mesh()
-  model = models.create_model(config, sizes['anp'], sizes['adjective'], sizes['noun'],
-                              axis_name=executors.AXIS)
+  model = models.create_model(config, _heads(config), axis_name=executors.AXIS)
   schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
   tx = optim.create_optimizer(config, schedule)
   executor = executors.make_executor(config, model, tx, setup, mesh)
@@ -321,7 +336,7 @@ def _per_device_step_flops_on_cpu(config, bare: BareStep) -> float:
   from anp_jax import steps
   from anp_jax.research import perfmodel
   per_device = config.batch_size // jax.device_count()
-  model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  model = _whole_batch_bn_model(config)
 
   def step(state, batch):
     return steps.per_device_train_step(state, batch, model=model, tx=bare.tx, config=config,
@@ -335,7 +350,7 @@ def _forward_flops_per_image(config, bare: BareStep) -> float:
   """The model's inference forward pass per image (`forward_flops`), on the step's batch size."""
   import jax
   b = config.batch_size
-  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  fwd_model = _whole_batch_bn_model(config)
   # Shapes only: nothing is computed, and no multi-process array meets a local one.
   spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
   x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)
@@ -370,18 +385,8 @@ def build_reference_step(config, seed: int = 0):
   import jax
   import jax.numpy as jnp
   import optax
-  from anp_jax import models
   sizes = head_sizes(config)
-  m = config.model
-  conv_impl = None
-  if m.get('conv_impl', 'xla') != 'xla':
-    from anp_jax.models import conv
-    conv_impl = conv.get_conv_impl(m.conv_impl)
-  model = models.build_resnet(
-      m.name, num_anps=sizes['anp'],
-      num_adjectives=sizes['adjective'] if m.get('adjective_head', True) else 0,
-      num_nouns=sizes['noun'] if m.get('noun_head', True) else 0, width=m.width,
-      dtype=models.DTYPES[m.dtype], conv_impl=conv_impl)
+  model = _whole_batch_bn_model(config)
   host = synthetic_batch(config, config.batch_size, sizes, seed)
   x = jnp.asarray(host['image'])
   labels = {'anp': jnp.asarray(host['label_anp']),

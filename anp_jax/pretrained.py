@@ -46,8 +46,7 @@ import jax
 import numpy as np
 import optax
 
-from anp_jax import cli, collectives, optim, runtime
-from anp_jax.models import resnet
+from anp_jax import cli, collectives, models, optim, runtime
 
 TORCH_EXTENSIONS = ('.pth', '.pt')
 SAFETENSORS_EXTENSIONS = ('.safetensors',)
@@ -234,10 +233,25 @@ def read_anp_jax(path: str) -> Dict[str, np.ndarray]:
 _BN_LEAF = {'scale': 'weight', 'bias': 'bias', 'mean': 'running_mean', 'var': 'running_var'}
 
 
+def resnet_names() -> List[str]:
+  """The registered models that torchvision's ResNet naming fits (the 'resnet' family)."""
+  return [n for n in models.names() if models.spec(n).family == 'resnet']
+
+
+def _resnet_arch(name: str):
+  """The `resnet.ResNetArch` of registered model `name`; InitFromError if it is no ResNet."""
+  spec = models.spec(name)
+  if spec.family != 'resnet':
+    raise InitFromError(f'config.model.name={name!r} is not a ResNet: torchvision-style weight '
+                        f'files fit the ResNet family only ({", ".join(resnet_names())}); use '
+                        'an anp_jax run of this model as config.init_from.')
+  return spec.arch
+
+
 def torchvision_name(arch: str, collection_name: str) -> Optional[str]:
   """anp_jax name (``'params/BasicBlock_3/Conv_0/kernel'``) -> torchvision's, or None (no
   counterpart: the adjective and noun heads)."""
-  stage_sizes = resnet.ARCHS[arch][0]
+  stage_sizes = _resnet_arch(arch).stage_sizes
   _, name = collection_name.split('/', 1)
   parts = name.split('/')
   leaf = parts[-1]
@@ -309,9 +323,10 @@ def guess_torchvision_arch(names: Sequence[str]) -> str:
       blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
   sizes = tuple(len(blocks[s]) for s in sorted(blocks))
   kind = 'bottleneck' if any('.conv3.' in n for n in names) else 'basic'
-  for arch, (stage_sizes, block, _) in resnet.ARCHS.items():
-    if tuple(stage_sizes) == sizes and block == kind:
-      return arch
+  for name in resnet_names():
+    arch = models.spec(name).arch
+    if tuple(arch.stage_sizes) == sizes and arch.block == kind:
+      return name
   return f'an unknown ResNet ({kind} blocks per stage {sizes})'
 
 
@@ -618,11 +633,10 @@ def main(argv=None) -> int:
   import argparse
   import math
   import sys
-  import ml_collections
-  from anp_jax import models
+  from anp_jax.configs import default
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument('source', help='.safetensors/.pth file or anp_jax workdir')
-  parser.add_argument('--model', default='resnet50', choices=sorted(resnet.ARCHS))
+  parser.add_argument('--model', default='resnet50', choices=resnet_names())
   parser.add_argument('--width', type=float, default=1.0)
   parser.add_argument('--num_anps', type=int, default=553)
   parser.add_argument('--image_size', type=int, default=224)
@@ -654,11 +668,11 @@ def main(argv=None) -> int:
                                     'model.safetensors')
     if message:
       return usage(message)
-  config = ml_collections.ConfigDict(dict(
-      init_from=args.source, init_exclude=(), freeze='', backbone_lr_multiplier=1.0,
-      image_size=args.image_size,
-      model=dict(name=args.model, width=args.width)))
-  model = models.build_resnet(args.model, num_anps=args.num_anps, width=args.width)
+  config = default.get_config()
+  config.update(dict(init_from=args.source, init_exclude=(), freeze='',
+                     backbone_lr_multiplier=1.0, image_size=args.image_size))
+  config.model.update(dict(name=args.model, width=args.width))
+  model = models.create_model(config, models.Heads(args.num_anps))
   try:
     loaded = load(config, model)
   except InitFromError as e:

@@ -145,7 +145,7 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   try:
     pretrained.validate(probe)
     s = probe.synthetic
-    model = models.create_model(probe, s.num_pairs, s.num_adjectives, s.num_nouns)
+    model = models.create_model(probe, models.Heads(s.num_pairs, s.num_adjectives, s.num_nouns))
     pretrained.freeze_summary(probe, model)
   except pretrained.InitFromError as e:
     raise ValueError(str(e).replace('config.freeze', '--freeze').replace(

@@ -11,7 +11,8 @@ import os
 from typing import Dict, Optional
 
 from anp_jax.benchmarking import head_sizes, synthetic_batch
-from anp_jax.models.resnet import ARCHS, _ch
+from anp_jax import models
+from anp_jax.models.resnet import BASE_CHANNELS, _ch
 
 
 def torch_available() -> Optional[str]:
@@ -27,7 +28,8 @@ def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
   """`anp_jax.models.ResNet` in PyTorch: same blocks, strides (v1.5), widths, heads."""
   import torch
   from torch import nn
-  stage_sizes, block_kind, stem = ARCHS[name]
+  arch = models.spec(name).arch  # A registered ResNet's structure.
+  stage_sizes, block_kind, stem = arch.stage_sizes, arch.block, arch.stem
 
   def bn(c):
     # PyTorch momentum is the weight of the new statistics: flax 0.9 decay = torch 0.1.
@@ -71,7 +73,7 @@ def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
 
     def __init__(self):
       super().__init__()
-      base = 64 if stem == 'imagenet' else 16
+      base = BASE_CHANNELS[stem]
       if stem == 'imagenet':
         self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 7, 2, 3, bias=False),
                                   bn(_ch(base, width)), nn.ReLU(),

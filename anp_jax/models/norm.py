@@ -1,6 +1,6 @@
 """BatchNorm whose statistics batch is an explicit choice.
 
-Three semantics are offered (see `anp_jax.models.resnet.ResNet.bn_mode`):
+Three semantics are offered (``config.bn_mode``, resolved by `anp_jax.models.norm_settings`):
 
 * ``global``: statistics over the whole (global) batch. Under `jax.jit` with a batch sharded on
   the mesh's ``data`` axis this is what a plain mean over axis 0 computes — XLA inserts the
@@ -16,11 +16,37 @@ Running averages are the mean of the group statistics, so a ghost-BN step on a b
 the average of k steps on micro-batches of b that start from the same running statistics.
 """
 
+import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormSettings:
+  """The semantics every BatchNorm of a model shares (one hashable module field).
+
+  Attributes:
+    group_size: examples per statistics group (None: the whole batch of the call).
+    axis_name: pmap / shard_map axis to average statistics over (global BN in a per-device
+      step); None: no communication.
+    momentum: decay of the running averages.
+    epsilon: added to the variance.
+  """
+  group_size: Optional[int] = None
+  axis_name: Optional[str] = None
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+
+  def layer(self, train: bool, dtype: Any = jnp.float32):
+    """A `BatchNorm` constructor with these settings for a call in train or eval mode
+    (``layer(train)(name='bn_init')(x)``; ``scale_init`` and ``name`` are still free)."""
+    return functools.partial(BatchNorm, use_running_average=not train, momentum=self.momentum,
+                             epsilon=self.epsilon, dtype=dtype, group_size=self.group_size,
+                             axis_name=self.axis_name)
 
 
 class BatchNorm(nn.Module):
