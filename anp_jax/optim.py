@@ -38,9 +38,11 @@ def create_lr_schedule(config, steps_per_epoch: float, total_steps: int) -> opta
 
   ``steps_per_epoch`` = train_size / batch_size (need not be an integer); warmup and the
   step-decay boundaries (``config.step_epochs``) are converted to steps by `anp_jax.durations`.
-  A step-decay boundary at or before the end of warmup is not dropped: its factor applies to the
-  peak, i.e. the ramp goes up to ``peak * step_factor^k`` (k such boundaries), the rate the step
-  schedule has at the end of warmup, and the later boundaries decay from there. A run shorter
+  A boundary at step b multiplies the rate by ``step_factor`` from step b on. The warmup ramp
+  (steps 0 .. warmup - 1) rises linearly to the rate the step schedule has at its last step:
+  a boundary strictly inside the warmup (b < warmup) is not dropped but lowers the ramp's top
+  to ``peak * step_factor^k`` (k such boundaries; the ramp stays monotone); a boundary at the
+  end of warmup (b = warmup) decays right after the ramp, which reaches the full peak. A run shorter
   than its warmup (e.g. a ``num_train_steps`` override) ramps to the peak over the whole run
   (warmup = min(warmup, total_steps)), so it is not a prefix of the longer run; neither is any
   run of another length under cosine decay, whose length is the run's.
@@ -53,10 +55,10 @@ def create_lr_schedule(config, steps_per_epoch: float, total_steps: int) -> opta
   elif config.schedule == 'step':
     at = sorted(durations.to_steps(steps_per_epoch=steps_per_epoch, epochs=e)
                 for e in config.step_epochs)
-    peak *= config.step_factor ** sum(1 for b in at if b <= warmup)
+    peak *= config.step_factor ** sum(1 for b in at if b < warmup)
     boundaries = {}
     for b in at:
-      if b > warmup:  # Two epochs on the same step multiply.
+      if b >= warmup:  # Two epochs on the same step multiply.
         boundaries[b - warmup] = boundaries.get(b - warmup, 1.0) * config.step_factor
     decay = optax.piecewise_constant_schedule(peak, boundaries)
   elif config.schedule == 'constant':
