@@ -31,7 +31,8 @@ Fine-tuning knobs (they also work without ``init_from``):
 
 * ``config.freeze``: a regex (full match on parameter names); matching parameters get a zero
   update (`optax.multi_transform` with `optax.set_to_zero`), and the BatchNorm layers whose
-  ``scale`` is frozen keep their running statistics (`keep_frozen_stats`).
+  ``scale`` is frozen behave as torchvision's ``FrozenBatchNorm2d``: they normalise with their
+  running statistics in training too (`anp_jax.models.BatchNorm`), which never change.
 * ``config.backbone_lr_multiplier``: the parameters loaded from ``init_from`` train at
   ``multiplier x`` the schedule's rate; re-initialised heads at the full rate.
 """
@@ -47,6 +48,10 @@ import numpy as np
 import optax
 
 from anp_jax import cli, collectives, models, optim, runtime
+from anp_jax.errors import InitFromError
+from anp_jax.param_names import (abstract_variables, compile_patterns, example_names,  # noqa: F401
+                                 flatten, is_frozen_batchnorm, is_head, matches, natural,
+                                 path_name)
 
 TORCH_EXTENSIONS = ('.pth', '.pt')
 SAFETENSORS_EXTENSIONS = ('.safetensors',)
@@ -56,55 +61,17 @@ PIP_TORCH = ('pip install torch --index-url https://download.pytorch.org/whl/cpu
 MAX_LISTED = 8
 
 
-class InitFromError(ValueError):
-  """config.init_from cannot be used: the message says what to change."""
-
-
 # ----------------------------------------------------------------------------------------------
-# Names.
-
-
-def path_name(path) -> str:
-  """A pytree key path -> ``'BasicBlock_0/Conv_0/kernel'``."""
-  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', k))) for k in path)
-
-
-def flatten(tree) -> Dict[str, Any]:
-  """{'a': {'b': x}} -> {'a/b': x} (dict leaves only; the order of the tree)."""
-  return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def is_head(name: str) -> bool:
-  return name.split('/', 1)[0].startswith('head_')
-
-
-def _patterns(value) -> Tuple[str, ...]:
-  if not value:
-    return ()
-  if isinstance(value, str):
-    return (value,)
-  return tuple(value)
-
-
-def _compile(config_field: str, patterns: Sequence[str]):
-  try:
-    return [re.compile(p) for p in patterns]
-  except re.error as e:
-    raise InitFromError(f'config.{config_field}: {e} in {patterns!r}; use Python regexes that '
-                        "match whole names, e.g. 'head_.*'.") from e
-
-
-def matches(patterns, name: str) -> bool:
-  return any(p.fullmatch(name) for p in patterns)
+# Checks.
 
 
 def validate(config) -> None:
   """Cheap checks of the fine-tuning fields (no file is read; exit code 2 on failure)."""
-  _compile('init_exclude', _patterns(config.init_exclude))
+  compile_patterns('init_exclude', config.init_exclude)
   if not isinstance(config.freeze, str):
     raise InitFromError(f"config.freeze={config.freeze!r}: use one regex string (alternatives "
                         "with '|', e.g. 'conv_init/.*|bn_init/.*'); '' freezes nothing.")
-  _compile('freeze', _patterns(config.freeze))
+  compile_patterns('freeze', config.freeze)
   mult = config.backbone_lr_multiplier
   if not (isinstance(mult, (int, float)) and mult >= 0):
     raise InitFromError(f'config.backbone_lr_multiplier={mult!r}: use a number >= 0 (the '
@@ -350,12 +317,6 @@ class LoadedWeights:
     return {n.split('/', 1)[1] for n in self.values if n.startswith('params/')}
 
 
-def _model_variables(model, image_size: int):
-  import jax.numpy as jnp
-  x = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
-  return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
-
-
 def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
   """Reads config.init_from and matches it to `model` (abstract init: nothing compiles)."""
   source = config.init_from
@@ -370,24 +331,24 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
     raw = read_safetensors(path) if kind == 'safetensors' else read_torch(path)
     source_name = lambda name: torchvision_name(config.model.name, name)
     transform = from_torch_layout
-  target = _model_variables(model, image_size or config.image_size)
+  target = abstract_variables(model, image_size or config.image_size)
   flat_target = {}
   for collection in ('params', 'batch_stats'):
     for name, leaf in flatten(target.get(collection, {})).items():
       flat_target[f'{collection}/{name}'] = leaf
-  exclude = _compile('init_exclude', _patterns(config.init_exclude))
+  exclude = compile_patterns('init_exclude', config.init_exclude)
   shorts = [n.split('/', 1)[1] for n in flat_target]
   for pattern in exclude:
     if not any(pattern.fullmatch(n) for n in shorts):
       raise InitFromError(
           f"config.init_exclude pattern '{pattern.pattern}' matches no name of the model "
-          f'(a regex that must match a whole model name such as {_examples(shorts)}; '
+          f'(a regex that must match a whole model name such as {example_names(shorts)}; '
           "e.g. 'head_.*' or 'BasicBlock_0/.*').")
 
   values, reinit, excluded, used = {}, [], [], set()
   mismatched, missing = [], []
   # In the source's natural order (conv1, bn1, layer1.0..., fc), so errors list the first ones.
-  order = sorted(flat_target, key=lambda n: _natural(source_name(n) or n))
+  order = sorted(flat_target, key=lambda n: natural(source_name(n) or n))
   for name in order:
     leaf = flat_target[name]
     src = source_name(name)
@@ -412,7 +373,7 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
                           f'{short} {tuple(leaf.shape)}')
       continue
     values[name] = np.asarray(value)
-  unknown = [n for n in sorted(raw, key=_natural) if n not in used and not n.endswith('num_batches_tracked')
+  unknown = [n for n in sorted(raw, key=natural) if n not in used and not n.endswith('num_batches_tracked')
              and not is_head(n.split('/', 1)[-1]) and not n.startswith('fc.')]
   if mismatched or missing or unknown:
     _raise_architecture(config, source, kind, raw, mismatched, missing, unknown)
@@ -429,48 +390,35 @@ def load(config, model, image_size: Optional[int] = None) -> LoadedWeights:
   values = {n: values[n] for n in flat_target if n in values}  # The model's (tree) order.
 
   loaded_sources = {source_name(n) for n in values}
-  ignored = [n for n in sorted(raw, key=_natural) if n not in loaded_sources]
+  ignored = [n for n in sorted(raw, key=natural) if n not in loaded_sources]
   report = _report(source, kind, values, reinit, excluded, ignored)
   return LoadedWeights(source=source, kind=kind, values=values,
                        reinitialised=[n for n, _ in reinit], excluded=excluded, ignored=ignored,
                        report=report)
 
 
-def _examples(names: Sequence[str]) -> str:
-  """A stem, a block and a head kernel name of the model (or its first names), for errors."""
-  kernels = [n for n in names if n.endswith('/kernel')] or list(names)
-  picked = ([n for n in kernels if not is_head(n) and 'Block' not in n][:1]
-            + [n for n in kernels if 'Block' in n][:1] + [n for n in kernels if is_head(n)][:1])
-  return ', '.join(repr(n) for n in (picked or list(names)[:3]))
-
-
 def freeze_summary(config, model, image_size: Optional[int] = None) -> str:
   """The start-up line of config.freeze ('' if unset); `InitFromError` (exit 2) if it matches
   no parameter, e.g. torchvision names ('layer1\\..*') or a pattern without '/.*', which
   would otherwise train everything without a word."""
-  freeze = _compile('freeze', _patterns(config.freeze))
+  freeze = compile_patterns('freeze', config.freeze)
   if not freeze:
     return ''
-  variables = _model_variables(model, image_size or config.image_size)
+  variables = abstract_variables(model, image_size or config.image_size)
   params = flatten(variables['params'])
   frozen = {n: leaf for n, leaf in params.items() if matches(freeze, n)}
   if not frozen:
     raise InitFromError(
         f'config.freeze={config.freeze!r} matches no parameter: it must match whole anp_jax '
-        f'names such as {_examples(sorted(params, key=_natural))} (not torchvision names); '
+        f'names such as {example_names(sorted(params, key=natural))} (not torchvision names); '
         "e.g. 'conv_init/.*|bn_init/.*|BasicBlock_0/.*'.")
   count = sum(int(np.prod(leaf.shape)) for leaf in frozen.values())
   total = sum(int(np.prod(leaf.shape)) for leaf in params.values())
-  stats = sorted({n.rsplit('/', 1)[0] for n in flatten(variables.get('batch_stats', {}))
-                  if matches(freeze, f"{n.rsplit('/', 1)[0]}/scale")})
+  frozen_bn = sorted({n.rsplit('/', 1)[0] for n in flatten(variables.get('batch_stats', {}))
+                      if is_frozen_batchnorm(freeze, n.rsplit('/', 1)[0])})
   return (f'freeze {config.freeze!r}: {len(frozen)} of {len(params)} parameter arrays '
-          f'({count:,} of {total:,} parameters) get no update; the running statistics of '
-          f'{len(stats)} BatchNorm layers stay as they were')
-
-
-def _natural(name: str):
-  """'layer1.10' after 'layer1.9'."""
-  return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', name)]
+          f'({count:,} of {total:,} parameters) get no update; {len(frozen_bn)} BatchNorm '
+          'layers normalise with their running statistics, in training too, and keep them')
 
 
 def _raise_architecture(config, source, kind, raw, mismatched, missing, unknown):
@@ -559,7 +507,7 @@ FROZEN, BACKBONE, FULL = 'frozen', 'backbone', 'full'
 
 def param_labels(config, loaded: Optional[LoadedWeights] = None) -> Callable:
   """params -> a tree of FROZEN / BACKBONE (loaded, scaled rate) / FULL labels."""
-  freeze = _compile('freeze', _patterns(config.freeze))
+  freeze = compile_patterns('freeze', config.freeze)
   mult = float(config.backbone_lr_multiplier)
   backbone = loaded.loaded_params if (loaded is not None and mult != 1.0) else set()
 
@@ -603,7 +551,7 @@ def keep_frozen_params(config, old_params, new_params):
   """Parameters matching config.freeze as they were in ``old_params``: local SGD's node average
   of n equal float32 copies, (x + ... + x) / n, is not x when n is not a power of two, and
   frozen parameters must not move at all. Static: decided from names at trace time."""
-  freeze = _compile('freeze', _patterns(config.freeze))
+  freeze = compile_patterns('freeze', config.freeze)
   if not freeze:
     return new_params
   return jax.tree_util.tree_map_with_path(
@@ -612,15 +560,16 @@ def keep_frozen_params(config, old_params, new_params):
 
 
 def keep_frozen_stats(config, old_stats, new_stats):
-  """BN running statistics of layers whose ``scale`` matches config.freeze stay as they were
-  (a frozen layer is frozen in eval mode too). Static: decided from names at trace time."""
-  freeze = _compile('freeze', _patterns(config.freeze))
+  """Running statistics of frozen BatchNorm layers (`is_frozen_batchnorm`) as they were in
+  ``old_stats``. A frozen layer never updates them (`anp_jax.models.BatchNorm`), but averaging
+  n equal float32 copies (over devices, micro-batches or local SGD's nodes) is not bit-exact
+  when n is not a power of two. Static: decided from names at trace time."""
+  freeze = compile_patterns('freeze', config.freeze)
   if not freeze:
     return new_stats
 
   def pick(path, old, new):
-    module = path_name(path).rsplit('/', 1)[0]
-    return old if matches(freeze, f'{module}/scale') else new
+    return old if is_frozen_batchnorm(freeze, path_name(path).rsplit('/', 1)[0]) else new
   return jax.tree_util.tree_map_with_path(pick, old_stats, new_stats)
 
 

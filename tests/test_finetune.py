@@ -327,8 +327,8 @@ def test_bad_inputs_are_clear_errors_before_compiling(data_dir, tmp_path, tiny_f
     trainer.build(tiny_config(data_dir, init_from=path, init_exclude=('head_.*', r'fc\..*')))
   frozen = trainer.build(tiny_config(data_dir, freeze=FROZEN)).frozen  # The start-up line.
   assert re.fullmatch(r"freeze '.*': 9 of \d+ parameter arrays \([\d,]+ of [\d,]+ parameters\) "
-                      r'get no update; the running statistics of 3 BatchNorm layers stay as they '
-                      r'were', frozen), frozen
+                      r'get no update; 3 BatchNorm layers normalise with their running '
+                      r'statistics, in training too, and keep them', frozen), frozen
 
 
 def test_resnet18_weights_into_resnet50_name_the_first_mismatches(tmp_path):

@@ -3,7 +3,7 @@
 A model family registers each of its names with a factory and the metadata its callers need
 (`ModelSpec`: the smallest image it accepts, the size it is designed for, its family and
 family-specific structure). `create_model` resolves what the config says about every model
-(heads, compute dtype, BatchNorm semantics) into `ModelArgs` and calls the
+(heads, compute dtype, BatchNorm semantics and the frozen layers) into `ModelArgs` and calls the
 factory of ``config.model.name``; `anp_jax.setup.validate_config` checks ``config.model.name``
 and the minimum image size against the same registry. So a new model is one file that calls
 `register` (see ``docs/models.md``), and nothing else changes.
@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from anp_jax import param_names
 from anp_jax.models.norm import BatchNormSettings
 
 # Compute dtypes. float16 is deliberately absent: its 5-bit exponent makes small gradients
@@ -46,8 +47,8 @@ class ModelArgs:
     heads: class counts of the heads to build (``config.model.adjective_head`` /
       ``noun_head`` already applied: 0 means no such head).
     dtype: compute dtype (``config.model.dtype``); parameters and BN statistics stay float32.
-    norm: the BatchNorm semantics (``config.bn_mode``, ``bn_momentum``): build every
-      BatchNorm with ``norm.layer(train, dtype)``.
+    norm: the BatchNorm semantics (``config.bn_mode``, ``bn_momentum``, the layers
+      ``config.freeze`` freezes): build every BatchNorm with ``norm.layer(train, dtype)``.
   """
   heads: Heads
   dtype: Any
@@ -170,7 +171,8 @@ def dtype_error(dtype) -> str:
 
 def norm_settings(config, axis_name: Optional[str] = None) -> BatchNormSettings:
   """Every BatchNorm's semantics for ``config`` inside a per-device step over ``axis_name``:
-  the statistics batch (``config.bn_mode``) and the momentum."""
+  the statistics batch (``config.bn_mode``), the momentum and the layers ``config.freeze``
+  freezes."""
   mode = config.bn_mode
   if mode == 'global':
     group_size, bn_axis = None, axis_name
@@ -180,7 +182,10 @@ def norm_settings(config, axis_name: Optional[str] = None) -> BatchNormSettings:
     group_size, bn_axis = config.bn_group_size, None
   else:
     raise ValueError(f'config.bn_mode={mode!r} is unknown; choose one of {BN_MODES}.')
-  return BatchNormSettings(group_size=group_size, axis_name=bn_axis, momentum=config.bn_momentum)
+  freeze = config.get('freeze', '') or ''
+  param_names.compile_patterns('freeze', freeze)  # A bad regex fails here, not at trace time.
+  return BatchNormSettings(group_size=group_size, axis_name=bn_axis, momentum=config.bn_momentum,
+                           freeze=freeze)
 
 
 def create_model(config, meta, axis_name: Optional[str] = None) -> nn.Module:
