@@ -160,6 +160,7 @@ def validate_config(config) -> None:
                        'config.eval_every_epochs > 0.')
   _check_ranges(config)
   methods.validate(config)
+  optim.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
 

@@ -143,8 +143,8 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
   tx_config = executors.optimizer_config(config)
   # Read and checked here, on the host, before anything compiles.
   init = pretrained.load(config, model) if config.init_from else None
-  frozen = pretrained.freeze_summary(config, model)
-  tx = pretrained.create_optimizer(tx_config, schedule, init)
+  frozen = optim.freeze_summary(config, model)
+  tx = optim.create_optimizer(tx_config, schedule, init.loaded_params if init else None)
   executor = executors.make_executor(tx_config, model, tx, setup, mesh)
   return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
 
