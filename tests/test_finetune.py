@@ -1,6 +1,6 @@
 """config.init_from / init_exclude / freeze / backbone_lr_multiplier (anp_jax.pretrained).
 
-The PyTorch reference is `tests/torchvision_resnet.py` (torchvision's module names rebuilt in
+The PyTorch reference is `experiments/torch_reference.py` (torchvision's module names rebuilt in
 PyTorch), because PyPI's torchvision does not import beside the pinned torch 2.13.0 CPU build.
 """
 
@@ -19,7 +19,7 @@ from safetensors.numpy import save_file  # noqa: E402
 from anp_jax import models, optim, param_names, pretrained, trainer  # noqa: E402
 from conftest import (ROOT, assert_leaves_close, leaves, run_workers, subprocess_env,  # noqa: E402
                       tiny_config)
-import torchvision_resnet as tvr  # noqa: E402
+from experiments import torch_reference as tvr  # noqa: E402
 
 
 def _state_dict(net):
@@ -75,7 +75,7 @@ def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size):
     np.testing.assert_array_equal(pth[key], st[key], err_msg=key)
   x = np.random.RandomState(0).randn(2, 3, size, size).astype(np.float32)
   with torch.no_grad():
-    ref = net(torch.from_numpy(x)).numpy()
+    ref = net(torch.from_numpy(x))['anp'].numpy()
   out = jax.jit(lambda v, x: model.apply(v, x, train=False))(
       _variables(st), x.transpose(0, 2, 3, 1))['anp']
   out = np.asarray(out)
@@ -86,12 +86,12 @@ def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size):
 def test_torchvision_layout_round_trips_and_counts():
   # Our torch reference has torchvision's published parameter counts (so its names/shapes are
   # torchvision's), and anp_jax -> torchvision names -> anp_jax is the identity.
-  assert sum(p.numel() for p in tvr.ResNet('resnet50').parameters()) == 25_557_032
-  assert sum(p.numel() for p in tvr.ResNet('resnet18').parameters()) == 11_689_512
+  assert sum(p.numel() for p in tvr.torchvision_resnet('resnet50').parameters()) == 25_557_032
+  assert sum(p.numel() for p in tvr.torchvision_resnet('resnet18').parameters()) == 11_689_512
   model = models.build_resnet('resnet18', num_anps=1000)
   variables = model.init(jax.random.key(1), np.zeros((1, 32, 32, 3), np.float32), train=False)
   sd = pretrained.to_torchvision('resnet18', variables)
-  assert set(sd) == {k for k in tvr.ResNet('resnet18').state_dict()
+  assert set(sd) == {k for k in tvr.torchvision_resnet('resnet18').state_dict()
                      if not k.endswith('num_batches_tracked')}
 
 
@@ -332,7 +332,7 @@ def test_bad_inputs_are_clear_errors_before_compiling(data_dir, tmp_path, tiny_f
 
 
 def test_resnet18_weights_into_resnet50_name_the_first_mismatches(tmp_path):
-  path = _write(_state_dict(tvr.ResNet('resnet18')), tmp_path / 'r18.safetensors')
+  path = _write(_state_dict(tvr.torchvision_resnet('resnet18')), tmp_path / 'r18.safetensors')
   model = models.build_resnet('resnet50', num_anps=553)
   with pytest.raises(pretrained.InitFromError) as e:
     pretrained.load(_load_config(path, 'resnet50', 64), model)

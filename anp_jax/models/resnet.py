@@ -148,17 +148,18 @@ class ResNet(nn.Module):
 
     base = BASE_CHANNELS[self.stem]
     if self.stem == 'imagenet':
-      x = conv(_ch(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
+      x = conv(channels(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)],
+               name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=PAD1)
     else:
-      x = conv(_ch(base, self.width), (3, 3), padding=PAD1, name='conv_init')(x)
+      x = conv(channels(base, self.width), (3, 3), padding=PAD1, name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
 
     for i, block_count in enumerate(self.stage_sizes):
       for j in range(block_count):
         strides = (2, 2) if i > 0 and j == 0 else (1, 1)
-        x = block_cls(_ch(base * 2**i, self.width), conv=conv, norm=norm, strides=strides,
+        x = block_cls(channels(base * 2**i, self.width), conv=conv, norm=norm, strides=strides,
                       zero_init_last_bn=self.zero_init_last_bn)(x)
 
     x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)  # Heads run in float32.
@@ -170,8 +171,9 @@ class ResNet(nn.Module):
     return logits
 
 
-def _ch(channels: int, width: float) -> int:
-  return max(1, int(round(channels * width)))
+def channels(base: int, width: float) -> int:
+  """Channels of a layer of `base` channels at width multiplier `width` (at least 1)."""
+  return max(1, int(round(base * width)))
 
 
 def build_resnet(name: str, **kwargs) -> ResNet:
