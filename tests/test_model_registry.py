@@ -111,3 +111,25 @@ def test_a_model_without_batchnorm_trains_and_resumes(data_dir, tmp_path, capsys
   assert not jax.tree.leaves(whole.state.batch_stats)
   assert set(whole.final_eval) >= {'eval/anp_top1', 'eval/loss'}
   assert 'eval/noun_top1' not in whole.final_eval  # The model has the ANP head only.
+
+
+def test_freeze_reaches_a_registered_model_through_its_norm_settings(data_dir, tmp_path):
+  # config.freeze freezes the toy model's BatchNorm (built with args.norm.layer) as it does a
+  # ResNet's: the same output in train and eval mode, parameters and statistics unchanged.
+  from anp_jax import trainer
+  config = _toy(data_dir, freeze='conv/.*|bn/.*', num_train_steps=2, checkpoint_every_steps=0)
+  model = models.create_model(config, models.Heads(8, 4, 4))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 16, 3)), jnp.float32)
+  variables = model.init(jax.random.key(0), x, train=False)
+  train, _ = model.apply(variables, x, train=True, mutable=['batch_stats'])
+  for head, logits in model.apply(variables, x, train=False).items():
+    np.testing.assert_array_equal(train[head], logits, err_msg=head)
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  fresh = model.init(jax.random.key(config.seed), jnp.zeros((1, 16, 16, 3)), train=False)
+  for collection in ('params', 'batch_stats'):
+    for name in ('conv', 'bn'):
+      for got, want in zip(leaves(getattr(result.state, collection).get(name, {})),
+                           leaves(fresh[collection].get(name, {})), strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=f'{collection}/{name}')
+  assert not np.array_equal(result.state.params['head_anp']['kernel'],
+                            fresh['params']['head_anp']['kernel'])
