@@ -22,6 +22,11 @@ class ConfigError(ValueError):
   """A config value the run cannot use; the message names the field and what to change."""
 
 
+class InitFromError(ConfigError):
+  """A fine-tuning field (``config.init_from``, ``init_exclude``, ``freeze``,
+  ``backbone_lr_multiplier``) cannot be used: the message says what to change."""
+
+
 class NonFiniteLossError(FloatingPointError):
   """Training diverged: the loss became NaN or Inf (first at ``step``, 1-based, if known)."""
 

@@ -112,6 +112,15 @@ def step_flops_as_written(config, bare) -> float:
   return program_flops(lowered)
 
 
+def whole_batch_bn_model(config, heads):
+  """`config`'s model with BatchNorm statistics over the whole batch of each call (one device, no
+  collective, no ghost groups): the model a single-device count or reference loop runs."""
+  from anp_jax import models
+  whole_batch = config.copy_and_resolve_references()
+  whole_batch.bn_mode = 'global'  # Outside a per-device step (no axis): the call's batch.
+  return models.create_model(whole_batch, heads)
+
+
 def per_device_step_flops_on_cpu(config, bare) -> float:
   """One device's share of the train step, counted by XLA:CPU (`cpu_flops`): the same
   per-device computation (`steps.per_device_train_step`) on one device's examples, without the
@@ -119,7 +128,7 @@ def per_device_step_flops_on_cpu(config, bare) -> float:
   import jax
   from anp_jax import steps
   per_device = config.batch_size // jax.device_count()
-  model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  model = whole_batch_bn_model(config, bare.heads)
 
   def step(state, batch):
     return steps.per_device_train_step(state, batch, model=model, tx=bare.tx, config=config,
@@ -133,7 +142,7 @@ def forward_flops_per_image(config, bare) -> float:
   """The model's inference forward pass per image (`count_flops`), on the step's batch size."""
   import jax
   b = config.batch_size
-  fwd_model = bare.model.clone(bn_axis_name=None, bn_group_size=None)
+  fwd_model = whole_batch_bn_model(config, bare.heads)
   # Shapes only: nothing is computed, and no multi-process array meets a local one.
   spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)
   x1 = jax.ShapeDtypeStruct((b, config.image_size, config.image_size, 3), jax.numpy.float32)

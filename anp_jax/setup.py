@@ -70,7 +70,7 @@ class Setup:
 CHOICES = {
     'dataset': pipeline.DATASETS,
     'augment': pipeline.AUGMENTS,
-    'model.name': tuple(sorted(models.ARCHS)),
+    'model.name': models.NAMES,  # A live view: a model registered later is valid too.
     'model.dtype': tuple(models.DTYPES),
     'model.conv_impl': conv_lowerings.IMPLS,
     'bn_mode': models.BN_MODES,
@@ -125,12 +125,12 @@ def job_identity(config, workdir: str) -> Dict[str, Any]:
 def validate_config(config) -> None:
   """Fails fast, before any data is read or anything compiled, with what to change."""
   _check_choices(config)
-  stem = models.ARCHS[config.model.name][2]
-  min_size = models.MIN_IMAGE_SIZE[stem]
+  min_size = models.spec(config.model.name).min_image_size
   if config.image_size < min_size:
+    fitting = [n for n in models.names() if models.spec(n).min_image_size <= config.image_size]
     raise ConfigError(f'config.image_size={config.image_size} is too small for '
                      f'{config.model.name} (needs >= {min_size} px); raise image_size or pick a '
-                     'CIFAR-style model (resnet20/32/56).')
+                     f'model that accepts it ({", ".join(fitting) or "none is registered"}).')
   for name in ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'base_batch_size'):
     if int(config[name]) <= 0:
       raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
@@ -160,6 +160,7 @@ def validate_config(config) -> None:
                        'config.eval_every_epochs > 0.')
   _check_ranges(config)
   methods.validate(config)
+  optim.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from anp_jax import collectives, noise_scale, optim, pretrained
+from anp_jax import collectives, noise_scale, optim
 from anp_jax.metrics import LABEL_OF
 
 AXIS = 'data'  # The mesh axis of the batch (every device of the job).
@@ -154,7 +154,7 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
         ((grads, new_stats, small_sq), sums), axis_name)
     n = jax.lax.axis_size(axis_name)
     grads, new_stats, small_sq = jax.tree.map(lambda x: x / n, (grads, new_stats, small_sq))
-  new_stats = pretrained.keep_frozen_stats(config, state.batch_stats, new_stats)
+  new_stats = optim.keep_frozen_stats(config, state.batch_stats, new_stats)
   big_sq = optim.global_norm_sq(grads)
   b_big = b_small * accum_steps * num_devices
 

@@ -137,14 +137,13 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
   meta = pipeline.dataset_meta(builder, config)
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
   mesh = executors.make_run_mesh(config, setup.devices, setup.process_count)
-  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
-                              axis_name=executors.model_axis_name(config))
+  model = models.create_model(config, meta, axis_name=executors.model_axis_name(config))
   schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
   tx_config = executors.optimizer_config(config)
   # Read and checked here, on the host, before anything compiles.
   init = pretrained.load(config, model) if config.init_from else None
-  frozen = pretrained.freeze_summary(config, model)
-  tx = pretrained.create_optimizer(tx_config, schedule, init)
+  frozen = optim.freeze_summary(config, model)
+  tx = optim.create_optimizer(tx_config, schedule, init.loaded_params if init else None)
   executor = executors.make_executor(tx_config, model, tx, setup, mesh)
   return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
 
@@ -166,7 +165,7 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   """
   config, state = checkpointing.restore_state(workdir, step)  # With default.ADDED_FIELDS.
   meta = pipeline.dataset_meta(pipeline.get_builder(config), config)
-  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
+  model = models.create_model(config, meta)
   variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
   if config.method == 'local_sgd':  # One replica per node: their average.
     variables = jax.tree.map(lambda x: collectives.replica_mean(np.asarray(x)), variables)

@@ -118,12 +118,13 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
           ) -> None:
   """What `run` would find wrong only after pre-training, checked before it (ValueError with
   the fix; nothing is written or compiled): the directories, the fine-tuning fields
-  (`pretrained.validate`; `pretrained.freeze_summary` on the abstract model) and, for runs
-  already in ``work_dir/runs``, that they were trained with the same configuration (another
-  --freeze or --backbone_lr_multiplier needs another directory).
+  (`optim.validate`, `pretrained.validate`; `optim.freeze_summary` on the abstract model) and,
+  for runs already in ``work_dir/runs``, that they were trained with the same configuration
+  (another --freeze or --backbone_lr_multiplier needs another directory).
   """
   import math
-  from anp_jax import checkpointing, models, pretrained
+  from anp_jax import checkpointing, models, optim, pretrained
+  from anp_jax.errors import InitFromError
   if preset not in PRESETS:
     raise ValueError(f'Unknown preset {preset!r}; use one of {sorted(PRESETS)}.')
   if out_dir is not None:
@@ -143,11 +144,12 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   if not os.path.isdir(probe.init_from):
     probe.init_from = os.path.dirname(os.path.abspath(__file__))
   try:
+    optim.validate(probe)
     pretrained.validate(probe)
     s = probe.synthetic
-    model = models.create_model(probe, s.num_pairs, s.num_adjectives, s.num_nouns)
-    pretrained.freeze_summary(probe, model)
-  except pretrained.InitFromError as e:
+    model = models.create_model(probe, models.Heads(s.num_pairs, s.num_adjectives, s.num_nouns))
+    optim.freeze_summary(probe, model)
+  except InitFromError as e:
     raise ValueError(str(e).replace('config.freeze', '--freeze').replace(
         'config.backbone_lr_multiplier', '--backbone_lr_multiplier')) from None
   p = PRESETS[preset]

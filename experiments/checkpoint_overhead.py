@@ -31,7 +31,7 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
   config.model.name = name
   config.image_size = image_size
   config.optimizer = 'sgd'
-  model = models.create_model(config, num_anps, 8, 8)
+  model = models.create_model(config, models.Heads(num_anps, 8, 8))
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
   replicated = jax.sharding.NamedSharding(jax.make_mesh((jax.device_count(),), ('data',)),
                                           jax.sharding.PartitionSpec())  # As the trainer's.
@@ -67,21 +67,21 @@ def main(argv):
     return rc
   message = ''
   names = [n.strip() for n in FLAGS.models if n.strip()]
-  unknown = [n for n in names if n not in models.ARCHS]
+  unknown = [n for n in names if n not in models.NAMES]
   if not names:
     message = ('--models is empty: give comma-separated model names, one or more of '
-               f'{", ".join(sorted(models.ARCHS))}.')
+               f'{", ".join(models.names())}.')
   elif unknown:
     message = (f'--models: unknown model(s) {", ".join(unknown)}; choose from '
-               f'{", ".join(sorted(models.ARCHS))}.')
+               f'{", ".join(models.names())}.')
   elif FLAGS.repeats < 1:
     message = f'--repeats={FLAGS.repeats} is out of range: use an integer >= 1.'
   if message:
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
   for name in names:
-    size = 224 if models.ARCHS[name][2] == 'imagenet' else 32
-    num = 553 if size == 224 else 32
+    size = models.spec(name).image_size  # The size the model is designed for.
+    num = 553 if size >= 224 else 32
     print(json.dumps(measure(name, FLAGS.repeats, size, num)))
   return 0
 

@@ -108,7 +108,7 @@ def model_rate_cpu(batch: int = 8, steps: int = 3) -> float:
   config = musa2_resnet50.get_config()
   config.model.dtype = 'float32'
   config.bn_mode = 'global'
-  model = models.create_model(config, 553, 117, 167, axis_name=None)
+  model = models.create_model(config, models.Heads(553, 117, 167), axis_name=None)
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
   state = init_state(model, tx, 224, 0)
   step = jax.jit(lambda s, b: per_device_train_step(

@@ -1,17 +1,34 @@
-"""The PyTorch contender of experiments/benchmark.py: `anp_jax.models.ResNet` rebuilt in PyTorch.
+"""The project's one PyTorch ResNet: `anp_jax.models.ResNet` rebuilt in PyTorch with torchvision's
+module names; the fine-tuning tests' reference and experiments/benchmark.py's contender.
 
-Same blocks, strides (v1.5), widths and heads as the Flax model (the benchmark checks that the
-parameter counts are equal), trained on the same synthetic batch by SGD with momentum on CPU in
-float32, channels-last. It lives with the experiments, not in the library: anp_jax does not
-depend on PyTorch. `anp_jax.benchmarking.run_benchmark(config, torch_reference=this module)`
-times it next to anp_jax's step.
+* `torchvision_resnet(name, num_classes, width, aux_heads)`: torchvision's ResNet v1.5 layout
+  (``conv1``/``bn1``/``relu``/``maxpool``, ``layer1..4`` of ``BasicBlock`` (``conv1, bn1, conv2,
+  bn2``) or ``Bottleneck`` (``conv1..3, bn1..3``, stride on the 3x3), ``downsample`` =
+  Sequential(1x1 conv, BN), ``avgpool``, ``fc``) for every registered anp_jax ResNet: block
+  counts, block kind and stem come from the registry (``models.spec(name).arch``), so its
+  ``state_dict()`` has torchvision's names and shapes (tests check torchvision's published
+  parameter counts), and the CIFAR stem (3x3/1 conv, no max-pool, 16 base channels) gives the
+  small models the same naming. ``fc`` is the ANP head; ``aux_heads`` adds ``fc_adjective`` /
+  ``fc_noun`` (not torchvision's). ``forward`` returns the logits dict of the Flax model. PyPI's
+  torchvision does not import beside the pinned torch 2.13.0 CPU build, hence the rebuild.
+* `randomized`: a random instance with non-trivial BatchNorm statistics, in eval mode.
+* `torch_available`, `build_torch_model`, `build_torch_step`: the benchmark's contender, trained
+  on the same synthetic batch by SGD with momentum on CPU in float32, channels-last.
+  `anp_jax.benchmarking.run_benchmark(config, torch_reference=this module)` times it.
+
+It lives with the experiments, not in the library: anp_jax does not depend on PyTorch, and this
+module imports without it (the classes are built on first use).
 """
 
+import functools
 import os
 from typing import Dict, Optional
 
+from anp_jax import models
 from anp_jax.benchmarking import head_sizes, synthetic_batch
-from anp_jax.models.resnet import ARCHS, _ch
+from anp_jax.models.resnet import BASE_CHANNELS, channels
+
+AUX_HEADS = ('adjective', 'noun')
 
 
 def torch_available() -> Optional[str]:
@@ -23,76 +40,131 @@ def torch_available() -> Optional[str]:
   return torch.__version__
 
 
-def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
-  """`anp_jax.models.ResNet` in PyTorch: same blocks, strides (v1.5), widths, heads."""
+@functools.lru_cache(maxsize=None)
+def _modules():
+  """The torch.nn classes, built on first use (this module imports without PyTorch)."""
   import torch
   from torch import nn
-  stage_sizes, block_kind, stem = ARCHS[name]
 
-  def bn(c):
-    # PyTorch momentum is the weight of the new statistics: flax 0.9 decay = torch 0.1.
-    return nn.BatchNorm2d(c, eps=1e-5, momentum=0.1)
-
-  class Basic(nn.Module):
+  class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, cin, f, stride):
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
       super().__init__()
-      self.c1, self.b1 = nn.Conv2d(cin, f, 3, stride, 1, bias=False), bn(f)
-      self.c2, self.b2 = nn.Conv2d(f, f, 3, 1, 1, bias=False), bn(f)
-      self.proj = (nn.Sequential(nn.Conv2d(cin, f, 1, stride, bias=False), bn(f))
-                   if stride != 1 or cin != f else None)
+      self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+      self.bn1 = nn.BatchNorm2d(planes)
+      self.relu = nn.ReLU(inplace=True)
+      self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+      self.bn2 = nn.BatchNorm2d(planes)
+      self.downsample = downsample
 
     def forward(self, x):
-      r = x if self.proj is None else self.proj(x)
-      y = torch.relu(self.b1(self.c1(x)))
-      return torch.relu(r + self.b2(self.c2(y)))
+      identity = x if self.downsample is None else self.downsample(x)
+      out = self.relu(self.bn1(self.conv1(x)))
+      out = self.bn2(self.conv2(out))
+      return self.relu(out + identity)
 
   class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, cin, f, stride):
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
       super().__init__()
-      self.c1, self.b1 = nn.Conv2d(cin, f, 1, bias=False), bn(f)
-      self.c2, self.b2 = nn.Conv2d(f, f, 3, stride, 1, bias=False), bn(f)
-      self.c3, self.b3 = nn.Conv2d(f, 4 * f, 1, bias=False), bn(4 * f)
-      self.proj = (nn.Sequential(nn.Conv2d(cin, 4 * f, 1, stride, bias=False), bn(4 * f))
-                   if stride != 1 or cin != 4 * f else None)
+      self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+      self.bn1 = nn.BatchNorm2d(planes)
+      self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+      self.bn2 = nn.BatchNorm2d(planes)
+      self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+      self.bn3 = nn.BatchNorm2d(planes * 4)
+      self.relu = nn.ReLU(inplace=True)
+      self.downsample = downsample
 
     def forward(self, x):
-      r = x if self.proj is None else self.proj(x)
-      y = torch.relu(self.b1(self.c1(x)))
-      y = torch.relu(self.b2(self.c2(y)))
-      return torch.relu(r + self.b3(self.c3(y)))
+      identity = x if self.downsample is None else self.downsample(x)
+      out = self.relu(self.bn1(self.conv1(x)))
+      out = self.relu(self.bn2(self.conv2(out)))
+      out = self.bn3(self.conv3(out))
+      return self.relu(out + identity)
 
-  block = Basic if block_kind == 'basic' else Bottleneck
+  class ResNet(nn.Module):
+    """BatchNorm as torch's default: eps 1e-5, momentum 0.1 (= flax's decay 0.9)."""
 
-  class Net(nn.Module):
-
-    def __init__(self):
+    def __init__(self, name, num_classes, width, aux_heads):
       super().__init__()
-      base = 64 if stem == 'imagenet' else 16
-      if stem == 'imagenet':
-        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 7, 2, 3, bias=False),
-                                  bn(_ch(base, width)), nn.ReLU(),
-                                  nn.MaxPool2d(3, 2, 1))
+      arch = models.spec(name).arch  # A registered ResNet's structure.
+      block = BasicBlock if arch.block == 'basic' else Bottleneck
+      cifar = arch.stem == 'cifar'
+      base = BASE_CHANNELS[arch.stem]
+      self.inplanes = channels(base, width)
+      if cifar:
+        self.conv1 = nn.Conv2d(3, self.inplanes, 3, 1, 1, bias=False)
       else:
-        self.stem = nn.Sequential(nn.Conv2d(3, _ch(base, width), 3, 1, 1, bias=False),
-                                  bn(_ch(base, width)), nn.ReLU())
-      layers, cin = [], _ch(base, width)
-      for i, n in enumerate(stage_sizes):
-        for j in range(n):
-          f = _ch(base * 2 ** i, width)
-          layers.append(block(cin, f, 2 if i > 0 and j == 0 else 1))
-          cin = f * block.expansion
-      self.blocks = nn.Sequential(*layers)
-      self.heads = nn.ModuleDict({h: nn.Linear(cin, n) for h, n in heads.items() if n})
+        self.conv1 = nn.Conv2d(3, self.inplanes, 7, 2, 3, bias=False)
+      self.bn1 = nn.BatchNorm2d(self.inplanes)
+      self.relu = nn.ReLU(inplace=True)
+      self.maxpool = nn.Identity() if cifar else nn.MaxPool2d(3, 2, 1)
+      for i, n in enumerate(arch.stage_sizes):
+        setattr(self, f'layer{i + 1}', self._make_layer(block, channels(base * 2**i, width), n,
+                                                         1 if i == 0 else 2))
+      self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+      self.fc = nn.Linear(self.inplanes, num_classes)
+      self.aux_heads = {h: n for h, n in (aux_heads or {}).items() if n}
+      for head, n in self.aux_heads.items():
+        setattr(self, f'fc_{head}', nn.Linear(self.inplanes, n))
+      self.num_stages = len(arch.stage_sizes)
+
+    def _make_layer(self, block, planes, blocks, stride):
+      downsample = None
+      if stride != 1 or self.inplanes != planes * block.expansion:
+        downsample = nn.Sequential(
+            nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
+            nn.BatchNorm2d(planes * block.expansion))
+      layers = [block(self.inplanes, planes, stride, downsample)]
+      self.inplanes = planes * block.expansion
+      layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+      return nn.Sequential(*layers)
 
     def forward(self, x):
-      x = self.blocks(self.stem(x)).mean(dim=(2, 3))
-      return {h: head(x) for h, head in self.heads.items()}
+      x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+      for i in range(self.num_stages):
+        x = getattr(self, f'layer{i + 1}')(x)
+      x = torch.flatten(self.avgpool(x), 1)
+      return {'anp': self.fc(x), **{h: getattr(self, f'fc_{h}')(x) for h in self.aux_heads}}
 
-  return Net()
+  return ResNet
+
+
+def torchvision_resnet(name: str = 'resnet50', num_classes: int = 1000, width: float = 1.0,
+                       aux_heads: Optional[Dict[str, int]] = None):
+  """Registered anp_jax ResNet `name` in PyTorch with torchvision's names (see the module
+  docstring); ``num_classes`` sizes ``fc``, ``aux_heads`` ({'adjective': n, 'noun': m}, 0: none)
+  the extra heads."""
+  return _modules()(name, num_classes, width, aux_heads)
+
+
+def randomized(name, num_classes=1000, width=1.0, seed=0):
+  """A randomly initialised model in eval mode with non-trivial BN statistics and affine
+  parameters (fresh BN would be the identity and hide a mapping error)."""
+  import torch
+  torch.manual_seed(seed)
+  net = torchvision_resnet(name, num_classes, width)
+  g = torch.Generator().manual_seed(seed + 1)
+  with torch.no_grad():
+    for m in net.modules():
+      if isinstance(m, torch.nn.BatchNorm2d):
+        c = m.num_features
+        m.weight.copy_(0.5 + torch.rand(c, generator=g))
+        m.bias.copy_(0.2 * torch.randn(c, generator=g))
+        m.running_mean.copy_(0.2 * torch.randn(c, generator=g))
+        m.running_var.copy_(0.5 + torch.rand(c, generator=g))
+        m.num_batches_tracked.fill_(100)
+  return net.eval()
+
+
+def build_torch_model(name: str, heads: Dict[str, int], width: float = 1.0):
+  """The PyTorch twin of ``models.create_model`` for ResNet `name` with heads ``{'anp': n,
+  'adjective': a, 'noun': b}`` (0: no such head)."""
+  return torchvision_resnet(name, heads['anp'], width,
+                            {h: heads.get(h, 0) for h in AUX_HEADS})
 
 
 def build_torch_step(config, seed: int = 0):

@@ -344,7 +344,7 @@ def direct_eval(config, params, batch_stats):
   examples = next(iter(tfds.as_numpy(ds.batch(1 << 20))))
   n = len(examples['label_anp'])
   assert n == meta.eval_size
-  model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
+  model = models.create_model(config, meta)
   logits = model.apply({'params': params, 'batch_stats': batch_stats}, examples['image'],
                        train=False)
   out = {'count': n}

@@ -68,3 +68,90 @@ def test_modes_under_shard_map_on_8_devices(mode):
   np.testing.assert_allclose(np.asarray(y), ref, atol=1e-4)
   np.testing.assert_allclose(np.asarray(stats['mean']), 0.1 * mean.mean(axis=0).ravel(),
                              rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Frozen BatchNorm (config.freeze matches the layer's scale): torchvision's FrozenBatchNorm2d,
+# running statistics in training too, and they never change.
+
+# Every BatchNorm of a ResNet (stem, blocks, projections); the convolutions and heads train.
+ALL_BN = r'bn_init/.*|.*/BatchNorm_\d+/.*|.*/norm_proj/.*'
+
+
+def _resnet8(**overrides):
+  from anp_jax import models
+  from anp_jax.configs import tiny
+  config = tiny.get_config()
+  config.update_from_flattened_dict(overrides)
+  return config, models.create_model(config, models.Heads(8, 4, 4))
+
+
+def test_a_frozen_layer_normalises_with_its_running_statistics_in_training_too():
+  config, model = _resnet8(freeze='conv_init/.*|bn_init/.*')
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(8, 16, 16, 3)).astype(np.float32))
+  variables = model.init(jax.random.key(0), x, train=False)
+  stats = jax.tree.map(np.asarray, variables['batch_stats'])
+  stats['bn_init'] = {'mean': np.full_like(stats['bn_init']['mean'], 0.3),
+                      'var': np.full_like(stats['bn_init']['var'], 4.0)}
+  variables = {'params': variables['params'], 'batch_stats': stats}
+
+  def outputs(train):
+    kwargs = dict(mutable=['batch_stats', 'intermediates']) if train else dict(
+        mutable=['intermediates'])
+    _, mutated = model.apply(variables, x, train=train, capture_intermediates=True, **kwargs)
+    inter = mutated['intermediates']
+    return ({name: np.asarray(inter[name]['__call__'][0]) if name == 'bn_init' else
+             np.asarray(inter['BasicBlock_0']['BatchNorm_0']['__call__'][0])
+             for name in ('bn_init', 'block')}, mutated.get('batch_stats'))
+
+  (train, new_stats), (evaluated, _) = outputs(True), outputs(False)
+  # Before: train-mode mean 0.000 / std 1.000, eval-mode mean -0.114 / std 1.390, max diff 2.51.
+  np.testing.assert_array_equal(train['bn_init'], evaluated['bn_init'])
+  np.testing.assert_array_equal(new_stats['bn_init']['mean'], stats['bn_init']['mean'])
+  np.testing.assert_array_equal(new_stats['bn_init']['var'], stats['bn_init']['var'])
+  # A layer that is not frozen still normalises with the batch's statistics and updates them.
+  assert np.abs(train['block'] - evaluated['block']).max() > 0.1
+  assert not np.array_equal(new_stats['BasicBlock_0']['BatchNorm_0']['mean'],
+                            stats['BasicBlock_0']['BatchNorm_0']['mean'])
+
+
+FROZEN_VARIANTS = {
+    'jit_ghost': dict(bn_mode='ghost'),
+    'jit_global': dict(bn_mode='global'),
+    'jit_per_device_accum2': dict(bn_mode='per_device', grad_accum_steps=2),
+    'pmap_global': dict(executor='pmap', bn_mode='global'),
+    'pmap_per_device': dict(executor='pmap', bn_mode='per_device'),
+    'async': dict(method='async', **{'async_sgd.tau': 1, 'async_sgd.max_tau': 2}),
+    'local_sgd': dict(method='local_sgd', **{'local_sgd.nodes': 2, 'local_sgd.sync_every': 1}),
+}
+
+
+@pytest.mark.parametrize('variant', sorted(FROZEN_VARIANTS))
+def test_a_step_with_every_batchnorm_frozen_trains_on_the_eval_mode_forward(data_dir, variant):
+  # With every BatchNorm frozen the train-mode forward is the eval-mode one, in every executor
+  # and BN mode: the first step's loss is the eval-mode loss of the initial model on its batch,
+  # and the statistics stay as they were while the convolutions train.
+  from anp_jax import models, steps, trainer
+  from conftest import tiny_config
+  config = tiny_config(data_dir, freeze=ALL_BN, num_train_steps=2, **FROZEN_VARIANTS[variant])
+  run = trainer.build(config)
+  batch = next(run.train_batches())
+  state, sums = run.train_step(run.init_state(), batch)
+  sums = run.fetch(sums)
+  model = models.create_model(config, run.meta)
+  x = jnp.zeros((1, 16, 16, 3))
+  variables = model.init(jax.random.key(config.seed), x, train=False)
+  host = jax.tree.map(np.asarray, jax.device_get(batch))
+  if host['image'].ndim == 5:  # pmap's layout: (devices, per-device batch, ...).
+    host = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), host)
+  logits = model.apply(variables, host['image'], train=False)
+  _, expected = steps.head_metrics(logits, host, config)
+  for key in ('loss', 'anp_loss', 'noun_loss'):
+    np.testing.assert_allclose(sums[key], expected[key], rtol=2e-5, err_msg=key)
+  final = run.fetch(state)
+  for name, stats in variables['batch_stats'].items():  # Unchanged, bit for bit.
+    for got, want in zip(jax.tree.leaves(final.batch_stats[name]), jax.tree.leaves(stats),
+                         strict=True):
+      np.testing.assert_array_equal(np.asarray(got).reshape(want.shape), want, err_msg=name)
+  assert not np.array_equal(np.asarray(final.params['conv_init']['kernel']).reshape(
+      variables['params']['conv_init']['kernel'].shape), variables['params']['conv_init']['kernel'])

@@ -45,7 +45,7 @@ def test_benchmark_writes_json_with_every_field(data_dir, tmp_path):
   assert loaded['compile_s'] > 0
   # Training step (forward + backward + update) costs more than the forward pass.
   assert loaded['flops_per_image_train'] > 2 * loaded['flops_per_image_forward'] > 0
-  model = models.create_model(config, 8, 4, 4)
+  model = models.create_model(config, models.Heads(8, 4, 4))
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                                              train=False))
   assert loaded['n_params'] == sum(int(np.prod(x.shape)) for x in
@@ -257,7 +257,7 @@ def test_reference_step_runs_and_counts_the_same_params(data_dir):
   config = tiny_config(data_dir)
   run, compile_s, flops, n_params = benchmarking.build_reference_step(config)
   run(2)
-  model = models.create_model(config, 8, 4, 4)
+  model = models.create_model(config, models.Heads(8, 4, 4))
   variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                                                 train=False))
   assert n_params == sum(x.size for x in jax.tree.leaves(variables['params']))
@@ -351,7 +351,7 @@ def test_resnet_with_im2col_equals_xla(data_dir):
   outs = {}
   for impl in ('xla', 'im2col'):
     config = tiny_config(data_dir, **{'model.conv_impl': impl})
-    model = models.create_model(config, 8, 4, 4)
+    model = models.create_model(config, models.Heads(8, 4, 4))
     variables = jax.jit(functools.partial(model.init, train=False))(jax.random.key(0), x)
     outs[impl] = jax.jit(functools.partial(model.apply, train=True, mutable=['batch_stats']))(
         variables, x)

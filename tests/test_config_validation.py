@@ -166,7 +166,7 @@ def test_staleness_aware_lr_divides_the_update_of_every_optimizer(name):
   config = tiny_config('/nonexistent', optimizer=name, schedule='constant', method='async',
                        lr_scaling='none', base_lr=1.0, noise_scale=False, **{'async_sgd.max_tau': 4,
                                              'async_sgd.staleness_aware_lr': True})
-  model = models.create_model(config, num_anps=8, num_adjectives=4, num_nouns=4)
+  model = models.create_model(config, models.Heads(8, 4, 4))
   tx = optim.create_optimizer(config, optim.create_lr_schedule(config, 10, 100))
   state = steps.init_state(model, tx, config.image_size, 0, history=5)
   # Step 4 with a history of five equal snapshots: tau = 1 and tau = 4 read the same parameters,

@@ -1,6 +1,6 @@
 """config.init_from / init_exclude / freeze / backbone_lr_multiplier (anp_jax.pretrained).
 
-The PyTorch reference is `tests/torchvision_resnet.py` (torchvision's module names rebuilt in
+The PyTorch reference is `experiments/torch_reference.py` (torchvision's module names rebuilt in
 PyTorch), because PyPI's torchvision does not import beside the pinned torch 2.13.0 CPU build.
 """
 
@@ -16,10 +16,10 @@ import pytest
 import torch  # noqa: E402  (requirements-bench.txt, installed by test.sh: builds the references)
 from safetensors.numpy import save_file  # noqa: E402
 
-from anp_jax import models, pretrained, trainer  # noqa: E402
+from anp_jax import models, optim, param_names, pretrained, trainer  # noqa: E402
 from conftest import (ROOT, assert_leaves_close, leaves, run_workers, subprocess_env,  # noqa: E402
                       tiny_config)
-import torchvision_resnet as tvr  # noqa: E402
+from experiments import torch_reference as tvr  # noqa: E402
 
 
 def _state_dict(net):
@@ -75,7 +75,7 @@ def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size):
     np.testing.assert_array_equal(pth[key], st[key], err_msg=key)
   x = np.random.RandomState(0).randn(2, 3, size, size).astype(np.float32)
   with torch.no_grad():
-    ref = net(torch.from_numpy(x)).numpy()
+    ref = net(torch.from_numpy(x))['anp'].numpy()
   out = jax.jit(lambda v, x: model.apply(v, x, train=False))(
       _variables(st), x.transpose(0, 2, 3, 1))['anp']
   out = np.asarray(out)
@@ -86,12 +86,12 @@ def test_torchvision_weights_give_pytorchs_outputs(tmp_path, name, size):
 def test_torchvision_layout_round_trips_and_counts():
   # Our torch reference has torchvision's published parameter counts (so its names/shapes are
   # torchvision's), and anp_jax -> torchvision names -> anp_jax is the identity.
-  assert sum(p.numel() for p in tvr.ResNet('resnet50').parameters()) == 25_557_032
-  assert sum(p.numel() for p in tvr.ResNet('resnet18').parameters()) == 11_689_512
+  assert sum(p.numel() for p in tvr.torchvision_resnet('resnet50').parameters()) == 25_557_032
+  assert sum(p.numel() for p in tvr.torchvision_resnet('resnet18').parameters()) == 11_689_512
   model = models.build_resnet('resnet18', num_anps=1000)
   variables = model.init(jax.random.key(1), np.zeros((1, 32, 32, 3), np.float32), train=False)
   sd = pretrained.to_torchvision('resnet18', variables)
-  assert set(sd) == {k for k in tvr.ResNet('resnet18').state_dict()
+  assert set(sd) == {k for k in tvr.torchvision_resnet('resnet18').state_dict()
                      if not k.endswith('num_batches_tracked')}
 
 
@@ -122,8 +122,8 @@ def test_heads_reinitialised_and_exclusions_kept_fresh(data_dir, tiny_file):
   assert 'kept fresh by init_exclude 1 arrays (BasicBlock_0/Conv_0)' in report
   assert 'fc.weight' in report and '9 x num_batches_tracked' in report
   for collection in ('params', 'batch_stats'):
-    got = pretrained.flatten(jax.device_get(getattr(loaded_state, collection)))
-    fresh = pretrained.flatten(jax.device_get(getattr(fresh_state, collection)))
+    got = param_names.flatten(jax.device_get(getattr(loaded_state, collection)))
+    fresh = param_names.flatten(jax.device_get(getattr(fresh_state, collection)))
     for name, value in got.items():
       if name.startswith('head_') or name.startswith('BasicBlock_0/Conv_0/'):
         np.testing.assert_array_equal(value, fresh[name])
@@ -153,13 +153,13 @@ def test_freeze_keeps_loaded_leaves_and_their_bn_statistics(data_dir, tmp_path, 
   assert np.isfinite(result.final_eval['eval/loss'])
   moved = 0
   for collection in ('params', 'batch_stats'):
-    final = pretrained.flatten(jax.device_get(getattr(result.state, collection)))
+    final = param_names.flatten(jax.device_get(getattr(result.state, collection)))
     for name, value in final.items():
       value = np.asarray(value)  # Local SGD: the node average (equal replicas when frozen).
       if name.startswith('head_'):
         continue
       loaded = pretrained.from_torch_layout(sd[_tv(f'{collection}/{name}')])
-      frozen = pretrained.matches([re.compile(FROZEN)],
+      frozen = param_names.matches([re.compile(FROZEN)],
                                   name.rsplit('/', 1)[0] + '/scale' if collection == 'batch_stats'
                                   else name)
       if frozen:
@@ -186,14 +186,14 @@ def test_local_sgd_over_three_nodes_keeps_frozen_leaves_bit_exact(data_dir, tmp_
   checked = moved = 0
   shapes = trainer.build(tiny_config(data_dir)).init_state()  # For the leaves' names.
   flat = [(c, n) for c in ('params', 'batch_stats')
-          for n in pretrained.flatten(getattr(shapes, c))]
+          for n in param_names.flatten(getattr(shapes, c))]
   assert len(flat) == len(final)
   for (collection, name), value in zip(flat, final, strict=True):
     if name.startswith('head_'):
       continue
     loaded = pretrained.from_torch_layout(sd[_tv(f'{collection}/{name}')])
     probe = name.rsplit('/', 1)[0] + '/scale' if collection == 'batch_stats' else name
-    if pretrained.matches([re.compile(FROZEN)], probe):
+    if param_names.matches([re.compile(FROZEN)], probe):
       np.testing.assert_array_equal(value, loaded, err_msg=name)
       checked += 1
     else:
@@ -204,9 +204,9 @@ def test_local_sgd_over_three_nodes_keeps_frozen_leaves_bit_exact(data_dir, tmp_
 def _one_step(config):
   run = trainer.build(config)
   state = run.init_state()
-  before = pretrained.flatten(jax.device_get(run.fetch(state.params)))
+  before = param_names.flatten(jax.device_get(run.fetch(state.params)))
   state, _ = run.train_step(state, next(run.train_batches()))
-  after = pretrained.flatten(jax.device_get(run.fetch(state.params)))
+  after = param_names.flatten(jax.device_get(run.fetch(state.params)))
   return {k: after[k] - before[k] for k in before}
 
 
@@ -241,7 +241,7 @@ def test_partitioned_optimizer_clips_by_one_global_norm_without_frozen_gradients
   loaded = pretrained.LoadedWeights(
       source='x', kind='anp_jax', values={'params/BasicBlock_0/kernel': np.ones((2, 2))},
       reinitialised=['head_anp/kernel'], excluded=[], ignored=[], report='')
-  tx = pretrained.create_optimizer(config, lambda step: 1.0, loaded)
+  tx = optim.create_optimizer(config, lambda step: 1.0, loaded.loaded_params)
   updates, _ = tx.update(grads, tx.init(params), params)
   norm = np.sqrt(6.0 ** 2 + 4.0 ** 2)
   np.testing.assert_allclose(updates['conv_init']['kernel'], 0.0)
@@ -274,8 +274,8 @@ def test_init_from_an_anp_jax_run(data_dir, tmp_path):
   run = trainer.build(config)
   state = jax.device_get(run.init_state())
   for collection in ('params', 'batch_stats'):
-    got = pretrained.flatten(getattr(state, collection))
-    want = pretrained.flatten(jax.device_get(getattr(pre.state, collection)))
+    got = param_names.flatten(getattr(state, collection))
+    want = param_names.flatten(jax.device_get(getattr(pre.state, collection)))
     for name in got:
       if not name.startswith('head_'):
         np.testing.assert_array_equal(got[name], want[name])
@@ -327,12 +327,12 @@ def test_bad_inputs_are_clear_errors_before_compiling(data_dir, tmp_path, tiny_f
     trainer.build(tiny_config(data_dir, init_from=path, init_exclude=('head_.*', r'fc\..*')))
   frozen = trainer.build(tiny_config(data_dir, freeze=FROZEN)).frozen  # The start-up line.
   assert re.fullmatch(r"freeze '.*': 9 of \d+ parameter arrays \([\d,]+ of [\d,]+ parameters\) "
-                      r'get no update; the running statistics of 3 BatchNorm layers stay as they '
-                      r'were', frozen), frozen
+                      r'get no update; 3 BatchNorm layers normalise with their running '
+                      r'statistics, in training too, and keep them', frozen), frozen
 
 
 def test_resnet18_weights_into_resnet50_name_the_first_mismatches(tmp_path):
-  path = _write(_state_dict(tvr.ResNet('resnet18')), tmp_path / 'r18.safetensors')
+  path = _write(_state_dict(tvr.torchvision_resnet('resnet18')), tmp_path / 'r18.safetensors')
   model = models.build_resnet('resnet50', num_anps=553)
   with pytest.raises(pretrained.InitFromError) as e:
     pretrained.load(_load_config(path, 'resnet50', 64), model)

@@ -108,5 +108,54 @@ def test_unknown_model_name_is_rejected():
 def test_create_model_from_config():
   from anp_jax.configs import default
   c = default.get_config()
-  model = models.create_model(c, num_anps=32, num_adjectives=8, num_nouns=8)
-  assert model.num_anps == 32 and model.bn_group_size == 32
+  model = models.create_model(c, models.Heads(num_anps=32, num_adjectives=8, num_nouns=8))
+  assert model.num_anps == 32 and model.bn.group_size == 32
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry: one door for every model.
+
+
+def test_every_resnet_is_registered_with_its_structure_and_sizes():
+  assert set(models.names()) >= {'resnet8', 'resnet18', 'resnet20', 'resnet50', 'resnet152'}
+  r50, r20 = models.spec('resnet50'), models.spec('resnet20')
+  assert (r50.family, r50.min_image_size, r50.image_size) == ('resnet', 32, 224)
+  assert (r20.family, r20.min_image_size, r20.image_size) == ('resnet', 4, 32)
+  assert r50.arch.stage_sizes == (3, 4, 6, 3) and r50.arch.block == 'bottleneck'
+  assert r20.arch.stem == 'cifar'
+  with pytest.raises(ValueError, match=r"Unknown model 'resnet51'; choose one of .*'resnet50'"):
+    models.spec('resnet51')
+
+
+def test_create_model_takes_any_meta_and_applies_the_head_switches():
+  from anp_jax.configs import default
+
+  class Meta:  # What the pipeline's DatasetMeta offers (and more).
+    num_anps, num_adjectives, num_nouns, train_size = 12, 5, 6, 100
+
+  c = default.get_config()
+  c.model.name, c.model.width = 'resnet8', 0.5
+  x = jnp.zeros((2, 8, 8, 3))
+  for noun_head, expected in ((True, {'anp': 12, 'adjective': 5, 'noun': 6}),
+                              (False, {'anp': 12, 'adjective': 5})):
+    c.model.noun_head = noun_head
+    model = models.create_model(c, Meta())
+    logits = model.apply(model.init(jax.random.key(0), x, train=False), x, train=False)
+    assert {k: v.shape[-1] for k, v in logits.items()} == expected
+  only_anp = models.create_model(c, models.Heads(3))
+  assert only_anp.apply(only_anp.init(jax.random.key(0), x, train=False), x,
+                        train=False).keys() == {'anp'}
+
+
+def test_register_refuses_duplicates_and_bad_metadata():
+  factory = lambda config, args: None
+  with pytest.raises(ValueError, match="'resnet50' is already registered .*replace=True"):
+    models.register('resnet50', min_image_size=32)(factory)
+  assert models.spec('resnet50').family == 'resnet'  # Untouched.
+  with pytest.raises(ValueError, match='min_image_size=0 must be an integer >= 1'):
+    models.register('toy_bad', min_image_size=0)
+  with pytest.raises(ValueError, match='image_size=2 must be an integer >= min_image_size=4'):
+    models.register('toy_bad', min_image_size=4, image_size=2)
+  with pytest.raises(ValueError, match='not callable'):
+    models.register('toy_bad', min_image_size=4)('not a function')
+  assert 'toy_bad' not in models.names()

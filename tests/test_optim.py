@@ -47,6 +47,23 @@ def test_step_decay_boundaries_in_epochs():
       [0.1, 0.1, 0.01, 0.01, 0.001])
 
 
+def test_step_boundary_at_the_end_of_warmup_decays_right_after_it():
+  # Warmup 5 steps to peak 1, factor 0.1 at step 5 (the first step after the ramp): the ramp is
+  # untouched. Before: the boundary counted as 'inside warmup' and scaled the whole ramp,
+  # [0.02, 0.04, 0.06, 0.08, 0.1, 0.1, ...].
+  c = _cfg(batch_size=256, base_batch_size=256, base_lr=1.0, lr_scaling='none', warmup_epochs=5,
+           schedule='step', step_epochs=(5, 8), step_factor=0.1)
+  s = optim.create_lr_schedule(c, steps_per_epoch=1, total_steps=10)
+  assert [float(s(i)) for i in range(10)] == pytest.approx(
+      [0.2, 0.4, 0.6, 0.8, 1.0, 0.1, 0.1, 0.1, 0.01, 0.01])
+  # A boundary strictly inside the warmup (step 4, the ramp's last step) still sets the rate the
+  # ramp rises to: the ramp stays monotone and ends where the step schedule is at its last step.
+  c.step_epochs = (4, 8)
+  s = optim.create_lr_schedule(c, steps_per_epoch=1, total_steps=10)
+  assert [float(s(i)) for i in range(10)] == pytest.approx(
+      [0.02, 0.04, 0.06, 0.08, 0.1, 0.1, 0.1, 0.1, 0.01, 0.01])
+
+
 def test_weight_decay_skips_batchnorm_and_biases():
   params = {'conv': {'kernel': jnp.ones((3, 3, 2, 2))}, 'bn': {'scale': jnp.ones(2),
                                                                'bias': jnp.ones(2)},

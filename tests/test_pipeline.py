@@ -461,7 +461,7 @@ def test_bfloat16_models_get_bfloat16_images_and_train_bit_for_bit_the_same(data
   host = benchmarking.synthetic_batch(b16, 4, {'anp': 8, 'adjective': 4, 'noun': 4})
   assert host['image'].dtype == jnp.bfloat16  # The benchmark's bare step: the same dtypes.
 
-  model = models.create_model(b16, 8, 4, 4, axis_name=None)
+  model = models.create_model(b16, models.Heads(8, 4, 4), axis_name=None)
   tx = optim.create_optimizer(b16, optim.create_lr_schedule(b16, 10, 100))
   state = init_state(model, tx, b16.image_size, 0)
   step = jax.jit(lambda s, b: per_device_train_step(

@@ -197,8 +197,7 @@ def test_noise_scale_equals_an_independent_per_example_computation(data_dir, tmp
   run = trainer.build(config)
   batch = jax.tree.map(np.asarray, next(run.train_batches()))  # The trainer's first batch.
   state0 = jax.device_get(run.init_state())
-  model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
-                              run.meta.num_nouns)
+  model = models.create_model(config, run.meta)
 
   def example_loss(params, example):
     one = jax.tree.map(lambda x: x[None], example)

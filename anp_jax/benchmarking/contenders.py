@@ -20,6 +20,13 @@ def head_sizes(config) -> Dict[str, int]:
   return {'anp': 553, 'adjective': 117, 'noun': 167}  # The MVSO-EN subset of the paper.
 
 
+def heads(config):
+  """`head_sizes` as the `models.Heads` that `models.create_model` takes."""
+  from anp_jax import models
+  sizes = head_sizes(config)
+  return models.Heads(sizes['anp'], sizes['adjective'], sizes['noun'])
+
+
 def synthetic_batch(config, batch: int, sizes: Dict[str, int], seed: int = 0):
   """A host batch of the pipeline's shapes and dtypes (normalised images, in the model's dtype
   when that is bfloat16 as `pipeline.image_dtype` gives them; int labels)."""
@@ -45,6 +52,7 @@ class BareStep:
   compile_s: float
   model: Any
   tx: Any
+  heads: Any  # `models.Heads` of the model (for single-device counts of the same model).
 
   def run(self, steps: int):
     import jax
@@ -66,8 +74,7 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   big = int(config.batch_size) * 10_000
   setup = run_setup.resolve_setup(config, big, big)
   mesh = executors.make_mesh()
-  model = models.create_model(config, sizes['anp'], sizes['adjective'], sizes['noun'],
-                              axis_name=executors.AXIS)
+  model = models.create_model(config, heads(config), axis_name=executors.AXIS)
   schedule = optim.create_lr_schedule(config, setup.steps_per_epoch, setup.total_steps)
   tx = optim.create_optimizer(config, schedule)
   executor = executors.make_executor(config, model, tx, setup, mesh)
@@ -82,7 +89,7 @@ def build_bare_step(config, seed: int = 0) -> BareStep:
   lowered = executor.train_step.lower(state, batch)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - t0
-  return BareStep(setup, state, batch, lowered, compiled, compile_s, model, tx)
+  return BareStep(setup, state, batch, lowered, compiled, compile_s, model, tx, heads(config))
 
 
 def flop_counts(config) -> Dict[str, Any]:
@@ -111,18 +118,8 @@ def build_reference_step(config, seed: int = 0):
   import jax
   import jax.numpy as jnp
   import optax
-  from anp_jax import models
   sizes = head_sizes(config)
-  m = config.model
-  conv_impl = None
-  if m.get('conv_impl', 'xla') != 'xla':
-    from anp_jax.models import conv
-    conv_impl = conv.get_conv_impl(m.conv_impl)
-  model = models.build_resnet(
-      m.name, num_anps=sizes['anp'],
-      num_adjectives=sizes['adjective'] if m.get('adjective_head', True) else 0,
-      num_nouns=sizes['noun'] if m.get('noun_head', True) else 0, width=m.width,
-      dtype=models.DTYPES[m.dtype], conv_impl=conv_impl)
+  model = flops.whole_batch_bn_model(config, heads(config))
   host = synthetic_batch(config, config.batch_size, sizes, seed)
   x = jnp.asarray(host['image'])
   labels = {'anp': jnp.asarray(host['label_anp']),

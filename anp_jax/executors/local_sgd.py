@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from anp_jax import collectives, pretrained, steps
+from anp_jax import collectives, optim, steps
 from anp_jax.executors.common import DEVICE, NODE, Executor, MeshHelper, per_device_functions
 
 
@@ -50,9 +50,9 @@ def make(config, model, tx, setup, mesh) -> Executor:
   def average_model(local):
     # Frozen parameters and their BN statistics are equal on every node and stay bit-exact.
     return local.replace(
-        params=pretrained.keep_frozen_params(config, local.params, node_mean(local.params)),
-        batch_stats=pretrained.keep_frozen_stats(config, local.batch_stats,
-                                                 node_mean(local.batch_stats)))
+        params=optim.keep_frozen_params(config, local.params, node_mean(local.params)),
+        batch_stats=optim.keep_frozen_stats(config, local.batch_stats,
+                                            node_mean(local.batch_stats)))
 
   def step(state, batch, average: bool):
     local = jax.tree.map(lambda x: x[0], state)  # This node's replica.

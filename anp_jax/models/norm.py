@@ -1,6 +1,6 @@
 """BatchNorm whose statistics batch is an explicit choice.
 
-Three semantics are offered (see `anp_jax.models.resnet.ResNet.bn_mode`):
+Three semantics are offered (``config.bn_mode``, resolved by `anp_jax.models.norm_settings`):
 
 * ``global``: statistics over the whole (global) batch. Under `jax.jit` with a batch sharded on
   the mesh's ``data`` axis this is what a plain mean over axis 0 computes — XLA inserts the
@@ -14,13 +14,49 @@ Three semantics are offered (see `anp_jax.models.resnet.ResNet.bn_mode`):
 
 Running averages are the mean of the group statistics, so a ghost-BN step on a batch of k·b equals
 the average of k steps on micro-batches of b that start from the same running statistics.
+
+A *frozen* layer (``config.freeze`` matches its ``scale``, `param_names.is_frozen_batchnorm`)
+behaves as torchvision's ``FrozenBatchNorm2d`` in every mode: it normalises with its running
+statistics in training too and never updates them, so a frozen backbone computes in training
+exactly what it computes in evaluation.
 """
 
+import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from anp_jax import param_names
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormSettings:
+  """The semantics every BatchNorm of a model shares (one hashable module field).
+
+  Attributes:
+    group_size: examples per statistics group (None: the whole batch of the call).
+    axis_name: pmap / shard_map axis to average statistics over (global BN in a per-device
+      step); None: no communication.
+    momentum: decay of the running averages.
+    epsilon: added to the variance.
+    freeze: ``config.freeze``, the regex of frozen parameter names: a layer whose ``scale``
+      matches it is frozen.
+  """
+  group_size: Optional[int] = None
+  axis_name: Optional[str] = None
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+  freeze: str = ''
+
+  def layer(self, train: bool, dtype: Any = jnp.float32):
+    """A `BatchNorm` constructor with these settings for a call in train or eval mode
+    (``layer(train)(name='bn_init')(x)``; ``scale_init`` and ``name`` are still free)."""
+    return functools.partial(BatchNorm, use_running_average=not train, momentum=self.momentum,
+                             epsilon=self.epsilon, dtype=dtype, group_size=self.group_size,
+                             axis_name=self.axis_name, freeze=self.freeze)
 
 
 class BatchNorm(nn.Module):
@@ -33,6 +69,12 @@ class BatchNorm(nn.Module):
   axis_name: Optional[str] = None  # pmap axis to average statistics over (global BN under pmap).
   dtype: Any = jnp.float32
   scale_init: Any = nn.initializers.ones
+  freeze: str = ''  # config.freeze: frozen if it matches this layer's '<path>/scale'.
+
+  def is_frozen(self) -> bool:
+    """Whether config.freeze freezes this layer (decided from its name, at trace time)."""
+    return param_names.is_frozen_batchnorm(param_names.compile_patterns('freeze', self.freeze),
+                                           '/'.join(self.path))
 
   @nn.compact
   def __call__(self, x):
@@ -42,7 +84,7 @@ class BatchNorm(nn.Module):
     ra_mean = self.variable('batch_stats', 'mean', lambda: jnp.zeros((features,), jnp.float32))
     ra_var = self.variable('batch_stats', 'var', lambda: jnp.ones((features,), jnp.float32))
 
-    if self.use_running_average:
+    if self.use_running_average or self.is_frozen():
       mean, var = ra_mean.value, ra_var.value
       y = (x.astype(jnp.float32) - mean) * jax.lax.rsqrt(var + self.epsilon)
       return (y * scale + bias).astype(self.dtype)

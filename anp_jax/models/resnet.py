@@ -13,13 +13,15 @@ Every model returns a dict of logits: ``anp`` always, ``adjective`` and ``noun``
 are enabled (``num_adjectives`` / ``num_nouns`` > 0).
 """
 
+import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from anp_jax.models.norm import BatchNorm
+from anp_jax.models.norm import BatchNormSettings
+from anp_jax.models.registry import ModelArgs, register
 
 ModuleDef = Any
 # Explicit padding of every 3x3 convolution and of the stem's max-pool, as torchvision's
@@ -27,22 +29,40 @@ ModuleDef = Any
 # shifts every strided layer by half a pixel and breaks weights converted from PyTorch.
 PAD1 = ((1, 1), (1, 1))
 
-# name -> (stage sizes, block kind, stem kind)
-ARCHS: Dict[str, Tuple[Sequence[int], str, str]] = {
-    'resnet18': ((2, 2, 2, 2), 'basic', 'imagenet'),
-    'resnet34': ((3, 4, 6, 3), 'basic', 'imagenet'),
-    'resnet50': ((3, 4, 6, 3), 'bottleneck', 'imagenet'),
-    'resnet101': ((3, 4, 23, 3), 'bottleneck', 'imagenet'),
-    'resnet152': ((3, 8, 36, 3), 'bottleneck', 'imagenet'),
-    'resnet20': ((3, 3, 3), 'basic', 'cifar'),
-    'resnet32': ((5, 5, 5), 'basic', 'cifar'),
-    'resnet56': ((9, 9, 9), 'basic', 'cifar'),
+
+@dataclasses.dataclass(frozen=True)
+class ResNetArch:
+  """The structure of one ResNet (``models.spec(name).arch`` of a registered ResNet).
+
+  Attributes:
+    stage_sizes: residual blocks per stage.
+    block: 'basic' (two 3x3 convolutions) or 'bottleneck' (1x1, 3x3, 1x1 x4).
+    stem: 'imagenet' (7x7/2 convolution + 3x3/2 max-pool, 64 base channels) or 'cifar' (3x3/1
+      convolution, 16 base channels).
+  """
+  stage_sizes: Tuple[int, ...]
+  block: str
+  stem: str
+
+
+ARCHS: Dict[str, ResNetArch] = {
+    'resnet18': ResNetArch((2, 2, 2, 2), 'basic', 'imagenet'),
+    'resnet34': ResNetArch((3, 4, 6, 3), 'basic', 'imagenet'),
+    'resnet50': ResNetArch((3, 4, 6, 3), 'bottleneck', 'imagenet'),
+    'resnet101': ResNetArch((3, 4, 23, 3), 'bottleneck', 'imagenet'),
+    'resnet152': ResNetArch((3, 8, 36, 3), 'bottleneck', 'imagenet'),
+    'resnet20': ResNetArch((3, 3, 3), 'basic', 'cifar'),
+    'resnet32': ResNetArch((5, 5, 5), 'basic', 'cifar'),
+    'resnet56': ResNetArch((9, 9, 9), 'basic', 'cifar'),
     # Not a published architecture: the smallest member, for unit tests.
-    'resnet8': ((1, 1, 1), 'basic', 'cifar'),
+    'resnet8': ResNetArch((1, 1, 1), 'basic', 'cifar'),
 }
 
-# Total spatial downsampling of each stem kind: the smallest image a model accepts.
+# Per stem: the total spatial downsampling (the smallest image a model accepts) and the image
+# size the stem is designed for.
 MIN_IMAGE_SIZE = {'imagenet': 32, 'cifar': 4}
+NATIVE_IMAGE_SIZE = {'imagenet': 224, 'cifar': 32}
+BASE_CHANNELS = {'imagenet': 64, 'cifar': 16}
 
 
 class _Block(nn.Module):
@@ -101,9 +121,8 @@ class ResNet(nn.Module):
     width: channel multiplier (1.0 = the published widths).
     dtype: compute dtype (parameters and BN statistics stay float32).
     zero_init_last_bn: initialise the last BN scale of every block to zero (Goyal et al. 2017).
-    bn_group_size: examples per BN statistics group (None: the whole batch of the call).
-    bn_axis_name: pmap axis for global BN statistics under the pmap executor.
-    bn_momentum: decay of the BN running averages.
+    bn: the semantics of every BatchNorm (statistics batch, cross-device axis, momentum).
+    conv_impl: optional replacement for nn.Conv (same signature); see models/conv.py.
   """
   stage_sizes: Sequence[int]
   block: str
@@ -114,10 +133,8 @@ class ResNet(nn.Module):
   width: float = 1.0
   dtype: Any = jnp.float32
   zero_init_last_bn: bool = True
-  bn_group_size: Optional[int] = None
-  bn_axis_name: Optional[str] = None
-  bn_momentum: float = 0.9
-  conv_impl: Any = None  # Optional replacement for nn.Conv (same signature); see models/conv.py.
+  bn: BatchNormSettings = BatchNormSettings()
+  conv_impl: Any = None
 
   @nn.compact
   def __call__(self, x, train: bool = True):
@@ -125,26 +142,24 @@ class ResNet(nn.Module):
     conv = functools.partial(conv_cls, use_bias=False, dtype=self.dtype,
                              kernel_init=nn.initializers.variance_scaling(
                                  2.0, 'fan_out', 'normal'))
-    norm = functools.partial(BatchNorm, use_running_average=not train,
-                             momentum=self.bn_momentum, epsilon=1e-5, dtype=self.dtype,
-                             group_size=self.bn_group_size, axis_name=self.bn_axis_name)
+    norm = self.bn.layer(train, self.dtype)
     block_cls = {'basic': BasicBlock, 'bottleneck': BottleneckBlock}[self.block]
     x = x.astype(self.dtype)
 
+    base = BASE_CHANNELS[self.stem]
     if self.stem == 'imagenet':
-      base = 64
-      x = conv(_ch(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name='conv_init')(x)
+      x = conv(channels(base, self.width), (7, 7), (2, 2), padding=[(3, 3), (3, 3)],
+               name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=PAD1)
     else:
-      base = 16
-      x = conv(_ch(base, self.width), (3, 3), padding=PAD1, name='conv_init')(x)
+      x = conv(channels(base, self.width), (3, 3), padding=PAD1, name='conv_init')(x)
       x = nn.relu(norm(name='bn_init')(x))
 
     for i, block_count in enumerate(self.stage_sizes):
       for j in range(block_count):
         strides = (2, 2) if i > 0 and j == 0 else (1, 1)
-        x = block_cls(_ch(base * 2**i, self.width), conv=conv, norm=norm, strides=strides,
+        x = block_cls(channels(base * 2**i, self.width), conv=conv, norm=norm, strides=strides,
                       zero_init_last_bn=self.zero_init_last_bn)(x)
 
     x = jnp.mean(x, axis=(1, 2)).astype(jnp.float32)  # Heads run in float32.
@@ -156,13 +171,41 @@ class ResNet(nn.Module):
     return logits
 
 
-def _ch(channels: int, width: float) -> int:
-  return max(1, int(round(channels * width)))
+def channels(base: int, width: float) -> int:
+  """Channels of a layer of `base` channels at width multiplier `width` (at least 1)."""
+  return max(1, int(round(base * width)))
 
 
 def build_resnet(name: str, **kwargs) -> ResNet:
-  """`build_resnet('resnet50', num_anps=553)` → an uninitialised `ResNet` module."""
+  """`build_resnet('resnet50', num_anps=553)` -> an uninitialised `ResNet` module, without a
+  config (tests of the family itself; everything else calls `models.create_model`)."""
   if name not in ARCHS:
     raise ValueError(f'Unknown model {name!r}; choose one of {sorted(ARCHS)}.')
-  stage_sizes, block, stem = ARCHS[name]
-  return ResNet(stage_sizes=stage_sizes, block=block, stem=stem, **kwargs)
+  arch = ARCHS[name]
+  return ResNet(stage_sizes=arch.stage_sizes, block=arch.block, stem=arch.stem, **kwargs)
+
+
+def _factory(name: str):
+  """The registered factory of ResNet `name`: heads, dtype and BatchNorm from `ModelArgs`,
+  ``config.model.width``, ``zero_init_last_bn`` and ``conv_impl`` from the config."""
+
+  def build(config, args: ModelArgs) -> ResNet:
+    m = config.model
+    conv_impl = None
+    if m.conv_impl != 'xla':
+      from anp_jax.models import conv
+      conv_impl = conv.get_conv_impl(m.conv_impl)
+    return build_resnet(name, num_anps=args.heads.num_anps,
+                        num_adjectives=args.heads.num_adjectives,
+                        num_nouns=args.heads.num_nouns, width=m.width, dtype=args.dtype,
+                        zero_init_last_bn=m.zero_init_last_bn, bn=args.norm,
+                        conv_impl=conv_impl)
+  build.__qualname__ = f'{name}_factory'
+  return build
+
+
+for _name, _arch in ARCHS.items():
+  register(_name, min_image_size=MIN_IMAGE_SIZE[_arch.stem],
+           image_size=NATIVE_IMAGE_SIZE[_arch.stem], family='resnet', arch=_arch,
+           description=f'ResNet, {_arch.block} blocks {_arch.stage_sizes}, {_arch.stem} stem')(
+               _factory(_name))

@@ -128,8 +128,7 @@ def measure_in_this_process(spec: MeasureSpec) -> dict:
     config.eval_batch_size = ndev * 2
     run = trainer.build(config)
     if workload is None and nproc == 1:  # The FLOP count needs no second process.
-      model = models.create_model(config, run.meta.num_anps, run.meta.num_adjectives,
-                                  run.meta.num_nouns)
+      model = models.create_model(config, run.meta)
       w = pm.workload_from_flax(model, spec.image_size, name=f'{spec.arch}_w{spec.width:g}',
                                 dataset_size=run.meta.train_size)
       workload = dict(name=w.name, flops_per_image_fwd=w.flops_per_image_fwd,

@@ -45,12 +45,15 @@ def flax_workload(arch: str, image_size: int = 224, width: float = 1.0, num_clas
                   **kwargs) -> Workload:
   """The workload of one of anp_jax.models' ResNets (``--flax_model``), from XLA's cost analysis."""
   from anp_jax import models  # Lazily: imports JAX and Flax.
-  if arch not in models.ARCHS:
+  from anp_jax.configs import default
+  if arch not in models.NAMES:
     raise ValueError(f'--flax_model {arch!r} is unknown; choose one of '
-                     f'{sorted(models.ARCHS)}.')
+                     f'{list(models.names())}.')
   require_positive('--flax_model', 'image_size', image_size, integer=True)
   require_positive('--flax_model', 'width', width)
   require_positive('--flax_model', 'num_classes', num_classes, integer=True)
-  model = models.build_resnet(arch, num_anps=num_classes, width=width)
+  config = default.get_config()
+  config.model.update(dict(name=arch, width=width))
+  model = models.create_model(config, models.Heads(num_classes))
   name = arch + (f'_w{width:g}' if width != 1 else '')
   return workload_from_flax(model, image_size, name=name, **kwargs)

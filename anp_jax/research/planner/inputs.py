@@ -152,8 +152,7 @@ def workload_for(name: str, dataset_size: int, pilot: Optional[str] = None) -> p
   if name == 'pilot' and pilot:
     config = default_config.read_run_config(pilot)
     from anp_jax import models
-    model = models.build_resnet(config.model.name, num_anps=pilot_classes(pilot, config),
-                                width=config.model.width)
+    model = models.create_model(config, models.Heads(pilot_classes(pilot, config)))
     return pm.workload_from_flax(model, config.image_size, name=config.model.name,
                                  dataset_size=dataset_size)
   raise PlanError(f'--workload {name!r}: choose one of {sorted(pm.WORKLOADS)} or '
