@@ -507,3 +507,23 @@ def test_finetune_cli_refuses_another_variant_in_the_same_out_before_pretraining
   assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
   assert 'backbone_lr_multiplier' in r.stderr and '--out' in r.stderr, r.stderr[-2000:]
   assert not (runs / 'pretrain').exists()
+
+
+def test_pretrained_cli_checks_a_pth_file_and_writes_its_safetensors_copy(tmp_path, tiny_file):
+  """`python -m anp_jax.pretrained --source=... --to_safetensors=...`: the start-up report of a
+  .pth file, and a .safetensors copy holding the same arrays."""
+  from safetensors.numpy import load_file
+  _, sd = tiny_file
+  pth = _write(sd, str(tmp_path / 'resnet8.pth'))
+  out = tmp_path / 'copy.safetensors'
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
+  r = subprocess.run([sys.executable, '-m', 'anp_jax.pretrained', f'--source={pth}',
+                      '--model=resnet8', '--width=0.5', '--num_anps=10', '--image_size=16',
+                      f'--to_safetensors={out}'], env=env, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert 'loaded' in r.stdout and f'wrote {out}' in r.stdout
+  copy = load_file(str(out))
+  assert sorted(copy) == sorted(sd)
+  for name, value in sd.items():
+    np.testing.assert_array_equal(copy[name], np.asarray(value))

@@ -1,13 +1,13 @@
-"""``python -m anp_jax.pretrained FILE --model resnet50 [--to-safetensors OUT]``: check a weight
-file against a model (the start-up report, or the error a run would stop with) and optionally
-write a .safetensors copy of a .pth file."""
+"""``python -m anp_jax.pretrained --source=FILE --model=resnet50 [--to_safetensors=OUT]``: check a
+weight file against a model (the start-up report, or the error a run would stop with) and
+optionally write a .safetensors copy of a .pth file."""
 
-import argparse
 import math
 import os
 import sys
 
 import numpy as np
+from absl import app, flags
 
 from anp_jax import cli, models, runtime
 from anp_jax.configs import default
@@ -16,23 +16,28 @@ from anp_jax.pretrained.loading import load
 from anp_jax.pretrained.sources import read_source, source_kind
 from anp_jax.pretrained.torchvision_names import resnet_names
 
+FLAGS = flags.FLAGS
+flags.DEFINE_string('source', None, 'A .safetensors / .pth file or an anp_jax workdir.')
+flags.DEFINE_enum('model', 'resnet50', resnet_names(), 'The ResNet the file should fit.')
+flags.DEFINE_float('width', 1.0, 'Channel multiplier of the model.')
+flags.DEFINE_integer('num_anps', 553, 'ANP classes of the model (its head is re-initialised).')
+flags.DEFINE_integer('image_size', 224, 'Image size of the model.')
+flags.DEFINE_string('to_safetensors', '', 'Also write the (torchvision-named, float32) state '
+                    'dict of a .pth / .safetensors file here.')
 
-def main(argv=None) -> int:
-  """``python -m anp_jax.pretrained FILE --model resnet50 [--to-safetensors OUT]``."""
-  parser = argparse.ArgumentParser(prog='python -m anp_jax.pretrained', description=main.__doc__)
-  parser.add_argument('source', help='.safetensors/.pth file or anp_jax workdir')
-  parser.add_argument('--model', default='resnet50', choices=resnet_names())
-  parser.add_argument('--width', type=float, default=1.0)
-  parser.add_argument('--num_anps', type=int, default=553)
-  parser.add_argument('--image_size', type=int, default=224)
-  parser.add_argument('--to-safetensors', dest='out', default='',
-                      help='also write the (torchvision-named, float32) state dict here')
-  args = parser.parse_args(argv)
 
+def main(argv) -> int:
+  """Checks `--source` against `--model` and optionally converts it (absl `main`)."""
+  if (rc := cli.refuse_extra_arguments(argv)) is not None:
+    return rc
+  args = FLAGS
   def usage(message: str) -> int:
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return 2
 
+  if not args.source:
+    return usage('--source is required: the .safetensors / .pth file or anp_jax workdir to '
+                 'check.')
   # Before the (possibly long) load: what the flags alone say is wrong.
   for flag, value, low in (('--num_anps', args.num_anps, 1), ('--image_size', args.image_size, 1)):
     if value < low:
@@ -40,16 +45,16 @@ def main(argv=None) -> int:
   if not (args.width > 0 and math.isfinite(args.width)):
     return usage(f'--width={args.width} is out of range: use a number > 0 (1.0: the standard '
                  'widths).')
-  if args.out:
-    args.out = os.path.expanduser(args.out)
+  out = os.path.expanduser(args.to_safetensors) if args.to_safetensors else ''
+  if out:
     try:
       kind = source_kind(os.path.expanduser(args.source))
     except InitFromError as e:
       return usage(str(e))
     if kind not in ('safetensors', 'torch'):
-      return usage(f'--to-safetensors converts torchvision-style files (.safetensors, .pth/.pt) '
-                   f'only, not the {kind} workdir {args.source!r}; drop --to-safetensors.')
-    message = cli.output_file_error('--to-safetensors', args.out, 'safetensors file',
+      return usage(f'--to_safetensors converts torchvision-style files (.safetensors, .pth/.pt) '
+                   f'only, not the {kind} workdir {args.source!r}; drop --to_safetensors.')
+    message = cli.output_file_error('--to_safetensors', out, 'safetensors file',
                                     'model.safetensors')
     if message:
       return usage(message)
@@ -64,18 +69,18 @@ def main(argv=None) -> int:
     print(f'ERROR: {e}')
     return 2
   print(loaded.report)
-  if args.out:
+  if out:
     from safetensors.numpy import save_file
     # `kind` is 'safetensors' or 'torch': anything else was refused before the load.
     raw = read_source(args.source, kind)
     try:
-      save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, args.out)
+      save_file({k: np.ascontiguousarray(v) for k, v in raw.items()}, out)
     except OSError as e:
-      return usage(f'--to-safetensors={args.out}: cannot write it ({e}).')
-    print(f'wrote {args.out}')
+      return usage(f'--to_safetensors={out}: cannot write it ({e}).')
+    print(f'wrote {out}')
   return 0
 
 
 if __name__ == '__main__':
   runtime.configure(tensorflow=False)
-  raise SystemExit(main())
+  app.run(main, flags_parser=cli.absl_flags_parser())
