@@ -42,12 +42,6 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
                    'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
                    'grad_accum_steps', 'bn_mode', 'model.dtype', 'init_from', 'freeze',
                    'backbone_lr_multiplier', 'seed')
-# Identity fields added later: a checkpoint without them was written with these values.
-IDENTITY_DEFAULTS = {'method': 'sync', 'init_from': '', 'freeze': '',
-                     'backbone_lr_multiplier': 1.0}
-# Identity entries added later without a safe default: not compared for checkpoints that lack them.
-IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype',
-                                'num_anps', 'num_adjectives', 'num_nouns', 'seed')
 # Fields that only shape the training (the data position, the initialisation, the updates): an
 # evaluation (config.eval_only) of the checkpoint does not depend on them.
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
@@ -95,11 +89,7 @@ def get_field(config, dotted: str):
 
 def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share."""
-  out = {k: get_field(config, k) for k in IDENTITY_FIELDS}
-  for k, default in IDENTITY_DEFAULTS.items():
-    out[k] = default if out[k] is None else out[k]
-  out.update(extra or {})
-  return out
+  return {**{k: get_field(config, k) for k in IDENTITY_FIELDS}, **(extra or {})}
 
 
 class Checkpointer:
@@ -305,12 +295,25 @@ class Checkpointer:
 def identity_diff(saved: Dict[str, Any], current: Dict[str, Any],
                   eval_only: bool = False) -> Dict[str, Tuple[Any, Any]]:
   """(saved, current) of every identity entry on which a checkpoint's recorded identity and this
-  run's differ: fields it lacks count as their `IDENTITY_DEFAULTS`, or are not compared
-  (`IDENTITY_UNCHECKED_IF_ABSENT`); with `eval_only`, the `IDENTITY_TRAINING_ONLY` ones neither."""
-  saved = dict(IDENTITY_DEFAULTS, **saved)
-  return {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
-          and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
-          and not (k in IDENTITY_TRAINING_ONLY and eval_only)}
+  run's differ. An entry the checkpoint does not record is compared with the value older runs
+  used where the one registry of fields added later knows it (`default.ADDED_FIELDS`: the field
+  did not exist, every run had that value), and not compared otherwise (the field existed, it
+  was only recorded later: its value is unknown). With `eval_only`, the
+  `IDENTITY_TRAINING_ONLY` entries are not compared either."""
+  added = default_config.ADDED_FIELDS
+  diff = {}
+  for key, value in current.items():
+    if eval_only and key in IDENTITY_TRAINING_ONLY:
+      continue
+    if key in saved:
+      old = saved[key]
+    elif key in added:
+      old = added[key]
+    else:
+      continue
+    if old != value:
+      diff[key] = (old, value)
+  return diff
 
 
 def has_checkpoint(workdir: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 
 from anp_jax import durations, methods, models, optim, pretrained
+from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.errors import ConfigError
 from anp_jax.metrics import HEADS
@@ -124,6 +125,9 @@ def job_identity(config, workdir: str) -> Dict[str, Any]:
 
 def validate_config(config) -> None:
   """Fails fast, before any data is read or anything compiled, with what to change."""
+  for field in default_config.REPLACED_FIELDS:
+    if field in config:  # A config file or a caller that still sets it: it would do nothing.
+      raise ConfigError(default_config.replaced_field_message(field))
   _check_choices(config)
   stem = models.ARCHS[config.model.name][2]
   min_size = models.MIN_IMAGE_SIZE[stem]
@@ -135,7 +139,7 @@ def validate_config(config) -> None:
     if int(config[name]) <= 0:
       raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
   for name in ('base_lr', 'num_epochs', 'warmup_epochs', 'eval_every_epochs', 'weight_decay',
-               'grad_clip_norm', 'stop_at_value', 'checkpoint_every_minutes'):
+               'grad_clip_norm', 'target_value', 'checkpoint_every_minutes'):
     if not math.isfinite(float(config[name])):  # nan passes every comparison; inf overflows.
       raise ConfigError(f'config.{name}={config[name]} is not a finite number.')
   if config.num_train_steps == 0:
@@ -147,17 +151,7 @@ def validate_config(config) -> None:
                      f'num_train_steps={config.num_train_steps}).')
   if config.base_lr <= 0:
     raise ConfigError(f'config.base_lr must be > 0, got {config.base_lr}.')
-  stop_metric = config.stop_at_metric
-  if stop_metric:
-    if _eval_metric(stop_metric, ('top1', 'top5')) is None:
-      raise ConfigError(f'config.stop_at_metric={stop_metric!r}: use an evaluation accuracy, e.g. '
-                       "'eval/anp_top1', 'eval/noun_top5' (or '' to train the whole budget).")
-    if not 0.0 < float(config.stop_at_value) <= 1.0:
-      raise ConfigError(f'config.stop_at_value={config.stop_at_value} is an unreachable target '
-                       'for an accuracy: use a fraction in (0, 1].')
-    if config.eval_every_epochs <= 0:
-      raise ConfigError('config.stop_at_metric needs periodic evaluation: set '
-                       'config.eval_every_epochs > 0.')
+  _check_target(config)
   _check_ranges(config)
   methods.validate(config)
   pretrained.validate(config)
@@ -206,7 +200,7 @@ def _check_ranges(config) -> None:
                       f'= [0, {config.image_size}) for the cifar augmentation.')
   best = config.keep_best_metric
   if best:
-    head_name = _eval_metric(best, ('top1', 'top5', 'loss'))
+    head_name = _eval_metric(config, best, ('top1', 'top5', 'loss'))
     if head_name is None:
       raise ConfigError(f'config.keep_best_metric={best!r} is not an evaluation metric: use e.g. '
                         "'eval/anp_top1', 'eval/noun_top5', 'eval/loss' (or '' for none).")
@@ -216,12 +210,36 @@ def _check_ranges(config) -> None:
                         "use a head the model has, e.g. 'eval/anp_top1'.")
 
 
-def _eval_metric(name: str, kinds) -> Optional[str]:
-  """The head of evaluation metric `name` ('eval/<head>_<kind>' with a kind in `kinds`; '' for
-  'eval/loss' when 'loss' is one of them), or None if `name` is not such a metric."""
-  if not name.startswith('eval/'):
+def _check_target(config) -> None:
+  """config.target_metric / target_value / stop_at_target: a reachable target on an accuracy
+  that an evaluation of config.evals logs."""
+  metric, value = config.target_metric, float(config.target_value)
+  if metric and _eval_metric(config, metric, ('top1', 'top5')) is None:
+    raise ConfigError(f'config.target_metric={metric!r}: use an evaluation accuracy of '
+                      f'config.evals (prefixes {sorted(config.evals)}), e.g. '
+                      "'eval/anp_top1', 'eval/noun_top5'.")
+  if value and not metric:
+    raise ConfigError(f'config.target_value={value} needs config.target_metric (the accuracy it '
+                      'is a value of).')
+  if value and not 0.0 < value <= 1.0:
+    raise ConfigError(f'config.target_value={value} is an unreachable target for an accuracy: '
+                      'use a fraction in (0, 1] (or 0 for no target).')
+  if config.stop_at_target:
+    if not value:
+      raise ConfigError('config.stop_at_target=True needs a target: set config.target_value '
+                        f'(a fraction in (0, 1]) for config.target_metric={metric!r}.')
+    if config.eval_every_epochs <= 0:
+      raise ConfigError('config.stop_at_target needs periodic evaluation: set '
+                        'config.eval_every_epochs > 0.')
+
+
+def _eval_metric(config, name: str, kinds) -> Optional[str]:
+  """The head of evaluation metric `name` ('<prefix>/<head>_<kind>' with a prefix of
+  config.evals and a kind in `kinds`; '' for '<prefix>/loss' when 'loss' is one of them), or
+  None if `name` is not such a metric."""
+  prefix, _, rest = name.partition('/')
+  if prefix not in config.evals or not rest:
     return None
-  rest = name.split('/', 1)[-1]
   if rest == 'loss':
     return '' if 'loss' in kinds else None
   head, kind = rest.rsplit('_', 1)[0], rest.rsplit('_', 1)[-1]

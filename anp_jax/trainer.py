@@ -74,7 +74,7 @@ class Run:
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
     """Exact evaluation: every example of `split` counted once (padding masked out), as means
     with the ``eval/`` prefix."""
-    split = split or self.meta.eval_split
+    split = split or default_eval_split(self.config)
     ds = pipeline.eval_dataset(self.builder, self.config,
                                per_process_batch=self.setup.eval_per_process_batch, split=split)
     total, n = None, 0
@@ -118,13 +118,27 @@ class Run:
     return record
 
   def target_reached(self, evaluated: Optional[Dict[str, float]]) -> bool:
-    """Whether `evaluated` meets config.stop_at_metric >= config.stop_at_value (if set)."""
-    metric = self.config.stop_at_metric
-    return bool(metric and evaluated and
-                evaluated.get(metric, -math.inf) >= self.config.stop_at_value)
+    """Whether the run stops at `evaluated`: config.stop_at_target and config.target_metric >=
+    config.target_value."""
+    metric = self.config.target_metric
+    return bool(self.config.stop_at_target and evaluated and
+                evaluated.get(metric, -math.inf) >= self.config.target_value)
 
   def fetch(self, tree):
     return self.executor.fetch(tree)
+
+
+def default_eval_split(config) -> str:
+  """The split `Run.evaluate` evaluates by default: that of the ``eval`` evaluation."""
+  spec = config.evals.get('eval')
+  return spec.split if spec is not None and spec.kind == 'classification' else 'validation'
+
+
+def dataset_meta(builder, config) -> pipeline.DatasetMeta:
+  """`pipeline.dataset_meta` with `default_eval_split` as its evaluation split (it reads the
+  split from a config field that config.evals replaced)."""
+  return pipeline.dataset_meta(
+      builder, ml_collections.ConfigDict({'eval_split': default_eval_split(config)}))
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
@@ -135,7 +149,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
 def _build_validated(config: ml_collections.ConfigDict) -> Run:
   builder = pipeline.get_builder(config)
-  meta = pipeline.dataset_meta(builder, config)
+  meta = dataset_meta(builder, config)
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
   mesh = executors.make_run_mesh(config, setup.devices, setup.process_count)
   model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns,
@@ -166,7 +180,7 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   default device (no mesh needed); a local-SGD run's node replicas are averaged.
   """
   config, state = checkpointing.restore_state(workdir, step)  # With default.ADDED_FIELDS.
-  meta = pipeline.dataset_meta(pipeline.get_builder(config), config)
+  meta = dataset_meta(pipeline.get_builder(config), config)
   model = models.create_model(config, meta.num_anps, meta.num_adjectives, meta.num_nouns)
   variables = {'params': state['params'], 'batch_stats': state['batch_stats']}
   if config.method == 'local_sgd':  # One replica per node: their average.
@@ -274,7 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   step = start_step
   stopped_at_target = False
   run_ahead = preemption.RunAhead()  # Bounds the signal-to-checkpoint delay to a few steps.
-  if (config.stop_at_metric and 0 < start_step < setup.total_steps
+  if (config.stop_at_target and 0 < start_step < setup.total_steps
       and start_step % setup.eval_every_steps == 0):
     # A resumed early-stopping run may have stopped at this checkpoint already (only at an
     # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so an
@@ -321,8 +335,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
         bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
       if run.target_reached(evaluated):
         stopped_at_target = True
-        reporting.say(f'{config.stop_at_metric} = {evaluated[config.stop_at_metric]:.4f} reached '
-                      f'config.stop_at_value={config.stop_at_value:g} at step {step}: stopping.')
+        reporting.say(f'{config.target_metric} = {evaluated[config.target_metric]:.4f} reached '
+                      f'config.target_value={config.target_value:g} at step {step}: stopping.')
         save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
       if save_now or evaluated:
         tree = executor.to_checkpoint(state)

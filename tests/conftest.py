@@ -333,10 +333,10 @@ def direct_eval(config, params, batch_stats):
   sharding), the reference for the trainer's exact evaluation."""
   import numpy as np
   import tensorflow_datasets as tfds
-  from anp_jax import metrics, models, steps
+  from anp_jax import metrics, models, steps, trainer
   from anp_jax.data import pipeline
   builder = pipeline.get_builder(config)
-  meta = pipeline.dataset_meta(builder, config)
+  meta = trainer.dataset_meta(builder, config)
   ds = builder.as_dataset(split=meta.eval_split, shuffle_files=False,
                           decoders={'image': tfds.decode.SkipDecoding()})
   stored = pipeline._stored_size(builder)

@@ -454,7 +454,7 @@ def test_resumed_run_stops_logs_and_times_as_one_run(data_dir, tmp_path, monkeyp
   early-stopping run where the whole run would not, and was never logged), wall_time_s counts
   both segments, curves.png shows the whole history, and a rerun of the finished run leaves
   final_metrics.json as it was."""
-  common = dict(stop_at_metric='eval/anp_top1', stop_at_value=1.0, eval_every_epochs=0.25,
+  common = dict(target_value=1.0, stop_at_target=True, eval_every_epochs=0.25,
                 log_every_steps=1, checkpoint_every_steps=0)
   every = trainer.build(tiny_config(data_dir, **common)).setup.eval_every_steps
   assert every > 1

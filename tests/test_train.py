@@ -137,11 +137,13 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
     (dict(eval_batch_size=12), 'eval_batch_size'),
     (dict(batch_size=0), 'must be > 0'),
     (dict(executor='tpu'), 'executor'),
-    (dict(stop_at_metric='eval/anp_top1', stop_at_value=1.5, eval_every_epochs=1.0),
-     'unreachable target'),
-    (dict(stop_at_metric='train/loss', stop_at_value=0.5, eval_every_epochs=1.0),
+    (dict(target_value=1.5, stop_at_target=True, eval_every_epochs=1.0), 'unreachable target'),
+    (dict(target_metric='train/loss', target_value=0.5, eval_every_epochs=1.0),
      'evaluation accuracy'),
-    (dict(stop_at_metric='eval/anp_top1', stop_at_value=0.5), 'periodic evaluation'),
+    (dict(target_metric='eval/loss', target_value=0.5, eval_every_epochs=1.0),
+     'evaluation accuracy'),
+    (dict(target_value=0.5, stop_at_target=True), 'periodic evaluation'),
+    (dict(stop_at_target=True, eval_every_epochs=1.0), 'needs a target'),
 ])
 def test_bad_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = tiny_config(data_dir, **overrides)
@@ -161,7 +163,7 @@ def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopp
   # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2 of 6: one
   # epoch is 8 steps) stops the run.
   config = tiny_config(data_dir, num_train_steps=6, eval_every_epochs=0.25,
-                       stop_at_metric='eval/anp_top5', stop_at_value=0.05)
+                       target_metric='eval/anp_top5', target_value=0.05, stop_at_target=True)
   result = trainer.train_and_evaluate(config, str(tmp_path))
   final = json.load(open(tmp_path / 'final_metrics.json'))
   assert final['step'] == 2 and final['stopped_at_target'] is True
