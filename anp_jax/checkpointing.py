@@ -95,8 +95,15 @@ def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 class Checkpointer:
   """Owns the orbax managers, the save cadence and the preemption flag of one run."""
 
-  def __init__(self, workdir: str, config, identity_extra=None):
+  def __init__(self, workdir: str, config, identity_extra=None, best_mode: str = ''):
+    """`best_mode`: 'max' or 'min', whether a higher or lower config.keep_best_metric is better
+    (the evaluator that logs it knows: `anp_jax.evaluators.metric_goal`); needed with one."""
     import orbax.checkpoint as ocp
+    self.best_metric = config.keep_best_metric
+    if self.best_metric and best_mode not in ('max', 'min'):
+      raise ValueError(f'config.keep_best_metric={self.best_metric!r} needs best_mode '
+                       f"'max' or 'min', got {best_mode!r}.")
+    self.best_mode = best_mode
     self._ocp = ocp
     self.config = config
     # What else must match (e.g. the async parameter history or the local-SGD node count: a
@@ -118,7 +125,6 @@ class Checkpointer:
         enable_async_checkpointing=bool(config.async_checkpointing),
         create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
-    self.best_metric = config.keep_best_metric
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
     self.best_manager = None  # Made at the first evaluation: a refused resume creates nothing.
 
@@ -167,7 +173,7 @@ class Checkpointer:
           self.best_directory,
           options=self._ocp.CheckpointManagerOptions(
               max_to_keep=1, best_fn=lambda m: m[metric],
-              best_mode='min' if 'loss' in metric else 'max',
+              best_mode=self.best_mode,
               keep_checkpoints_without_metrics=False,
               enable_async_checkpointing=False, create=True))
     value = float(eval_metrics[self.best_metric])

@@ -49,7 +49,7 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
-  from anp_jax import errors, trainer
+  from anp_jax import errors, evaluators, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
   try:
@@ -61,11 +61,8 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_CONFIG
   if jax.process_index() == 0 and result.final_eval:
-    fe = result.final_eval
-    print(f'Done in {result.wall_time_s / 60:.1f} min: ANP top-1 {100 * fe["eval/anp_top1"]:.2f}% '
-          f'(top-5 {100 * fe["eval/anp_top5"]:.2f}%), adjective top-1 '
-          f'{100 * fe.get("eval/adjective_top1", float("nan")):.2f}%, noun top-1 '
-          f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. ' +
+    print(f'Done in {result.wall_time_s / 60:.1f} min: '
+          f'{evaluators.summary(FLAGS.config, result.final_eval)}. ' +
           (f'Results: {FLAGS.workdir}/eval_only_metrics.json' if FLAGS.config.eval_only else
            f'Logs: {FLAGS.workdir} (curves.png, metrics.jsonl, TensorBoard events, config.json, '
            'checkpoints/)'), flush=True)

@@ -21,19 +21,20 @@ from typing import Any, Dict, List, Optional
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
 from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
                      models, optim, preemption, pretrained, reporting)
+from anp_jax import evaluators as evaluators_lib
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
 from anp_jax.research import noise_scale
 from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
+from anp_jax.evaluators import classification
 from anp_jax.steps import TrainState
 
 
@@ -51,6 +52,10 @@ class Run:
   executor: Executor
   init: Optional[pretrained.LoadedWeights] = None  # config.init_from, read and checked.
   frozen: str = ''  # config.freeze's start-up line (what it matches).
+  # config.evals, by metric prefix (`anp_jax.evaluators`); built by `build`.
+  evaluators: Dict[str, evaluators_lib.Evaluator] = dataclasses.field(default_factory=dict)
+  # `evaluate`'s classification evaluators, by split.
+  _by_split: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def init_state(self):
     """A fresh state in the executor's layout (with the pretrained weights, if any)."""
@@ -72,27 +77,21 @@ class Run:
     return self.executor.train_step(state, batch, *self.executor.step_args(step))
 
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
-    """Exact evaluation: every example of `split` counted once (padding masked out), as means
-    with the ``eval/`` prefix."""
+    """Exact classification evaluation of `split` (default: the split of config.evals' ``eval``
+    entry), as ``eval/`` means: every example counted once, padding masked out. For IPython;
+    the trainer runs every evaluator of config.evals (`eval_record`)."""
     split = split or default_eval_split(self.config)
-    ds = pipeline.eval_dataset(self.builder, self.config,
-                               per_process_batch=self.setup.eval_per_process_batch, split=split)
-    total, n = None, 0
-    for batch in pipeline.global_batches(ds, to_device=self.executor.to_device):
-      sums = self.executor.eval_step(state, batch)
-      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-      n += 1
-    # For the default split this is `setup.num_eval_batches` (the same sizes).
-    expected = pipeline.num_eval_batches(self.builder.info.splits[split].num_examples,
-                                         self.setup.process_count,
-                                         self.setup.eval_per_process_batch)
-    if n != expected:
-      raise RuntimeError(f'Evaluation of {split!r} produced {n} batches, expected {expected}.')
-    return summarize(self.executor.fetch(total), 'eval')
+    if split not in self._by_split:
+      self._by_split[split] = classification.Classification('eval', {'split': split}, self)
+    return self._by_split[split].evaluate(state)
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
-    """`evaluate` plus the progress at `step` (``eval/examples_seen``, ``eval/epoch``, ...)."""
-    return {**self.evaluate(state), **self.setup.progress(step, 'eval')}
+    """The metrics of every evaluator of config.evals (``<prefix>/<name>``), plus the progress
+    at `step` (``eval/examples_seen``, ``eval/epoch``, ...): one logged record."""
+    record = {}
+    for prefix in sorted(self.evaluators):
+      record.update(self.evaluators[prefix].evaluate(state))
+    return {**record, **self.setup.progress(step, 'eval')}
 
   def train_record(self, pending: List[Any], state, step: int) -> Dict[str, float]:
     """The metric sums of the steps since the last record (`pending`) as logged means, with
@@ -161,7 +160,9 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
   frozen = pretrained.freeze_summary(config, model)
   tx = pretrained.create_optimizer(tx_config, schedule, init)
   executor = executors.make_executor(tx_config, model, tx, setup, mesh)
-  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
+  run = Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
+  run.evaluators = evaluators_lib.create_all(config, run)  # Checks their splits: before any write.
+  return run
 
 
 @dataclasses.dataclass
@@ -249,7 +250,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   # otherwise fail to restore, look corrupt, and the run would silently start again from scratch.
   classes = {'num_anps': run.meta.num_anps, 'num_adjectives': run.meta.num_adjectives,
              'num_nouns': run.meta.num_nouns}
-  ckpt = checkpointing.Checkpointer(workdir, config,
+  best_mode = (evaluators_lib.metric_goal(config, config.keep_best_metric).mode
+               if config.keep_best_metric else '')
+  ckpt = checkpointing.Checkpointer(workdir, config, best_mode=best_mode,
                                     identity_extra={**classes, **(executor.identity or {})})
   state = executor.init()
   restored, start_step = ckpt.restore_latest(executor.restore_target(state))
@@ -329,9 +332,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
         final_eval = evaluated = run.eval_record(state, step)
         log(step, final_eval)
         bar.close()
-        reporting.say(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
-                      f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
-                      f'{final_eval["eval/loss"]:.3f}')
+        reporting.say(f'eval @ step {step}: {evaluators_lib.summary(config, final_eval)}')
         bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
       if run.target_reached(evaluated):
         stopped_at_target = True

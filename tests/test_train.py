@@ -139,9 +139,10 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
     (dict(executor='tpu'), 'executor'),
     (dict(target_value=1.5, stop_at_target=True, eval_every_epochs=1.0), 'unreachable target'),
     (dict(target_metric='train/loss', target_value=0.5, eval_every_epochs=1.0),
-     'evaluation accuracy'),
+     'not a metric of config.evals'),
     (dict(target_metric='eval/loss', target_value=0.5, eval_every_epochs=1.0),
-     'evaluation accuracy'),
+     'lower-is-better'),
+    (dict(target_value=0.5, target_metric=''), 'needs config.target_metric'),
     (dict(target_value=0.5, stop_at_target=True), 'periodic evaluation'),
     (dict(stop_at_target=True, eval_every_epochs=1.0), 'needs a target'),
 ])

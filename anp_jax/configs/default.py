@@ -23,6 +23,9 @@ def default_data_dir() -> str:
   return os.environ.get(DATA_DIR_ENV) or '~/tensorflow_datasets'
 
 
+# config.target_metric's default: what "target" meant before the field existed (sweeps, pilots).
+DEFAULT_TARGET_METRIC = 'eval/anp_top1'
+
 # The one registry of fields added after runs were recorded, with the value those runs used
 # (a new field whose default is not what older runs did gets its old behaviour here, not its
 # default). Two readers: `read_run_config` fills a recorded config.json with them, and the
@@ -33,7 +36,7 @@ ADDED_FIELDS = {
     'method': 'sync', 'model.conv_impl': 'xla', 'model.adjective_head': True,
     'model.noun_head': True, 'init_from': '', 'freeze': '', 'backbone_lr_multiplier': 1.0,
     'evals': {'eval': {'kind': 'classification', 'split': 'validation'}},
-    'target_metric': 'eval/anp_top1', 'target_value': 0.0, 'stop_at_target': False,
+    'target_metric': DEFAULT_TARGET_METRIC, 'target_value': 0.0, 'stop_at_target': False,
 }
 # Fields that were replaced, and by what: a config.json that has them is read into the new
 # fields (`_replace_old_fields`); a command line or config file that still sets one is refused
@@ -148,7 +151,7 @@ def get_config() -> ml_collections.ConfigDict:
   # THE metric "target" means everywhere (early stop, a sweep's steps to target, the planner,
   # the reports); higher is better. target_value: 0 = no target. stop_at_target: end the run at
   # the first evaluation with target_metric >= target_value (time-to-accuracy runs).
-  c.target_metric = 'eval/anp_top1'
+  c.target_metric = DEFAULT_TARGET_METRIC
   c.target_value = 0.0
   c.stop_at_target = False
 
