@@ -23,6 +23,7 @@
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -95,9 +96,14 @@ def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 class Checkpointer:
   """Owns the orbax managers, the save cadence and the preemption flag of one run."""
 
-  def __init__(self, workdir: str, config, identity_extra=None, best_mode: str = ''):
+  def __init__(self, workdir: str, config, identity_extra=None, best_mode: str = '',
+               read_only: bool = False):
     """`best_mode`: 'max' or 'min', whether a higher or lower config.keep_best_metric is better
-    (the evaluator that logs it knows: `anp_jax.evaluators.metric_goal`); needed with one."""
+    (the evaluator that logs it knows: `anp_jax.evaluators.metric_goal`); needed with one.
+
+    `read_only` (config.eval_only): restores only; nothing in the workdir is created, cleaned,
+    renamed or written (another job may be training there: its saves in flight are orbax
+    temporary folders, which only the job holding the workdir lock removes)."""
     import orbax.checkpoint as ocp
     self.best_metric = config.keep_best_metric
     if self.best_metric and best_mode not in ('max', 'min'):
@@ -117,13 +123,16 @@ class Checkpointer:
     self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     # Training wall time of the earlier segments of a resumed run (from its checkpoint).
     self.restored_wall_time_s = 0.0
-    if jax.process_index() == 0:
-      remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
+    self.read_only = read_only
+    if jax.process_index() == 0 and not read_only:
+      # Leftovers of a save that was killed midway: this job holds the workdir lock
+      # (`anp_jax.workdir_lock`), so no other job's save is in flight here.
+      remove_incomplete(self.directory)
     single_writer_arrays()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(config.keep_checkpoints),
         enable_async_checkpointing=bool(config.async_checkpointing),
-        create=True)
+        create=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
     self.best_manager = None  # Made at the first evaluation: a refused resume creates nothing.
@@ -151,6 +160,7 @@ class Checkpointer:
   def save(self, step: int, state, wall_time_s: float = 0.0):
     """Saves `state`, a pytree of arrays (all processes must call). ``wall_time_s``: this
     segment's training time so far; the checkpoint records the run's total."""
+    self._check_writable('save a checkpoint')
     args = self._save_args(step, state, wall_time_s=self.restored_wall_time_s + wall_time_s)
     if self.manager.latest_step() != step:
       try:
@@ -167,6 +177,11 @@ class Checkpointer:
     """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
     if not self.best_metric or self.best_metric not in eval_metrics:
       return
+    self._check_writable('save the best checkpoint')
+    value = float(eval_metrics[self.best_metric])
+    if not math.isfinite(value):  # orbax orders NaN as equal to anything: it would be kept.
+      raise ValueError(f'{self.best_metric} = {value} at step {step}: a non-finite evaluation '
+                       'is never kept as the best checkpoint.')
     if self.best_manager is None:
       metric = self.best_metric
       self.best_manager = self._ocp.CheckpointManager(
@@ -176,7 +191,6 @@ class Checkpointer:
               best_mode=self.best_mode,
               keep_checkpoints_without_metrics=False,
               enable_async_checkpointing=False, create=True))
-    value = float(eval_metrics[self.best_metric])
     args = self._save_args(step, state, **{self.best_metric: value})
     self.best_manager.save(step, args=args,
                            metrics={self.best_metric: value})
@@ -195,7 +209,8 @@ class Checkpointer:
     devices lands on this run's mesh).
 
     Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones and
-    moves them aside (``<step>.unreadable``, kept for inspection): orbax saves no step at or
+    moves them aside (``<step>.unreadable``, kept for inspection; `read_only`: left where they
+    are): orbax saves no step at or
     below its latest, so left in place they would silently swallow every save, the preemption
     save included, until the run passed them. If checkpoints exist but none restores (typically
     a config change that shapes the optimizer state differently, e.g. ``grad_clip_norm`` or
@@ -225,7 +240,7 @@ class Checkpointer:
         failed.append((step, reason))
         continue
       self._agree(step, failed)
-      if failed:
+      if failed and not self.read_only:
         self.move_aside([s for s, _ in failed], reason='unreadable')
       self.restored_wall_time_s = float(meta.get('wall_time_s', 0.0))
       return restored['state'], step
@@ -254,6 +269,7 @@ class Checkpointer:
     """Renames checkpoints to ``<step>.<reason>[.N]`` (kept for inspection, never restored);
     process 0 renames, every process then reloads the manager's step list. Returns the new
     paths."""
+    self._check_writable('move checkpoints aside')
     moved = []
     for step in steps:
       source = os.path.join(self.directory, str(step))
@@ -268,6 +284,10 @@ class Checkpointer:
     distributed.barrier('checkpoints_moved_aside')
     self.manager.reload()
     return moved
+
+  def _check_writable(self, what: str) -> None:
+    if self.read_only:
+      raise RuntimeError(f'A read-only Checkpointer (config.eval_only) cannot {what}.')
 
   def _check_identity(self, meta, step):
     diff = identity_diff(meta.get('identity', {}), identity(self.config, self.identity_extra),
@@ -330,13 +350,15 @@ def has_checkpoint(workdir: str) -> bool:
       for name in os.listdir(directory))
 
 
-def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
+def check_workdir(workdir: str, require_checkpoint: bool = False,
+                  writable: bool = True) -> None:
   """Refuses an unusable workdir before anything is built; creates and changes nothing.
 
   A run that is refused later (bad config, another model's checkpoint) must leave no trace, so
   the directory is only created once the run is accepted (`make_workdir`). ``require_checkpoint``
   (evaluation only): a missing checkpoint, e.g. a typo in the path, is an error instead of an
-  evaluation of a randomly initialised model.
+  evaluation of a randomly initialised model. ``writable=False``: a reader (evaluation only),
+  which may read another user's read-only workdir.
   """
   if os.path.isfile(workdir):
     raise FileExistsError(f'The workdir {workdir!r} is a file, not a directory; pass another '
@@ -344,6 +366,8 @@ def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
   if require_checkpoint and not has_checkpoint(workdir):
     raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (nothing under '
                             f'{os.path.join(workdir, "checkpoints")}); check --workdir.')
+  if not writable:
+    return
   parent = cli.nearest_existing(workdir)
   if not os.path.isdir(parent):
     raise PermissionError(f'The workdir {workdir!r} is not writable: {parent!r} is a file.')
@@ -371,13 +395,17 @@ def restore_state(workdir: str, step: Optional[int] = None):
 
   The state is the plain pytree that was saved (nested dicts of arrays, no executor layout);
   the config is ``workdir/config.json`` (`default.read_run_config`: older versions' configs
-  get the fields added since).
+  get the fields added since). Reads only.
   """
   import orbax.checkpoint as ocp
   workdir = os.path.abspath(os.path.expanduser(workdir))  # orbax needs absolute paths.
   config = default_config.read_run_config(workdir)
   directory = os.path.join(workdir, 'checkpoints')
-  with ocp.CheckpointManager(directory) as manager:
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'No checkpoint in {directory}.')
+  # A reader: creates, cleans and writes nothing (a job may be training in `workdir`).
+  with ocp.CheckpointManager(directory,
+                             options=ocp.CheckpointManagerOptions(create=False)) as manager:
     step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {directory}.')

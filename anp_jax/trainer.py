@@ -26,8 +26,9 @@ import numpy as np
 import optax
 
 from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
-                     models, optim, preemption, pretrained, reporting)
+                     models, optim, preemption, pretrained, reporting, steps)
 from anp_jax import evaluators as evaluators_lib
+from anp_jax import workdir_lock
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
@@ -36,6 +37,11 @@ from anp_jax.research import noise_scale
 from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.evaluators import classification
 from anp_jax.steps import TrainState
+
+
+_DIVERGED_ADVICE = ('Lower config.base_lr, add warmup (config.warmup_epochs) or gradient clipping '
+                    '(config.grad_clip_norm).')
+_ALL_FINITE = jax.jit(steps.all_finite)  # Any executor's state layout; one scalar out.
 
 
 @dataclasses.dataclass
@@ -87,16 +93,27 @@ class Run:
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
     """The metrics of every evaluator of config.evals (``<prefix>/<name>``), plus the progress
-    at `step` (``eval/examples_seen``, ``eval/epoch``, ...): one logged record."""
+    at `step` (``eval/examples_seen``, ``eval/epoch``, ...): one logged record.
+
+    Raises NonFiniteLossError if a metric is NaN/Inf (a finite state whose evaluation loss
+    overflows has diverged too). The caller checks the state first (`check_finite`)."""
     record = {}
     for prefix in sorted(self.evaluators):
       record.update(self.evaluators[prefix].evaluate(state))
+    bad = {k: v for k, v in record.items() if not math.isfinite(v)}
+    if bad:
+      raise NonFiniteLossError(
+          f'Training stopped: the evaluation at step {step} is not finite '
+          f'({", ".join(f"{k} = {v}" for k, v in sorted(bad.items()))}): the state after step '
+          f'{step} has diverged (learning rate {float(self.schedule(step - 1)):.4g}). '
+          + _DIVERGED_ADVICE, step=step + 1)
     return {**record, **self.setup.progress(step, 'eval')}
 
   def train_record(self, pending: List[Any], state, step: int) -> Dict[str, float]:
     """The metric sums of the steps since the last record (`pending`) as logged means, with
     the gradient norm, learning rate, progress and noise scale; raises on a NaN/Inf loss."""
     host = [self.executor.fetch(s) for s in pending]
+    self._check_losses([h['loss'] for h in host], step)
     grad_norm = float(np.mean([h.pop('_grad_norm') for h in host]))
     record = summarize({k: sum(h[k] for h in host) for k in host[0]}, 'train')
     record['train/grad_norm'] = grad_norm
@@ -104,17 +121,34 @@ class Run:
     record.update(self.setup.progress(step, 'train'))
     if self.config.noise_scale:
       record.update(noise_scale.log_fields(self.executor.fetch(state.noise_ema)))
-    loss = record['train/loss']
-    if not math.isfinite(loss):
-      # The first step of the window whose loss is NaN/Inf: its loss was computed from the
-      # state of the step before, which is therefore diverged too (see train_and_evaluate).
-      bad = [i for i, h in enumerate(host) if not math.isfinite(float(h['loss']))]
-      first = step - len(host) + 1 + bad[0] if bad else step
-      raise NonFiniteLossError(
-          f'Training stopped: the loss is {loss} at step {step}, first non-finite at step '
-          f'{first} (learning rate {record["train/lr"]:.4g}). Lower config.base_lr, add warmup '
-          '(config.warmup_epochs) or gradient clipping (config.grad_clip_norm).', step=first)
     return record
+
+  def check_finite(self, state, pending: List[Any], step: int) -> None:
+    """Raises NonFiniteLossError unless the losses of the steps in `pending` (the metric sums
+    of the steps up to `step` not checked yet) and every value of `state` (parameters, BatchNorm
+    statistics, optimizer state) are finite. Before every evaluation, checkpoint and target
+    check: a result comes only from a finite state. One fused reduction on the devices and one
+    scalar fetched (`steps.all_finite`)."""
+    self._check_losses([self.executor.fetch(s['loss']) for s in pending], step)
+    if not bool(np.asarray(_ALL_FINITE(state).addressable_data(0))):
+      # `step` + 1: the first step whose loss would come from the diverged state.
+      raise NonFiniteLossError(
+          f'Training stopped: the state after step {step} is not finite (NaN/Inf in the '
+          'parameters, BatchNorm statistics or optimizer state) (learning rate '
+          f'{float(self.schedule(step - 1)):.4g}). ' + _DIVERGED_ADVICE, step=step + 1)
+
+  def _check_losses(self, losses: List[Any], step: int) -> None:
+    """Raises NonFiniteLossError if one of `losses` (the summed losses of the steps up to
+    `step`, in order) is NaN/Inf, naming the first such step."""
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(float(loss))]
+    if bad:
+      # The loss of that step was computed from the state of the step before, which is
+      # therefore diverged too (see `_diverged`).
+      first = step - len(losses) + 1 + bad[0]
+      raise NonFiniteLossError(
+          f'Training stopped at step {step}: the loss is {float(losses[bad[0]])}, first '
+          f'non-finite at step {first} (learning rate {float(self.schedule(first - 1)):.4g}). '
+          + _DIVERGED_ADVICE, step=first)
 
   def target_reached(self, evaluated: Optional[Dict[str, float]]) -> bool:
     """Whether the run stops at `evaluated`: config.stop_at_target and config.target_metric >=
@@ -172,6 +206,7 @@ class TrainResult:
   final_eval: Dict[str, float]
   setup: Setup
   wall_time_s: float
+  step: int = 0  # The step of `state` (config.eval_only: of the checkpoint evaluated).
 
 
 def load_checkpoint(workdir: str, step: Optional[int] = None):
@@ -206,23 +241,26 @@ def _announce(run: Run) -> None:
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
-  """The error to raise for a NaN/Inf loss, after making sure no checkpoint holds the diverged
-  state: the loss of step s + 1 is computed from the state after step s, so if the first
-  non-finite loss is at the step right after a save, that checkpoint is moved aside (the rerun
-  with a lower learning rate then resumes from the one before)."""
+  """The error to raise for a diverged run, after making sure no checkpoint holds the diverged
+  state. ``error.step`` is the first step whose loss is (or would be) computed from a diverged
+  state, the state after step ``error.step - 1``: a checkpoint of that step (a finite state that
+  gave a NaN/Inf loss, or one an older version saved) is moved aside, so that the rerun with a
+  lower learning rate resumes from the one before. No other checkpoint can hold a diverged state:
+  every save follows `Run.check_finite`."""
   ckpt.wait()
   suspect = None if error.step is None else error.step - 1
   if suspect and suspect in ckpt.steps():
     dest = ckpt.move_aside([suspect], reason='diverged')[0]
-    note = (f' The checkpoint of step {suspect} gave this loss and was moved aside to {dest}; '
-            'earlier checkpoints are intact.')
+    note = (f' The checkpoint of step {suspect} holds the state this came from and was moved '
+            f'aside to {dest}; earlier checkpoints are intact.')
   else:
     note = ' The checkpoints written before this step are intact.'
   return NonFiniteLossError(str(error) + note, step=error.step)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
-  """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
+  """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`;
+  with config.eval_only, evaluates the latest checkpoint of `workdir` without writing there."""
   t_start = time.time()
   validate_config(config)
   if not str(workdir or '').strip():  # '' would be the current directory.
@@ -233,43 +271,81 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   distributed.check_same_everywhere('software', distributed.software_identity,
                                     hint=distributed.SAME_SOFTWARE_HINT)
   distributed.check_same_everywhere('configs or workdirs', job_identity(config, workdir))
-  is_main = jax.process_index() == 0
   # Nothing in the workdir changes until the run is accepted (config valid, checkpoint ours).
-  checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only)
+  checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only,
+                              writable=not config.eval_only)
 
   run = _build_validated(config)
   distributed.check_same_everywhere(
       'datasets', pipeline.dataset_identity(run.builder, run.meta),
       hint='A data_dir of each node\'s own holds another preparation of the dataset there: '
       'prepare every copy from the same source (or share one data_dir).')
-  checkpointing.make_workdir(workdir, is_main)
-  setup, executor = run.setup, run.executor
-  _announce(run)
+  if config.eval_only:
+    return _evaluate_checkpoint(run, workdir, t_start)
+  checkpointing.make_workdir(workdir, jax.process_index() == 0)
+  lock = []  # Process 0's, for the run's life: one training job per workdir.
+  distributed.on_process_0('workdir_lock', lambda: lock.append(workdir_lock.acquire(workdir)),
+                           f'lock the workdir {workdir}')
+  try:
+    return _train(run, workdir, t_start)
+  finally:
+    for held in lock:
+      held.release()
 
+
+def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
+  config = run.config
   # The label sets are part of the identity: a checkpoint of a dataset with other classes would
   # otherwise fail to restore, look corrupt, and the run would silently start again from scratch.
   classes = {'num_anps': run.meta.num_anps, 'num_adjectives': run.meta.num_adjectives,
              'num_nouns': run.meta.num_nouns}
   best_mode = (evaluators_lib.metric_goal(config, config.keep_best_metric).mode
                if config.keep_best_metric else '')
-  ckpt = checkpointing.Checkpointer(workdir, config, best_mode=best_mode,
-                                    identity_extra={**classes, **(executor.identity or {})})
+  return checkpointing.Checkpointer(
+      workdir, config, best_mode=best_mode, read_only=read_only,
+      identity_extra={**classes, **(run.executor.identity or {})})
+
+
+def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:
+  """config.eval_only: every evaluator of config.evals on the latest checkpoint of `workdir`.
+
+  A reader: takes no lock and creates, cleans or writes nothing there (the training job may
+  still be running; its saves in flight stay untouched). The entry point prints the metrics
+  (and writes them where ``--eval_output`` says)."""
+  _announce(run)
+  ckpt = _checkpointer(run, workdir, read_only=True)
+  try:
+    restored, step = ckpt.restore_latest(run.executor.restore_target(run.executor.init()))
+    if not step:
+      raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none could '
+                              'be restored).')
+    state = run.executor.from_checkpoint(restored)
+    reporting.say(f'Evaluating the checkpoint of step {step} in {ckpt.directory}')
+    run.check_finite(state, [], step)  # A checkpoint an older version wrote may not be.
+    final = run.eval_record(state, step)
+  finally:
+    ckpt.close()
+  return TrainResult(run.executor.unreplicate(state), [final], final, run.setup,
+                     time.time() - t_start, step=step)
+
+
+def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
+  """The training loop of `train_and_evaluate`, in a workdir this job holds."""
+  config, setup, executor = run.config, run.setup, run.executor
+  is_main = jax.process_index() == 0
+  _announce(run)
+  ckpt = _checkpointer(run, workdir)
   state = executor.init()
   restored, start_step = ckpt.restore_latest(executor.restore_target(state))
   if start_step:
     state = executor.from_checkpoint(restored)
     reporting.say(f'Resumed from checkpoint at step {start_step} in {ckpt.directory}')
-  if config.eval_only:  # Beside the training logs, which stay as the training wrote them.
-    if not start_step:
+    try:
+      run.check_finite(state, [], start_step)  # A checkpoint an older version wrote may not be.
+    except NonFiniteLossError as e:
+      ckpt_error = _diverged(e, ckpt)
       ckpt.close()
-      raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none '
-                              'could be restored).')
-    final = run.evaluate(state)
-    ckpt.close()
-    if is_main:
-      reporting.write_json_atomic(os.path.join(workdir, 'eval_only_metrics.json'),
-                                  {'step': start_step, 'time': time.time(), **final})
-    return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
+      raise ckpt_error from None
   if run.init is not None and start_step == 0:  # A checkpoint in the workdir wins (resume).
     state = pretrained.place(state, run.init)
     reporting.say(f'anp_jax | {run.init.report}')
@@ -291,71 +367,76 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   step = start_step
   stopped_at_target = False
   run_ahead = preemption.RunAhead()  # Bounds the signal-to-checkpoint delay to a few steps.
-  if (config.stop_at_target and 0 < start_step < setup.total_steps
-      and start_step % setup.eval_every_steps == 0):
-    # A resumed early-stopping run may have stopped at this checkpoint already (only at an
-    # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so an
-    # evaluation here could stop it where the uninterrupted run would not).
-    final_eval = run.eval_record(state, step)
-    stopped_at_target = run.target_reached(final_eval)
-    if not stopped_at_target:
-      final_eval = {}
   try:
-    while step < setup.total_steps and not stopped_at_target:
-      batch = next(batches)
-      state, sums = run.train_step(state, batch, step)
-      pending.append(sums)
-      run_ahead.push(sums)
-      step += 1
-      if step == start_step + 1:
-        bar.reset_clock(step)  # Exclude compilation from the rates.
-      last = step == setup.total_steps
-      save_now, preempted = ckpt.save_due(step, force=last)
-      # Metrics are fetched (and checked for NaN/Inf) before every save, so a diverged state is
-      # never written over good checkpoints.
-      if step % config.log_every_steps == 0 or last or save_now:
-        try:
+    try:
+      if (config.stop_at_target and 0 < start_step < setup.total_steps
+          and start_step % setup.eval_every_steps == 0):
+        # A resumed early-stopping run may have stopped at this checkpoint already (only at an
+        # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so
+        # an evaluation here could stop it where the uninterrupted run would not).
+        final_eval = run.eval_record(state, step)
+        stopped_at_target = run.target_reached(final_eval)
+        if not stopped_at_target:
+          final_eval = {}
+      while step < setup.total_steps and not stopped_at_target:
+        batch = next(batches)
+        state, sums = run.train_step(state, batch, step)
+        pending.append(sums)
+        run_ahead.push(sums)
+        step += 1
+        if step == start_step + 1:
+          bar.reset_clock(step)  # Exclude compilation from the rates.
+        last = step == setup.total_steps
+        save_now, preempted = ckpt.save_due(step, force=last)
+        evaluate_now = step % setup.eval_every_steps == 0 or last
+        if step % config.log_every_steps == 0 or last or save_now:
           record = run.train_record(pending, state, step)
-        except NonFiniteLossError as e:
-          raise _diverged(e, ckpt) from None
-        pending = []
-        record['train/steps_per_s'], record['train/images_per_s'] = bar.rates(step)
-        log(step, record)
-        bar.update(step, {'loss': record['train/loss'], 'top1': record['train/anp_top1']},
-                   force=True)
-      else:
-        bar.update(step)
-      evaluated = None
-      if step % setup.eval_every_steps == 0 or last:
-        jax.block_until_ready(state)  # The steps dispatched so far are training time.
-        t_eval = time.time()
-        final_eval = evaluated = run.eval_record(state, step)
-        log(step, final_eval)
-        bar.close()
-        reporting.say(f'eval @ step {step}: {evaluators_lib.summary(config, final_eval)}')
-        bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
-      if run.target_reached(evaluated):
-        stopped_at_target = True
-        reporting.say(f'{config.target_metric} = {evaluated[config.target_metric]:.4f} reached '
-                      f'config.target_value={config.target_value:g} at step {step}: stopping.')
-        save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
-      if save_now or evaluated:
-        tree = executor.to_checkpoint(state)
-        if save_now:
-          ckpt.save(step, tree, wall_time_s=time.time() - t_start)
-        if evaluated:
-          ckpt.save_best(step, tree, evaluated)
-      if preempted and not last:
-        ckpt.wait()
-        logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
-        bar.close()
-        reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
-                      f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
-        raise Preempted(step)
-    if not final_eval:  # Resumed a finished run: report its accuracy again.
-      reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its final '
-                    'checkpoint. Use another --workdir for a new run.')
-      final_eval = run.eval_record(state, step)
+          pending = []
+          record['train/steps_per_s'], record['train/images_per_s'] = bar.rates(step)
+          log(step, record)
+          bar.update(step, {'loss': record['train/loss'], 'top1': record['train/anp_top1']},
+                     force=True)
+        else:
+          bar.update(step)
+        if save_now or evaluate_now:
+          # A result comes only from a finite state: no evaluation, checkpoint or target
+          # reached from a diverged one (a NaN model scores chance accuracy, which can pass a
+          # low target; orbax would keep a NaN best checkpoint as the newest equal one).
+          run.check_finite(state, pending, step)
+        evaluated = None
+        if evaluate_now:
+          jax.block_until_ready(state)  # The steps dispatched so far are training time.
+          t_eval = time.time()
+          final_eval = evaluated = run.eval_record(state, step)
+          log(step, final_eval)
+          bar.close()
+          reporting.say(f'eval @ step {step}: {evaluators_lib.summary(config, final_eval)}')
+          bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
+        if run.target_reached(evaluated):
+          stopped_at_target = True
+          reporting.say(f'{config.target_metric} = {evaluated[config.target_metric]:.4f} '
+                        f'reached config.target_value={config.target_value:g} at step {step}: '
+                        'stopping.')
+          save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
+        if save_now or evaluated:
+          tree = executor.to_checkpoint(state)
+          if save_now:
+            ckpt.save(step, tree, wall_time_s=time.time() - t_start)
+          if evaluated:
+            ckpt.save_best(step, tree, evaluated)
+        if preempted and not last:
+          ckpt.wait()
+          logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
+          bar.close()
+          reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
+                        f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
+          raise Preempted(step)
+      if not final_eval:  # Resumed a finished run: report its accuracy again.
+        reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its '
+                      'final checkpoint. Use another --workdir for a new run.')
+        final_eval = run.eval_record(state, step)
+    except NonFiniteLossError as e:
+      raise _diverged(e, ckpt) from None
   finally:
     bar.close()
     writer.close()
@@ -375,4 +456,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
                           os.path.join(workdir, 'curves.png'))
   distributed.barrier('train_and_evaluate_end')
-  return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall)
+  return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall, step=step)

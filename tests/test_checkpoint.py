@@ -375,7 +375,8 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
   # Saving every step: the loss of step s + 1 is the first sign that the state saved at s
   # diverged; that checkpoint is moved aside, so the rerun resumes from a healthy one.
   with pytest.raises(errors.NonFiniteLossError, match=r'first non-finite at step (\d+).*The '
-                     r'checkpoint of step \d+ gave this loss and was moved aside') as info:
+                     r'checkpoint of step \d+ holds the state this came from and was moved '
+                     r'aside') as info:
     _in_process(data_dir, tmp_path, num_train_steps=9, base_lr=1e30, log_every_steps=1,
                 checkpoint_every_steps=1)
   first = info.value.step
