@@ -43,10 +43,18 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
                    'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
                    'grad_accum_steps', 'bn_mode', 'model.dtype', 'init_from', 'freeze',
                    'backbone_lr_multiplier', 'seed')
-# Fields that only shape the training (the data position, the initialisation, the updates): an
-# evaluation (config.eval_only) of the checkpoint does not depend on them.
+# What the data is, past its position: a resume that changed one of these would continue on other
+# data (another example order, other augmentations, another generated dataset) after a checkpoint
+# of this one. Only the fields of the config's augmentation and dataset count (`_data_fields`).
+DATA_FIELDS = ('shuffle_buffer', 'augment')
+DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fraction',)},
+                  'dataset': {'synthetic_anp': ('synthetic.*',), 'anp': ('anp.config_name',)}}
+# Fields an evaluation (config.eval_only) of a checkpoint may set for itself: those that only
+# shape the training (the data position and order, the initialisation, the updates) and the
+# evaluation's own preprocessing (augment / crop_fraction: the centre crop).
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
-                          'backbone_lr_multiplier', 'seed')
+                          'backbone_lr_multiplier', 'seed', 'shuffle_buffer', 'augment',
+                          'crop_padding', 'crop_fraction')
 
 
 def single_writer_arrays() -> None:
@@ -88,9 +96,25 @@ def get_field(config, dotted: str):
   return node
 
 
+def _data_fields(config):
+  """`DATA_FIELDS` and those of `DATA_FIELDS_OF` that `config`'s augmentation and dataset use
+  (``section.*``: every field of that section)."""
+  fields = list(DATA_FIELDS)
+  for switch, by_value in DATA_FIELDS_OF.items():
+    for field in by_value.get(get_field(config, switch), ()):
+      if field.endswith('.*'):
+        section = get_field(config, field[:-2])
+        fields += [f'{field[:-2]}.{k}' for k in sorted(section.keys())] if section else []
+      else:
+        fields.append(field)
+  return fields
+
+
 def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share."""
-  return {**{k: get_field(config, k) for k in IDENTITY_FIELDS}, **(extra or {})}
+  """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share: the
+  model, the optimizer and the batch (`IDENTITY_FIELDS`) and the data (`_data_fields`)."""
+  fields = list(IDENTITY_FIELDS) + _data_fields(config)
+  return {**{k: get_field(config, k) for k in fields}, **(extra or {})}
 
 
 class Checkpointer:
@@ -337,9 +361,13 @@ def identity_diff(saved: Dict[str, Any], current: Dict[str, Any],
       old = added[key]
     else:
       continue
-    if old != value:
+    if _as_recorded(old) != _as_recorded(value):  # A tuple is recorded as a list.
       diff[key] = (old, value)
   return diff
+
+
+def _as_recorded(value):
+  return json.loads(json.dumps(value, default=repr))
 
 
 def has_checkpoint(workdir: str) -> bool:
