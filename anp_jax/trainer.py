@@ -224,6 +224,24 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   return model, variables, config
 
 
+def noise_scale_unmeasured(run: Run) -> str:
+  """Why `run` does not measure the gradient noise scale B_simple ('' if it does): switched off,
+  global BatchNorm over several devices (`noise_scale.unmeasurable_reason`), or a single
+  micro-batch per step (one device of the step's all-reduce, no accumulation: the step's
+  gradient is the only one, and the estimator compares gradients of two batch sizes, see
+  `steps.per_device_train_step`)."""
+  if not run.config.noise_scale:
+    return 'config.noise_scale=False'
+  # The devices one step's gradient all-reduce spans: a node's under local SGD.
+  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
+  reason = noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices)
+  if not reason and step_devices * run.setup.accum_steps == 1:
+    reason = ('one device without gradient accumulation computes a single gradient per step, '
+              'and the estimator needs gradients of two batch sizes; use more devices or '
+              'config.grad_accum_steps >= 2 to measure it')
+  return reason
+
+
 def _announce(run: Run) -> None:
   """The start-up lines: sizes, the method, what is not measured."""
   reporting.say(f'anp_jax | {run.setup.describe()}')
@@ -231,13 +249,10 @@ def _announce(run: Run) -> None:
     reporting.say(f'anp_jax | {run.executor.describe}')
   if run.frozen:
     reporting.say(f'anp_jax | {run.frozen}')
-  # The devices one step's gradient all-reduce spans: a node's under local SGD.
-  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
-  unmeasurable = (run.config.noise_scale
-                  and noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices))
-  if unmeasurable:  # Logged as a warning by every process; the terminal line on process 0.
-    logging.warning('Noise scale not measured: %s.', unmeasurable)
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.')
+  unmeasured = run.config.noise_scale and noise_scale_unmeasured(run)
+  if unmeasured:  # Logged as a warning by every process; the terminal line on process 0.
+    logging.warning('Noise scale not measured: %s.', unmeasured)
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.')
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
@@ -447,11 +462,15 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
   # stopped at the target) stays as the run wrote it.
   if is_main and not (step == start_step and os.path.exists(final_path)):
     # Its existence means "this run is done" to the sweep: never seen half-written.
+    unmeasured = noise_scale_unmeasured(run)
     reporting.write_json_atomic(final_path, {
         'step': step, 'wall_time_s': ckpt.restored_wall_time_s + wall,
         'stopped_at_target': stopped_at_target,
         'examples_seen': durations.examples_seen(step, setup.batch_size),
-        'passes': durations.passes(step, setup.batch_size, setup.train_size), **final_eval})
+        'passes': durations.passes(step, setup.batch_size, setup.train_size),
+        'noise_scale_measured': not unmeasured,
+        **({'noise_scale_not_measured_because': unmeasured} if unmeasured else {}),
+        **final_eval})
   if is_main and records:  # The whole history, earlier segments of a resumed run included.
     reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
                           os.path.join(workdir, 'curves.png'))
