@@ -1,15 +1,19 @@
-"""Training and exact evaluation: `train_and_evaluate(config, workdir)`, and `build(config)`.
+"""Training and evaluation: `train_and_evaluate(config, workdir)`, and `build(config)`.
 
 `build` turns a config into a `Run`: the dataset (generated on first use), the job's mesh, the
-model, the optimizer and the executor (`anp_jax.executors`) that runs the per-device step
-(`anp_jax.steps`). A `Run` is also the handle for interactive use (see the README):
-``run.train_step(state, batch)``, ``run.evaluate(state)``.
+model, the optimizer, the executor (`anp_jax.executors`) that runs the per-device step
+(`anp_jax.steps`) and the evaluators of config.evals (`anp_jax.evaluators`). A `Run` is also the
+handle for interactive use (see the README): ``run.train_step(state, batch)``,
+``run.evaluate(state)``.
 
-`train_and_evaluate` is the loop, and only the loop: accept the workdir, build the run, restore
-the latest checkpoint (or start fresh, optionally from pretrained weights), then per step:
-next batch → `Run.train_step` → metrics every ``log_every_steps`` (fetched before every save,
-with a NaN/Inf guard) → evaluation every ``eval_every_steps`` → checkpoint when due → stop at the
-target accuracy or on preemption. Process 0 writes the logs (`anp_jax.metrics`, `anp_jax.reporting`).
+`train_and_evaluate` is the loop, and only the loop: accept the workdir, build the run, take the
+workdir (`anp_jax.workdir_lock`), restore the latest checkpoint (or start fresh, optionally from
+pretrained weights), then per step: next batch → `Run.train_step` → metrics every
+``log_every_steps`` → before an evaluation or a save, `Run.check_finite` (a result comes only from
+a finite state) → every evaluator every ``eval_every_steps`` → checkpoint when due → stop at the
+target (config.target_metric) or on preemption. Process 0 writes the logs (`anp_jax.metrics`,
+`anp_jax.reporting`). With config.eval_only it only evaluates the latest checkpoint, writing
+nothing in the workdir (docs/checkpointing.md).
 """
 
 import dataclasses
