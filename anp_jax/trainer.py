@@ -33,13 +33,14 @@ from anp_jax import (checkpointing, collectives, distributed, durations, executo
                      models, optim, preemption, pretrained, reporting, steps)
 from anp_jax import evaluators as evaluators_lib
 from anp_jax import workdir_lock
+from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
 from anp_jax.research import noise_scale
-from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.evaluators import classification
+from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.steps import TrainState
 
 
@@ -90,7 +91,7 @@ class Run:
     """Exact classification evaluation of `split` (default: the split of config.evals' ``eval``
     entry), as ``eval/`` means: every example counted once, padding masked out. For IPython;
     the trainer runs every evaluator of config.evals (`eval_record`)."""
-    split = split or default_eval_split(self.config)
+    split = split or default_config.default_eval_split(self.config)
     if split not in self._by_split:
       self._by_split[split] = classification.Classification('eval', {'split': split}, self)
     return self._by_split[split].evaluate(state)
@@ -165,17 +166,12 @@ class Run:
     return self.executor.fetch(tree)
 
 
-def default_eval_split(config) -> str:
-  """The split `Run.evaluate` evaluates by default: that of the ``eval`` evaluation."""
-  spec = config.evals.get('eval')
-  return spec.split if spec is not None and spec.kind == 'classification' else 'validation'
-
-
 def dataset_meta(builder, config) -> pipeline.DatasetMeta:
-  """`pipeline.dataset_meta` with `default_eval_split` as its evaluation split (it reads the
-  split from a config field that config.evals replaced)."""
-  return pipeline.dataset_meta(
-      builder, ml_collections.ConfigDict({'eval_split': default_eval_split(config)}))
+  """`pipeline.dataset_meta` with `default.default_eval_split` as its evaluation split (it reads
+  the split from config.eval_split, which config.evals replaced; once it calls
+  `default_eval_split` itself, this adapter goes)."""
+  split = default_config.default_eval_split(config)
+  return pipeline.dataset_meta(builder, ml_collections.ConfigDict({'eval_split': split}))
 
 
 def build(config: ml_collections.ConfigDict) -> Run:

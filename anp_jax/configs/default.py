@@ -51,6 +51,13 @@ REPLACED_FIELDS = {
 }
 
 
+def default_eval_split(config) -> str:
+  """The split of the run's default evaluation: config.evals' ``eval`` entry's if it is a
+  classification, else 'validation' (`trainer.Run.evaluate`'s default, the data's 'eval split')."""
+  spec = config.evals.get('eval')
+  return spec.split if spec is not None and spec.kind == 'classification' else 'validation'
+
+
 def replaced_field_message(field: str) -> str:
   """The error for a config that still sets a replaced field ('' if `field` was not replaced)."""
   if field not in REPLACED_FIELDS:
