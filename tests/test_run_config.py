@@ -3,12 +3,16 @@ the value those runs used and replaced fields become their replacements (`defaul
 `default.REPLACED_FIELDS`), so readers use plain attribute access."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from anp_jax import cli, setup
 from anp_jax.configs import default
 from anp_jax.errors import ConfigError
+from conftest import ROOT
 
 
 def _write_old_config(workdir, drop=('method', 'evals', 'target_metric', 'target_value',
@@ -76,3 +80,14 @@ def test_a_replaced_field_is_refused_naming_its_replacement(field):
   config[field] = 'eval/anp_top1' if field == 'stop_at_metric' else 0.5
   with pytest.raises(ConfigError, match=f'config.{field} no longer exists'):
     setup.validate_config(config)
+
+
+def test_a_command_line_with_a_replaced_field_exits_2_naming_the_new_fields(tmp_path):
+  proc = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',
+                         '--config.stop_at_metric=eval/anp_top1', '--config.stop_at_value=0.3'],
+                        env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 2
+  assert ('config.stop_at_metric no longer exists: use config.target_metric (the metric), '
+          'config.target_value (the value) and config.stop_at_target=True') in proc.stderr
+  assert not (tmp_path / 'w').exists()
