@@ -23,6 +23,7 @@
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -42,16 +43,18 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
                    'dataset', 'image_size', 'optimizer', 'method', 'batch_size',
                    'grad_accum_steps', 'bn_mode', 'model.dtype', 'init_from', 'freeze',
                    'backbone_lr_multiplier', 'seed')
-# Identity fields added later: a checkpoint without them was written with these values.
-IDENTITY_DEFAULTS = {'method': 'sync', 'init_from': '', 'freeze': '',
-                     'backbone_lr_multiplier': 1.0}
-# Identity entries added later without a safe default: not compared for checkpoints that lack them.
-IDENTITY_UNCHECKED_IF_ABSENT = ('batch_size', 'grad_accum_steps', 'bn_mode', 'model.dtype',
-                                'num_anps', 'num_adjectives', 'num_nouns', 'seed')
-# Fields that only shape the training (the data position, the initialisation, the updates): an
-# evaluation (config.eval_only) of the checkpoint does not depend on them.
+# What the data is, past its position: a resume that changed one of these would continue on other
+# data (another example order, other augmentations, another generated dataset) after a checkpoint
+# of this one. Only the fields of the config's augmentation and dataset count (`_data_fields`).
+DATA_FIELDS = ('shuffle_buffer', 'augment')
+DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fraction',)},
+                  'dataset': {'synthetic_anp': ('synthetic.*',), 'anp': ('anp.config_name',)}}
+# Fields an evaluation (config.eval_only) of a checkpoint may set for itself: those that only
+# shape the training (the data position and order, the initialisation, the updates) and the
+# evaluation's own preprocessing (augment / crop_fraction: the centre crop).
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
-                          'backbone_lr_multiplier', 'seed')
+                          'backbone_lr_multiplier', 'seed', 'shuffle_buffer', 'augment',
+                          'crop_padding', 'crop_fraction')
 
 
 def single_writer_arrays() -> None:
@@ -93,20 +96,44 @@ def get_field(config, dotted: str):
   return node
 
 
+def _data_fields(config):
+  """`DATA_FIELDS` and those of `DATA_FIELDS_OF` that `config`'s augmentation and dataset use
+  (``section.*``: every field of that section)."""
+  fields = list(DATA_FIELDS)
+  for switch, by_value in DATA_FIELDS_OF.items():
+    for field in by_value.get(get_field(config, switch), ()):
+      if field.endswith('.*'):
+        section = get_field(config, field[:-2])
+        fields += [f'{field[:-2]}.{k}' for k in sorted(section.keys())] if section else []
+      else:
+        fields.append(field)
+  return fields
+
+
 def identity(config, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share."""
-  out = {k: get_field(config, k) for k in IDENTITY_FIELDS}
-  for k, default in IDENTITY_DEFAULTS.items():
-    out[k] = default if out[k] is None else out[k]
-  out.update(extra or {})
-  return out
+  """Config fields (plus `extra`, e.g. a state layout) a restorable checkpoint must share: the
+  model, the optimizer and the batch (`IDENTITY_FIELDS`) and the data (`_data_fields`)."""
+  fields = list(IDENTITY_FIELDS) + _data_fields(config)
+  return {**{k: get_field(config, k) for k in fields}, **(extra or {})}
 
 
 class Checkpointer:
   """Owns the orbax managers, the save cadence and the preemption flag of one run."""
 
-  def __init__(self, workdir: str, config, identity_extra=None):
+  def __init__(self, workdir: str, config, identity_extra=None, best_mode: str = '',
+               read_only: bool = False):
+    """`best_mode`: 'max' or 'min', whether a higher or lower config.keep_best_metric is better
+    (the evaluator that logs it knows: `anp_jax.evaluators.metric_goal`); needed with one.
+
+    `read_only` (config.eval_only): restores only; nothing in the workdir is created, cleaned,
+    renamed or written (another job may be training there: its saves in flight are orbax
+    temporary folders, which only the job holding the workdir lock removes)."""
     import orbax.checkpoint as ocp
+    self.best_metric = config.keep_best_metric
+    if self.best_metric and best_mode not in ('max', 'min'):
+      raise ValueError(f'config.keep_best_metric={self.best_metric!r} needs best_mode '
+                       f"'max' or 'min', got {best_mode!r}.")
+    self.best_mode = best_mode
     self._ocp = ocp
     self.config = config
     # What else must match (e.g. the async parameter history or the local-SGD node count: a
@@ -120,15 +147,17 @@ class Checkpointer:
     self._last_saved_step = None  # The step of the latest save (asynchronous: maybe in flight).
     # Training wall time of the earlier segments of a resumed run (from its checkpoint).
     self.restored_wall_time_s = 0.0
-    if jax.process_index() == 0:
-      remove_incomplete(self.directory)  # Leftovers of a save that was killed midway.
+    self.read_only = read_only
+    if jax.process_index() == 0 and not read_only:
+      # Leftovers of a save that was killed midway: this job holds the workdir lock
+      # (`anp_jax.workdir_lock`), so no other job's save is in flight here.
+      remove_incomplete(self.directory)
     single_writer_arrays()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(config.keep_checkpoints),
         enable_async_checkpointing=bool(config.async_checkpointing),
-        create=True)
+        create=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
-    self.best_metric = config.keep_best_metric
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
     self.best_manager = None  # Made at the first evaluation: a refused resume creates nothing.
 
@@ -155,6 +184,7 @@ class Checkpointer:
   def save(self, step: int, state, wall_time_s: float = 0.0):
     """Saves `state`, a pytree of arrays (all processes must call). ``wall_time_s``: this
     segment's training time so far; the checkpoint records the run's total."""
+    self._check_writable('save a checkpoint')
     args = self._save_args(step, state, wall_time_s=self.restored_wall_time_s + wall_time_s)
     if self.manager.latest_step() != step:
       try:
@@ -171,16 +201,20 @@ class Checkpointer:
     """After each evaluation: keeps the best state by `keep_best_metric` (if configured)."""
     if not self.best_metric or self.best_metric not in eval_metrics:
       return
+    self._check_writable('save the best checkpoint')
+    value = float(eval_metrics[self.best_metric])
+    if not math.isfinite(value):  # orbax orders NaN as equal to anything: it would be kept.
+      raise ValueError(f'{self.best_metric} = {value} at step {step}: a non-finite evaluation '
+                       'is never kept as the best checkpoint.')
     if self.best_manager is None:
       metric = self.best_metric
       self.best_manager = self._ocp.CheckpointManager(
           self.best_directory,
           options=self._ocp.CheckpointManagerOptions(
               max_to_keep=1, best_fn=lambda m: m[metric],
-              best_mode='min' if 'loss' in metric else 'max',
+              best_mode=self.best_mode,
               keep_checkpoints_without_metrics=False,
               enable_async_checkpointing=False, create=True))
-    value = float(eval_metrics[self.best_metric])
     args = self._save_args(step, state, **{self.best_metric: value})
     self.best_manager.save(step, args=args,
                            metrics={self.best_metric: value})
@@ -199,7 +233,8 @@ class Checkpointer:
     devices lands on this run's mesh).
 
     Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones and
-    moves them aside (``<step>.unreadable``, kept for inspection): orbax saves no step at or
+    moves them aside (``<step>.unreadable``, kept for inspection; `read_only`: left where they
+    are): orbax saves no step at or
     below its latest, so left in place they would silently swallow every save, the preemption
     save included, until the run passed them. If checkpoints exist but none restores (typically
     a config change that shapes the optimizer state differently, e.g. ``grad_clip_norm`` or
@@ -229,7 +264,7 @@ class Checkpointer:
         failed.append((step, reason))
         continue
       self._agree(step, failed)
-      if failed:
+      if failed and not self.read_only:
         self.move_aside([s for s, _ in failed], reason='unreadable')
       self.restored_wall_time_s = float(meta.get('wall_time_s', 0.0))
       return restored['state'], step
@@ -258,6 +293,7 @@ class Checkpointer:
     """Renames checkpoints to ``<step>.<reason>[.N]`` (kept for inspection, never restored);
     process 0 renames, every process then reloads the manager's step list. Returns the new
     paths."""
+    self._check_writable('move checkpoints aside')
     moved = []
     for step in steps:
       source = os.path.join(self.directory, str(step))
@@ -272,6 +308,10 @@ class Checkpointer:
     distributed.barrier('checkpoints_moved_aside')
     self.manager.reload()
     return moved
+
+  def _check_writable(self, what: str) -> None:
+    if self.read_only:
+      raise RuntimeError(f'A read-only Checkpointer (config.eval_only) cannot {what}.')
 
   def _check_identity(self, meta, step):
     diff = identity_diff(meta.get('identity', {}), identity(self.config, self.identity_extra),
@@ -305,12 +345,29 @@ class Checkpointer:
 def identity_diff(saved: Dict[str, Any], current: Dict[str, Any],
                   eval_only: bool = False) -> Dict[str, Tuple[Any, Any]]:
   """(saved, current) of every identity entry on which a checkpoint's recorded identity and this
-  run's differ: fields it lacks count as their `IDENTITY_DEFAULTS`, or are not compared
-  (`IDENTITY_UNCHECKED_IF_ABSENT`); with `eval_only`, the `IDENTITY_TRAINING_ONLY` ones neither."""
-  saved = dict(IDENTITY_DEFAULTS, **saved)
-  return {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v
-          and not (k in IDENTITY_UNCHECKED_IF_ABSENT and k not in saved)
-          and not (k in IDENTITY_TRAINING_ONLY and eval_only)}
+  run's differ. An entry the checkpoint does not record is compared with the value older runs
+  used where the one registry of fields added later knows it (`default.ADDED_FIELDS`: the field
+  did not exist, every run had that value), and not compared otherwise (the field existed, it
+  was only recorded later: its value is unknown). With `eval_only`, the
+  `IDENTITY_TRAINING_ONLY` entries are not compared either."""
+  added = default_config.ADDED_FIELDS
+  diff = {}
+  for key, value in current.items():
+    if eval_only and key in IDENTITY_TRAINING_ONLY:
+      continue
+    if key in saved:
+      old = saved[key]
+    elif key in added:
+      old = added[key]
+    else:
+      continue
+    if _as_recorded(old) != _as_recorded(value):  # A tuple is recorded as a list.
+      diff[key] = (old, value)
+  return diff
+
+
+def _as_recorded(value):
+  return json.loads(json.dumps(value, default=repr))
 
 
 def has_checkpoint(workdir: str) -> bool:
@@ -321,13 +378,15 @@ def has_checkpoint(workdir: str) -> bool:
       for name in os.listdir(directory))
 
 
-def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
+def check_workdir(workdir: str, require_checkpoint: bool = False,
+                  writable: bool = True) -> None:
   """Refuses an unusable workdir before anything is built; creates and changes nothing.
 
   A run that is refused later (bad config, another model's checkpoint) must leave no trace, so
   the directory is only created once the run is accepted (`make_workdir`). ``require_checkpoint``
   (evaluation only): a missing checkpoint, e.g. a typo in the path, is an error instead of an
-  evaluation of a randomly initialised model.
+  evaluation of a randomly initialised model. ``writable=False``: a reader (evaluation only),
+  which may read another user's read-only workdir.
   """
   if os.path.isfile(workdir):
     raise FileExistsError(f'The workdir {workdir!r} is a file, not a directory; pass another '
@@ -335,6 +394,8 @@ def check_workdir(workdir: str, require_checkpoint: bool = False) -> None:
   if require_checkpoint and not has_checkpoint(workdir):
     raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (nothing under '
                             f'{os.path.join(workdir, "checkpoints")}); check --workdir.')
+  if not writable:
+    return
   parent = cli.nearest_existing(workdir)
   if not os.path.isdir(parent):
     raise PermissionError(f'The workdir {workdir!r} is not writable: {parent!r} is a file.')
@@ -362,13 +423,17 @@ def restore_state(workdir: str, step: Optional[int] = None):
 
   The state is the plain pytree that was saved (nested dicts of arrays, no executor layout);
   the config is ``workdir/config.json`` (`default.read_run_config`: older versions' configs
-  get the fields added since).
+  get the fields added since). Reads only.
   """
   import orbax.checkpoint as ocp
   workdir = os.path.abspath(os.path.expanduser(workdir))  # orbax needs absolute paths.
   config = default_config.read_run_config(workdir)
   directory = os.path.join(workdir, 'checkpoints')
-  with ocp.CheckpointManager(directory) as manager:
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'No checkpoint in {directory}.')
+  # A reader: creates, cleans and writes nothing (a job may be training in `workdir`).
+  with ocp.CheckpointManager(directory,
+                             options=ocp.CheckpointManagerOptions(create=False)) as manager:
     step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {directory}.')

@@ -77,7 +77,12 @@ def config_fields(config, prefix: str = '') -> List[str]:
 
 
 def unknown_field_message(key: str, fields: Sequence[str]) -> str:
-  """``Unknown config field --config.KEY; did you mean --config.X?`` (or where to look)."""
+  """``Unknown config field --config.KEY; did you mean --config.X?`` (or where to look); for a
+  field that was replaced, what replaced it (`default.REPLACED_FIELDS`)."""
+  from anp_jax.configs import default  # No JAX; the registry of replaced fields.
+  replaced = default.replaced_field_message(key)
+  if replaced:
+    return f'--config.{key}: {replaced}'
   # Compare within the same level first (model.nmae -> model.name), then anywhere.
   depth = key.count('.')
   same_level = [f for f in fields if f.count('.') == depth]

@@ -1,12 +1,16 @@
 """Entry point: `python -m anp_jax.main --config=anp_jax/configs/default.py --workdir=DIR`.
 
 Thin on purpose: flags → `distributed.initialize()` (before any other JAX call) →
-`trainer.train_and_evaluate(config, workdir)`. Exit codes (`anp_jax.errors`): 0 done, 2 bad
-config/input, 3 diverged (NaN/Inf loss), 75 preempted (checkpoint written; requeue).
+`trainer.train_and_evaluate(config, workdir)`; ``--config.eval_only=True`` evaluates the latest
+checkpoint instead, printing the metrics (and writing them to ``--eval_output``). Exit codes
+(`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir another training job holds), 3
+diverged (NaN/Inf loss or state), 75 preempted (checkpoint written; requeue).
 """
 
+import json
 import os
 import sys
+import time
 
 from absl import app, flags, logging
 
@@ -18,6 +22,9 @@ flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (explic
                     'mode; else ANP_COORDINATOR_ADDRESS or SLURM).')
 flags.DEFINE_integer('num_processes', None, 'Processes of the job (explicit mode).')
 flags.DEFINE_integer('process_id', None, 'This process (explicit mode).')
+flags.DEFINE_string('eval_output', None, 'With --config.eval_only=True: also write the metrics '
+                    'to this JSON file (the evaluation only reads the workdir; it writes nothing '
+                    'there).')
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), 'configs', 'default.py')
 cli.define_config_file('config', DEFAULT_CONFIG,
                                 'Config file (ml_collections); override with --config.x=y.',
@@ -35,6 +42,14 @@ def main(argv):
     print('ERROR: --workdir is empty: give the directory for the logs and checkpoints.',
           file=sys.stderr, flush=True)
     return 2
+  if FLAGS.eval_output is not None:  # Before any work: a bad path never costs the results.
+    error = ('--eval_output needs --config.eval_only=True (a training run writes its metrics '
+             'into --workdir).' if not FLAGS.config.eval_only else
+             cli.output_file_error('--eval_output', FLAGS.eval_output, 'metrics file',
+                                   'eval_metrics.json'))
+    if error:
+      print(f'ERROR: {error}', file=sys.stderr, flush=True)
+      return 2
   try:  # In a fraction of a second, before TensorFlow's import: bad topology, port taken.
     distributed.preflight(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   except (ValueError, RuntimeError) as e:
@@ -49,7 +64,7 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
-  from anp_jax import errors, trainer
+  from anp_jax import errors, evaluators, reporting, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
   try:
@@ -60,15 +75,20 @@ def main(argv):
   except (ValueError, OSError) as e:  # Bad config/input, unwritable workdir, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_CONFIG
-  if jax.process_index() == 0 and result.final_eval:
-    fe = result.final_eval
-    print(f'Done in {result.wall_time_s / 60:.1f} min: ANP top-1 {100 * fe["eval/anp_top1"]:.2f}% '
-          f'(top-5 {100 * fe["eval/anp_top5"]:.2f}%), adjective top-1 '
-          f'{100 * fe.get("eval/adjective_top1", float("nan")):.2f}%, noun top-1 '
-          f'{100 * fe.get("eval/noun_top1", float("nan")):.2f}%. ' +
-          (f'Results: {FLAGS.workdir}/eval_only_metrics.json' if FLAGS.config.eval_only else
-           f'Logs: {FLAGS.workdir} (curves.png, metrics.jsonl, TensorBoard events, config.json, '
-           'checkpoints/)'), flush=True)
+  if jax.process_index() == 0 and FLAGS.config.eval_only:
+    metrics = {'workdir': os.path.abspath(os.path.expanduser(FLAGS.workdir)),
+               'step': result.step, 'time': time.time(), **result.final_eval}
+    print(f'Evaluated the checkpoint of step {result.step} in {FLAGS.workdir} in '
+          f'{result.wall_time_s / 60:.1f} min: '
+          f'{evaluators.summary(FLAGS.config, result.final_eval)}.\nResults: '
+          f'{json.dumps(metrics, sort_keys=True)}', flush=True)
+    if FLAGS.eval_output:
+      reporting.write_json_atomic(os.path.expanduser(FLAGS.eval_output), metrics)
+  elif jax.process_index() == 0 and result.final_eval:
+    print(f'Done in {result.wall_time_s / 60:.1f} min: '
+          f'{evaluators.summary(FLAGS.config, result.final_eval)}. Logs: {FLAGS.workdir} '
+          '(curves.png, metrics.jsonl, TensorBoard events, config.json, checkpoints/)',
+          flush=True)
   return 0
 
 

@@ -12,12 +12,15 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from anp_jax.configs import default as default_config
+
 METRICS_FILE = 'metrics.jsonl'
 
 
 def record_kind(record: Mapping[str, Any]) -> str:
-  """``'eval'`` for an evaluation record (any ``eval/`` key), else ``'train'``."""
-  return 'eval' if any(k.startswith('eval/') for k in record) else 'train'
+  """``'train'`` for a training record (any ``train/`` key), else ``'eval'``: an evaluation
+  record holds every evaluator's ``<prefix>/...`` metrics (config.evals), whatever the prefixes."""
+  return 'train' if any(k.startswith('train/') for k in record) else 'eval'
 
 
 def read_metrics(workdir: str, kind: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -44,7 +47,8 @@ def read_metrics(workdir: str, kind: Optional[str] = None) -> List[Dict[str, Any
 
 
 def target_crossing(evals: Sequence[Mapping[str, Any]], target: float,
-                    metric: str = 'eval/anp_top1') -> Optional[Dict[str, Any]]:
+                    metric: str = default_config.DEFAULT_TARGET_METRIC
+                    ) -> Optional[Dict[str, Any]]:
   """Where a run's evaluations first reach `target`: {'step', 'eval_step', 'interpolated'}.
 
   Evaluations are points, every few thousand examples; the first one at or above the target
@@ -54,7 +58,8 @@ def target_crossing(evals: Sequence[Mapping[str, Any]], target: float,
   ``step = s0 + (target - a0) / (a1 - a0) * (s1 - s0)``. When already the first evaluation
   reaches the target there is nothing to interpolate from: its step is returned (an upper bound;
   ``interpolated`` False). None if the target is never reached. `evals` in step order; records
-  without `metric` (e.g. the train records of `read_metrics`) are skipped.
+  without `metric` (e.g. the train records of `read_metrics`) are skipped. `metric`: the run's
+  config.target_metric (the default is that field's default).
   """
   previous = None
   for record in evals:

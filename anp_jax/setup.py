@@ -15,10 +15,10 @@ from typing import Any, Dict, Mapping, Optional
 
 import jax
 
-from anp_jax import durations, methods, models, optim, pretrained
+from anp_jax import durations, evaluators, methods, models, optim, pretrained
+from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.errors import ConfigError
-from anp_jax.metrics import HEADS
 from anp_jax.models import conv as conv_lowerings
 
 
@@ -124,6 +124,9 @@ def job_identity(config, workdir: str) -> Dict[str, Any]:
 
 def validate_config(config) -> None:
   """Fails fast, before any data is read or anything compiled, with what to change."""
+  for field in default_config.REPLACED_FIELDS:
+    if field in config:  # A config file or a caller that still sets it: it would do nothing.
+      raise ConfigError(default_config.replaced_field_message(field))
   _check_choices(config)
   min_size = models.spec(config.model.name).min_image_size
   if config.image_size < min_size:
@@ -135,7 +138,7 @@ def validate_config(config) -> None:
     if int(config[name]) <= 0:
       raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
   for name in ('base_lr', 'num_epochs', 'warmup_epochs', 'eval_every_epochs', 'weight_decay',
-               'grad_clip_norm', 'stop_at_value', 'checkpoint_every_minutes'):
+               'grad_clip_norm', 'target_value', 'checkpoint_every_minutes'):
     if not math.isfinite(float(config[name])):  # nan passes every comparison; inf overflows.
       raise ConfigError(f'config.{name}={config[name]} is not a finite number.')
   if config.num_train_steps == 0:
@@ -147,17 +150,7 @@ def validate_config(config) -> None:
                      f'num_train_steps={config.num_train_steps}).')
   if config.base_lr <= 0:
     raise ConfigError(f'config.base_lr must be > 0, got {config.base_lr}.')
-  stop_metric = config.stop_at_metric
-  if stop_metric:
-    if _eval_metric(stop_metric, ('top1', 'top5')) is None:
-      raise ConfigError(f'config.stop_at_metric={stop_metric!r}: use an evaluation accuracy, e.g. '
-                       "'eval/anp_top1', 'eval/noun_top5' (or '' to train the whole budget).")
-    if not 0.0 < float(config.stop_at_value) <= 1.0:
-      raise ConfigError(f'config.stop_at_value={config.stop_at_value} is an unreachable target '
-                       'for an accuracy: use a fraction in (0, 1].')
-    if config.eval_every_epochs <= 0:
-      raise ConfigError('config.stop_at_metric needs periodic evaluation: set '
-                       'config.eval_every_epochs > 0.')
+  _check_evaluation(config)
   _check_ranges(config)
   methods.validate(config)
   optim.validate(config)
@@ -205,28 +198,42 @@ def _check_ranges(config) -> None:
   if config.augment == 'cifar' and not 0 <= int(config.crop_padding) < int(config.image_size):
     raise ConfigError(f'config.crop_padding={config.crop_padding} must be in [0, image_size) '
                       f'= [0, {config.image_size}) for the cifar augmentation.')
-  best = config.keep_best_metric
-  if best:
-    head_name = _eval_metric(best, ('top1', 'top5', 'loss'))
-    if head_name is None:
-      raise ConfigError(f'config.keep_best_metric={best!r} is not an evaluation metric: use e.g. '
-                        "'eval/anp_top1', 'eval/noun_top5', 'eval/loss' (or '' for none).")
-    if head_name not in ('', 'anp') and not config.model.get(f'{head_name}_head', True):
-      raise ConfigError(f'config.keep_best_metric={best!r} names the {head_name} head, which '
-                        f'config.model.{head_name}_head=False turns off (nothing would be kept); '
-                        "use a head the model has, e.g. 'eval/anp_top1'.")
 
 
-def _eval_metric(name: str, kinds) -> Optional[str]:
-  """The head of evaluation metric `name` ('eval/<head>_<kind>' with a kind in `kinds`; '' for
-  'eval/loss' when 'loss' is one of them), or None if `name` is not such a metric."""
-  if not name.startswith('eval/'):
-    return None
-  rest = name.split('/', 1)[-1]
-  if rest == 'loss':
-    return '' if 'loss' in kinds else None
-  head, kind = rest.rsplit('_', 1)[0], rest.rsplit('_', 1)[-1]
-  return head if head in HEADS and kind in kinds else None
+def _check_evaluation(config) -> None:
+  """config.evals (`evaluators.check`), the metric that keeps the best checkpoint, and the
+  target: config.target_metric a higher-is-better metric of config.evals, config.target_value a
+  value it can reach (0: no target), config.stop_at_target with periodic evaluations."""
+  evaluators.check(config)
+  if config.keep_best_metric:
+    try:
+      evaluators.metric_goal(config, config.keep_best_metric)
+    except ConfigError as e:
+      raise ConfigError(f'config.keep_best_metric: {e}') from None
+  metric, value = config.target_metric, float(config.target_value)
+  if metric:
+    try:
+      goal = evaluators.metric_goal(config, metric)
+    except ConfigError as e:
+      raise ConfigError(f'config.target_metric: {e}') from None
+    if goal.mode != 'max':
+      raise ConfigError(f'config.target_metric={metric!r} is lower-is-better; a target is reached '
+                        'when the metric is >= config.target_value: use an evaluation accuracy, '
+                        "e.g. 'eval/anp_top1', 'eval/noun_top5'.")
+    if value < 0 or (goal.best is not None and value > goal.best):
+      raise ConfigError(f'config.target_value={value} is an unreachable target for {metric} '
+                        f'(best possible: {goal.best}); use a value in (0, {goal.best}] (or 0 '
+                        'for no target).')
+  elif value:
+    raise ConfigError(f'config.target_value={value} needs config.target_metric (the metric it '
+                      'is a value of).')
+  if config.stop_at_target:
+    if not value:
+      raise ConfigError('config.stop_at_target=True needs a target: set config.target_value '
+                        f'for config.target_metric={metric!r}.')
+    if config.eval_every_epochs <= 0:
+      raise ConfigError('config.stop_at_target needs periodic evaluation: set '
+                        'config.eval_every_epochs > 0.')
 
 
 def resolve_setup(config, train_size: int, eval_size: int, devices: Optional[int] = None,

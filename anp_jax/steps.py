@@ -182,3 +182,13 @@ def per_device_eval_step(state: TrainState, batch, *, model, config,
                        batch['image'], train=False)
   _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
   return collectives.psum(sums, axis_name) if axis_name is not None else sums
+
+
+def all_finite(state: TrainState) -> jax.Array:
+  """Whether every parameter, BatchNorm statistic and optimizer-state value of `state` is finite
+  (a boolean scalar): one reduction, checked before every evaluation and checkpoint. The
+  noise-scale EMAs and the async parameter history are measurements and past parameters, not
+  the model."""
+  leaves = [x for x in jax.tree.leaves((state.params, state.batch_stats, state.opt_state))
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))

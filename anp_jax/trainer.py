@@ -1,15 +1,19 @@
-"""Training and exact evaluation: `train_and_evaluate(config, workdir)`, and `build(config)`.
+"""Training and evaluation: `train_and_evaluate(config, workdir)`, and `build(config)`.
 
 `build` turns a config into a `Run`: the dataset (generated on first use), the job's mesh, the
-model, the optimizer and the executor (`anp_jax.executors`) that runs the per-device step
-(`anp_jax.steps`). A `Run` is also the handle for interactive use (see the README):
-``run.train_step(state, batch)``, ``run.evaluate(state)``.
+model, the optimizer, the executor (`anp_jax.executors`) that runs the per-device step
+(`anp_jax.steps`) and the evaluators of config.evals (`anp_jax.evaluators`). A `Run` is also the
+handle for interactive use (see the README): ``run.train_step(state, batch)``,
+``run.evaluate(state)``.
 
-`train_and_evaluate` is the loop, and only the loop: accept the workdir, build the run, restore
-the latest checkpoint (or start fresh, optionally from pretrained weights), then per step:
-next batch → `Run.train_step` → metrics every ``log_every_steps`` (fetched before every save,
-with a NaN/Inf guard) → evaluation every ``eval_every_steps`` → checkpoint when due → stop at the
-target accuracy or on preemption. Process 0 writes the logs (`anp_jax.metrics`, `anp_jax.reporting`).
+`train_and_evaluate` is the loop, and only the loop: accept the workdir, build the run, take the
+workdir (`anp_jax.workdir_lock`), restore the latest checkpoint (or start fresh, optionally from
+pretrained weights), then per step: next batch → `Run.train_step` → metrics every
+``log_every_steps`` → before an evaluation or a save, `Run.check_finite` (a result comes only from
+a finite state) → every evaluator every ``eval_every_steps`` → checkpoint when due → stop at the
+target (config.target_metric) or on preemption. Process 0 writes the logs (`anp_jax.metrics`,
+`anp_jax.reporting`). With config.eval_only it only evaluates the latest checkpoint, writing
+nothing in the workdir (docs/checkpointing.md).
 """
 
 import dataclasses
@@ -21,19 +25,27 @@ from typing import Any, Dict, List, Optional
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
 from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
-                     models, noise_scale, optim, preemption, pretrained, reporting)
+                     models, noise_scale, optim, preemption, pretrained, reporting, steps)
+from anp_jax import evaluators as evaluators_lib
+from anp_jax import workdir_lock
+from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
+from anp_jax.evaluators import classification
 from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.steps import TrainState
+
+
+_DIVERGED_ADVICE = ('Lower config.base_lr, add warmup (config.warmup_epochs) or gradient clipping '
+                    '(config.grad_clip_norm).')
+_ALL_FINITE = jax.jit(steps.all_finite)  # Any executor's state layout; one scalar out.
 
 
 @dataclasses.dataclass
@@ -50,6 +62,10 @@ class Run:
   executor: Executor
   init: Optional[pretrained.LoadedWeights] = None  # config.init_from, read and checked.
   frozen: str = ''  # config.freeze's start-up line (what it matches).
+  # config.evals, by metric prefix (`anp_jax.evaluators`); built by `build`.
+  evaluators: Dict[str, evaluators_lib.Evaluator] = dataclasses.field(default_factory=dict)
+  # `evaluate`'s classification evaluators, by split.
+  _by_split: Dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def init_state(self):
     """A fresh state in the executor's layout (with the pretrained weights, if any)."""
@@ -71,32 +87,37 @@ class Run:
     return self.executor.train_step(state, batch, *self.executor.step_args(step))
 
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
-    """Exact evaluation: every example of `split` counted once (padding masked out), as means
-    with the ``eval/`` prefix."""
-    split = split or self.meta.eval_split
-    ds = pipeline.eval_dataset(self.builder, self.config,
-                               per_process_batch=self.setup.eval_per_process_batch, split=split)
-    total, n = None, 0
-    for batch in pipeline.global_batches(ds, to_device=self.executor.to_device):
-      sums = self.executor.eval_step(state, batch)
-      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-      n += 1
-    # For the default split this is `setup.num_eval_batches` (the same sizes).
-    expected = pipeline.num_eval_batches(self.builder.info.splits[split].num_examples,
-                                         self.setup.process_count,
-                                         self.setup.eval_per_process_batch)
-    if n != expected:
-      raise RuntimeError(f'Evaluation of {split!r} produced {n} batches, expected {expected}.')
-    return summarize(self.executor.fetch(total), 'eval')
+    """Exact classification evaluation of `split` (default: the split of config.evals' ``eval``
+    entry), as ``eval/`` means: every example counted once, padding masked out. For IPython;
+    the trainer runs every evaluator of config.evals (`eval_record`)."""
+    split = split or default_config.default_eval_split(self.config)
+    if split not in self._by_split:
+      self._by_split[split] = classification.Classification('eval', {'split': split}, self)
+    return self._by_split[split].evaluate(state)
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
-    """`evaluate` plus the progress at `step` (``eval/examples_seen``, ``eval/epoch``, ...)."""
-    return {**self.evaluate(state), **self.setup.progress(step, 'eval')}
+    """The metrics of every evaluator of config.evals (``<prefix>/<name>``), plus the progress
+    at `step` (``eval/examples_seen``, ``eval/epoch``, ...): one logged record.
+
+    Raises NonFiniteLossError if a metric is NaN/Inf (a finite state whose evaluation loss
+    overflows has diverged too). The caller checks the state first (`check_finite`)."""
+    record = {}
+    for prefix in sorted(self.evaluators):
+      record.update(self.evaluators[prefix].evaluate(state))
+    bad = {k: v for k, v in record.items() if not math.isfinite(v)}
+    if bad:
+      raise NonFiniteLossError(
+          f'Training stopped: the evaluation at step {step} is not finite '
+          f'({", ".join(f"{k} = {v}" for k, v in sorted(bad.items()))}): the state after step '
+          f'{step} has diverged (learning rate {float(self.schedule(step - 1)):.4g}). '
+          + _DIVERGED_ADVICE, step=step + 1)
+    return {**record, **self.setup.progress(step, 'eval')}
 
   def train_record(self, pending: List[Any], state, step: int) -> Dict[str, float]:
     """The metric sums of the steps since the last record (`pending`) as logged means, with
     the gradient norm, learning rate, progress and noise scale; raises on a NaN/Inf loss."""
     host = [self.executor.fetch(s) for s in pending]
+    self._check_losses([h['loss'] for h in host], step)
     grad_norm = float(np.mean([h.pop('_grad_norm') for h in host]))
     record = summarize({k: sum(h[k] for h in host) for k in host[0]}, 'train')
     record['train/grad_norm'] = grad_norm
@@ -104,23 +125,41 @@ class Run:
     record.update(self.setup.progress(step, 'train'))
     if self.config.noise_scale:
       record.update(noise_scale.log_fields(self.executor.fetch(state.noise_ema)))
-    loss = record['train/loss']
-    if not math.isfinite(loss):
-      # The first step of the window whose loss is NaN/Inf: its loss was computed from the
-      # state of the step before, which is therefore diverged too (see train_and_evaluate).
-      bad = [i for i, h in enumerate(host) if not math.isfinite(float(h['loss']))]
-      first = step - len(host) + 1 + bad[0] if bad else step
-      raise NonFiniteLossError(
-          f'Training stopped: the loss is {loss} at step {step}, first non-finite at step '
-          f'{first} (learning rate {record["train/lr"]:.4g}). Lower config.base_lr, add warmup '
-          '(config.warmup_epochs) or gradient clipping (config.grad_clip_norm).', step=first)
     return record
 
+  def check_finite(self, state, pending: List[Any], step: int) -> None:
+    """Raises NonFiniteLossError unless the losses of the steps in `pending` (the metric sums
+    of the steps up to `step` not checked yet) and every value of `state` (parameters, BatchNorm
+    statistics, optimizer state) are finite. Before every evaluation, checkpoint and target
+    check: a result comes only from a finite state. One fused reduction on the devices and one
+    scalar fetched (`steps.all_finite`)."""
+    self._check_losses([self.executor.fetch(s['loss']) for s in pending], step)
+    if not bool(np.asarray(_ALL_FINITE(state).addressable_data(0))):
+      # `step` + 1: the first step whose loss would come from the diverged state.
+      raise NonFiniteLossError(
+          f'Training stopped: the state after step {step} is not finite (NaN/Inf in the '
+          'parameters, BatchNorm statistics or optimizer state) (learning rate '
+          f'{float(self.schedule(step - 1)):.4g}). ' + _DIVERGED_ADVICE, step=step + 1)
+
+  def _check_losses(self, losses: List[Any], step: int) -> None:
+    """Raises NonFiniteLossError if one of `losses` (the summed losses of the steps up to
+    `step`, in order) is NaN/Inf, naming the first such step."""
+    bad = [i for i, loss in enumerate(losses) if not math.isfinite(float(loss))]
+    if bad:
+      # The loss of that step was computed from the state of the step before, which is
+      # therefore diverged too (see `_diverged`).
+      first = step - len(losses) + 1 + bad[0]
+      raise NonFiniteLossError(
+          f'Training stopped at step {step}: the loss is {float(losses[bad[0]])}, first '
+          f'non-finite at step {first} (learning rate {float(self.schedule(first - 1)):.4g}). '
+          + _DIVERGED_ADVICE, step=first)
+
   def target_reached(self, evaluated: Optional[Dict[str, float]]) -> bool:
-    """Whether `evaluated` meets config.stop_at_metric >= config.stop_at_value (if set)."""
-    metric = self.config.stop_at_metric
-    return bool(metric and evaluated and
-                evaluated.get(metric, -math.inf) >= self.config.stop_at_value)
+    """Whether the run stops at `evaluated`: config.stop_at_target and config.target_metric >=
+    config.target_value."""
+    metric = self.config.target_metric
+    return bool(self.config.stop_at_target and evaluated and
+                evaluated.get(metric, -math.inf) >= self.config.target_value)
 
   def fetch(self, tree):
     return self.executor.fetch(tree)
@@ -145,7 +184,9 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
   frozen = optim.freeze_summary(config, model)
   tx = optim.create_optimizer(tx_config, schedule, init.loaded_params if init else None)
   executor = executors.make_executor(tx_config, model, tx, setup, mesh)
-  return Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
+  run = Run(config, builder, meta, setup, mesh, model, schedule, tx, executor, init, frozen)
+  run.evaluators = evaluators_lib.create_all(config, run)  # Checks their splits: before any write.
+  return run
 
 
 @dataclasses.dataclass
@@ -155,6 +196,7 @@ class TrainResult:
   final_eval: Dict[str, float]
   setup: Setup
   wall_time_s: float
+  step: int = 0  # The step of `state` (config.eval_only: of the checkpoint evaluated).
 
 
 def load_checkpoint(workdir: str, step: Optional[int] = None):
@@ -172,6 +214,24 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   return model, variables, config
 
 
+def noise_scale_unmeasured(run: Run) -> str:
+  """Why `run` does not measure the gradient noise scale B_simple ('' if it does): switched off,
+  global BatchNorm over several devices (`noise_scale.unmeasurable_reason`), or a single
+  micro-batch per step (one device of the step's all-reduce, no accumulation: the step's
+  gradient is the only one, and the estimator compares gradients of two batch sizes, see
+  `steps.per_device_train_step`)."""
+  if not run.config.noise_scale:
+    return 'config.noise_scale=False'
+  # The devices one step's gradient all-reduce spans: a node's under local SGD.
+  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
+  reason = noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices)
+  if not reason and step_devices * run.setup.accum_steps == 1:
+    reason = ('one device without gradient accumulation computes a single gradient per step, '
+              'and the estimator needs gradients of two batch sizes; use more devices or '
+              'config.grad_accum_steps >= 2 to measure it')
+  return reason
+
+
 def _announce(run: Run) -> None:
   """The start-up lines: sizes, the method, what is not measured."""
   reporting.say(f'anp_jax | {run.setup.describe()}')
@@ -179,33 +239,33 @@ def _announce(run: Run) -> None:
     reporting.say(f'anp_jax | {run.executor.describe}')
   if run.frozen:
     reporting.say(f'anp_jax | {run.frozen}')
-  # The devices one step's gradient all-reduce spans: a node's under local SGD.
-  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
-  unmeasurable = (run.config.noise_scale
-                  and noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices))
-  if unmeasurable:  # Logged as a warning by every process; the terminal line on process 0.
-    logging.warning('Noise scale not measured: %s.', unmeasurable)
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasurable}.')
+  unmeasured = run.config.noise_scale and noise_scale_unmeasured(run)
+  if unmeasured:  # Logged as a warning by every process; the terminal line on process 0.
+    logging.warning('Noise scale not measured: %s.', unmeasured)
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.')
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
-  """The error to raise for a NaN/Inf loss, after making sure no checkpoint holds the diverged
-  state: the loss of step s + 1 is computed from the state after step s, so if the first
-  non-finite loss is at the step right after a save, that checkpoint is moved aside (the rerun
-  with a lower learning rate then resumes from the one before)."""
+  """The error to raise for a diverged run, after making sure no checkpoint holds the diverged
+  state. ``error.step`` is the first step whose loss is (or would be) computed from a diverged
+  state, the state after step ``error.step - 1``: a checkpoint of that step (a finite state that
+  gave a NaN/Inf loss, or one an older version saved) is moved aside, so that the rerun with a
+  lower learning rate resumes from the one before. No other checkpoint can hold a diverged state:
+  every save follows `Run.check_finite`."""
   ckpt.wait()
   suspect = None if error.step is None else error.step - 1
   if suspect and suspect in ckpt.steps():
     dest = ckpt.move_aside([suspect], reason='diverged')[0]
-    note = (f' The checkpoint of step {suspect} gave this loss and was moved aside to {dest}; '
-            'earlier checkpoints are intact.')
+    note = (f' The checkpoint of step {suspect} holds the state this came from and was moved '
+            f'aside to {dest}; earlier checkpoints are intact.')
   else:
     note = ' The checkpoints written before this step are intact.'
   return NonFiniteLossError(str(error) + note, step=error.step)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
-  """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`."""
+  """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`;
+  with config.eval_only, evaluates the latest checkpoint of `workdir` without writing there."""
   t_start = time.time()
   validate_config(config)
   if not str(workdir or '').strip():  # '' would be the current directory.
@@ -216,41 +276,81 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   distributed.check_same_everywhere('software', distributed.software_identity,
                                     hint=distributed.SAME_SOFTWARE_HINT)
   distributed.check_same_everywhere('configs or workdirs', job_identity(config, workdir))
-  is_main = jax.process_index() == 0
   # Nothing in the workdir changes until the run is accepted (config valid, checkpoint ours).
-  checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only)
+  checkpointing.check_workdir(workdir, require_checkpoint=config.eval_only,
+                              writable=not config.eval_only)
 
   run = _build_validated(config)
   distributed.check_same_everywhere(
       'datasets', pipeline.dataset_identity(run.builder, run.meta),
       hint='A data_dir of each node\'s own holds another preparation of the dataset there: '
       'prepare every copy from the same source (or share one data_dir).')
-  checkpointing.make_workdir(workdir, is_main)
-  setup, executor = run.setup, run.executor
-  _announce(run)
+  if config.eval_only:
+    return _evaluate_checkpoint(run, workdir, t_start)
+  checkpointing.make_workdir(workdir, jax.process_index() == 0)
+  lock = []  # Process 0's, for the run's life: one training job per workdir.
+  distributed.on_process_0('workdir_lock', lambda: lock.append(workdir_lock.acquire(workdir)),
+                           f'lock the workdir {workdir}')
+  try:
+    return _train(run, workdir, t_start)
+  finally:
+    for held in lock:
+      held.release()
 
+
+def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
+  config = run.config
   # The label sets are part of the identity: a checkpoint of a dataset with other classes would
   # otherwise fail to restore, look corrupt, and the run would silently start again from scratch.
   classes = {'num_anps': run.meta.num_anps, 'num_adjectives': run.meta.num_adjectives,
              'num_nouns': run.meta.num_nouns}
-  ckpt = checkpointing.Checkpointer(workdir, config,
-                                    identity_extra={**classes, **(executor.identity or {})})
+  best_mode = (evaluators_lib.metric_goal(config, config.keep_best_metric).mode
+               if config.keep_best_metric else '')
+  return checkpointing.Checkpointer(
+      workdir, config, best_mode=best_mode, read_only=read_only,
+      identity_extra={**classes, **(run.executor.identity or {})})
+
+
+def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:
+  """config.eval_only: every evaluator of config.evals on the latest checkpoint of `workdir`.
+
+  A reader: takes no lock and creates, cleans or writes nothing there (the training job may
+  still be running; its saves in flight stay untouched). The entry point prints the metrics
+  (and writes them where ``--eval_output`` says)."""
+  _announce(run)
+  ckpt = _checkpointer(run, workdir, read_only=True)
+  try:
+    restored, step = ckpt.restore_latest(run.executor.restore_target(run.executor.init()))
+    if not step:
+      raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none could '
+                              'be restored).')
+    state = run.executor.from_checkpoint(restored)
+    reporting.say(f'Evaluating the checkpoint of step {step} in {ckpt.directory}')
+    run.check_finite(state, [], step)  # A checkpoint an older version wrote may not be.
+    final = run.eval_record(state, step)
+  finally:
+    ckpt.close()
+  return TrainResult(run.executor.unreplicate(state), [final], final, run.setup,
+                     time.time() - t_start, step=step)
+
+
+def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
+  """The training loop of `train_and_evaluate`, in a workdir this job holds."""
+  config, setup, executor = run.config, run.setup, run.executor
+  is_main = jax.process_index() == 0
+  _announce(run)
+  ckpt = _checkpointer(run, workdir)
   state = executor.init()
   restored, start_step = ckpt.restore_latest(executor.restore_target(state))
   if start_step:
     state = executor.from_checkpoint(restored)
     reporting.say(f'Resumed from checkpoint at step {start_step} in {ckpt.directory}')
-  if config.eval_only:  # Beside the training logs, which stay as the training wrote them.
-    if not start_step:
+    try:
+      run.check_finite(state, [], start_step)  # A checkpoint an older version wrote may not be.
+    except NonFiniteLossError as e:
+      ckpt_error = _diverged(e, ckpt)
       ckpt.close()
-      raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none '
-                              'could be restored).')
-    final = run.evaluate(state)
-    ckpt.close()
-    if is_main:
-      reporting.write_json_atomic(os.path.join(workdir, 'eval_only_metrics.json'),
-                                  {'step': start_step, 'time': time.time(), **final})
-    return TrainResult(executor.unreplicate(state), [final], final, setup, time.time() - t_start)
+      raise ckpt_error from None
   if run.init is not None and start_step == 0:  # A checkpoint in the workdir wins (resume).
     state = pretrained.place(state, run.init)
     reporting.say(f'anp_jax | {run.init.report}')
@@ -272,73 +372,76 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   step = start_step
   stopped_at_target = False
   run_ahead = preemption.RunAhead()  # Bounds the signal-to-checkpoint delay to a few steps.
-  if (config.stop_at_metric and 0 < start_step < setup.total_steps
-      and start_step % setup.eval_every_steps == 0):
-    # A resumed early-stopping run may have stopped at this checkpoint already (only at an
-    # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so an
-    # evaluation here could stop it where the uninterrupted run would not).
-    final_eval = run.eval_record(state, step)
-    stopped_at_target = run.target_reached(final_eval)
-    if not stopped_at_target:
-      final_eval = {}
   try:
-    while step < setup.total_steps and not stopped_at_target:
-      batch = next(batches)
-      state, sums = run.train_step(state, batch, step)
-      pending.append(sums)
-      run_ahead.push(sums)
-      step += 1
-      if step == start_step + 1:
-        bar.reset_clock(step)  # Exclude compilation from the rates.
-      last = step == setup.total_steps
-      save_now, preempted = ckpt.save_due(step, force=last)
-      # Metrics are fetched (and checked for NaN/Inf) before every save, so a diverged state is
-      # never written over good checkpoints.
-      if step % config.log_every_steps == 0 or last or save_now:
-        try:
+    try:
+      if (config.stop_at_target and 0 < start_step < setup.total_steps
+          and start_step % setup.eval_every_steps == 0):
+        # A resumed early-stopping run may have stopped at this checkpoint already (only at an
+        # evaluation step: elsewhere, e.g. a preemption checkpoint, the run never evaluated, so
+        # an evaluation here could stop it where the uninterrupted run would not).
+        final_eval = run.eval_record(state, step)
+        stopped_at_target = run.target_reached(final_eval)
+        if not stopped_at_target:
+          final_eval = {}
+      while step < setup.total_steps and not stopped_at_target:
+        batch = next(batches)
+        state, sums = run.train_step(state, batch, step)
+        pending.append(sums)
+        run_ahead.push(sums)
+        step += 1
+        if step == start_step + 1:
+          bar.reset_clock(step)  # Exclude compilation from the rates.
+        last = step == setup.total_steps
+        save_now, preempted = ckpt.save_due(step, force=last)
+        evaluate_now = step % setup.eval_every_steps == 0 or last
+        if step % config.log_every_steps == 0 or last or save_now:
           record = run.train_record(pending, state, step)
-        except NonFiniteLossError as e:
-          raise _diverged(e, ckpt) from None
-        pending = []
-        record['train/steps_per_s'], record['train/images_per_s'] = bar.rates(step)
-        log(step, record)
-        bar.update(step, {'loss': record['train/loss'], 'top1': record['train/anp_top1']},
-                   force=True)
-      else:
-        bar.update(step)
-      evaluated = None
-      if step % setup.eval_every_steps == 0 or last:
-        jax.block_until_ready(state)  # The steps dispatched so far are training time.
-        t_eval = time.time()
-        final_eval = evaluated = run.eval_record(state, step)
-        log(step, final_eval)
-        bar.close()
-        reporting.say(f'eval @ step {step}: ANP top-1 {100 * final_eval["eval/anp_top1"]:.2f}% '
-                      f'top-5 {100 * final_eval["eval/anp_top5"]:.2f}% | loss '
-                      f'{final_eval["eval/loss"]:.3f}')
-        bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
-      if run.target_reached(evaluated):
-        stopped_at_target = True
-        reporting.say(f'{config.stop_at_metric} = {evaluated[config.stop_at_metric]:.4f} reached '
-                      f'config.stop_at_value={config.stop_at_value:g} at step {step}: stopping.')
-        save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
-      if save_now or evaluated:
-        tree = executor.to_checkpoint(state)
-        if save_now:
-          ckpt.save(step, tree, wall_time_s=time.time() - t_start)
-        if evaluated:
-          ckpt.save_best(step, tree, evaluated)
-      if preempted and not last:
-        ckpt.wait()
-        logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
-        bar.close()
-        reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
-                      f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
-        raise Preempted(step)
-    if not final_eval:  # Resumed a finished run: report its accuracy again.
-      reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its final '
-                    'checkpoint. Use another --workdir for a new run.')
-      final_eval = run.eval_record(state, step)
+          pending = []
+          record['train/steps_per_s'], record['train/images_per_s'] = bar.rates(step)
+          log(step, record)
+          bar.update(step, {'loss': record['train/loss'], 'top1': record['train/anp_top1']},
+                     force=True)
+        else:
+          bar.update(step)
+        if save_now or evaluate_now:
+          # A result comes only from a finite state: no evaluation, checkpoint or target
+          # reached from a diverged one (a NaN model scores chance accuracy, which can pass a
+          # low target; orbax would keep a NaN best checkpoint as the newest equal one).
+          run.check_finite(state, pending, step)
+        evaluated = None
+        if evaluate_now:
+          jax.block_until_ready(state)  # The steps dispatched so far are training time.
+          t_eval = time.time()
+          final_eval = evaluated = run.eval_record(state, step)
+          log(step, final_eval)
+          bar.close()
+          reporting.say(f'eval @ step {step}: {evaluators_lib.summary(config, final_eval)}')
+          bar.exclude(time.time() - t_eval)  # Rates after an evaluation count training only.
+        if run.target_reached(evaluated):
+          stopped_at_target = True
+          reporting.say(f'{config.target_metric} = {evaluated[config.target_metric]:.4f} '
+                        f'reached config.target_value={config.target_value:g} at step {step}: '
+                        'stopping.')
+          save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
+        if save_now or evaluated:
+          tree = executor.to_checkpoint(state)
+          if save_now:
+            ckpt.save(step, tree, wall_time_s=time.time() - t_start)
+          if evaluated:
+            ckpt.save_best(step, tree, evaluated)
+        if preempted and not last:
+          ckpt.wait()
+          logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
+          bar.close()
+          reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
+                        f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
+          raise Preempted(step)
+      if not final_eval:  # Resumed a finished run: report its accuracy again.
+        reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its '
+                      'final checkpoint. Use another --workdir for a new run.')
+        final_eval = run.eval_record(state, step)
+    except NonFiniteLossError as e:
+      raise _diverged(e, ckpt) from None
   finally:
     bar.close()
     writer.close()
@@ -349,13 +452,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   # stopped at the target) stays as the run wrote it.
   if is_main and not (step == start_step and os.path.exists(final_path)):
     # Its existence means "this run is done" to the sweep: never seen half-written.
+    unmeasured = noise_scale_unmeasured(run)
     reporting.write_json_atomic(final_path, {
         'step': step, 'wall_time_s': ckpt.restored_wall_time_s + wall,
         'stopped_at_target': stopped_at_target,
         'examples_seen': durations.examples_seen(step, setup.batch_size),
-        'passes': durations.passes(step, setup.batch_size, setup.train_size), **final_eval})
+        'passes': durations.passes(step, setup.batch_size, setup.train_size),
+        'noise_scale_measured': not unmeasured,
+        **({'noise_scale_not_measured_because': unmeasured} if unmeasured else {}),
+        **final_eval})
   if is_main and records:  # The whole history, earlier segments of a resumed run included.
     reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
                           os.path.join(workdir, 'curves.png'))
   distributed.barrier('train_and_evaluate_end')
-  return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall)
+  return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall, step=step)

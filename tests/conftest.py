@@ -333,7 +333,7 @@ def direct_eval(config, params, batch_stats):
   sharding), the reference for the trainer's exact evaluation."""
   import numpy as np
   import tensorflow_datasets as tfds
-  from anp_jax import metrics, models, steps
+  from anp_jax import metrics, models, steps, trainer
   from anp_jax.data import pipeline
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)

@@ -201,12 +201,13 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
                                                  checkpoint_every_steps=2), str(workdir))
   assert trained.setup.devices == 8
   lines = _line_count(workdir)
-  out = _run(_cmd(data_dir, workdir, steps=4, every=2, eval_only=True), devices=4)
+  out = _run(_cmd(data_dir, workdir, steps=4, every=2, eval_only=True)
+             + [f'--eval_output={tmp_path / "eval4.json"}'], devices=4)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert 'Resumed from checkpoint at step 4' in out.stdout and '4 devices' in out.stdout
-  # The 4-device evaluation of the restored state, beside the training logs (left as they were).
+  assert 'Evaluating the checkpoint of step 4' in out.stdout and '4 devices' in out.stdout
+  # The 4-device evaluation of the restored state; the training logs are left as they were.
   assert _line_count(workdir) == lines
-  got = json.load(open(workdir / 'eval_only_metrics.json'))
+  got = json.load(open(tmp_path / 'eval4.json'))
   assert got['step'] == 4
   for head in metrics.HEADS:
     assert got[f'eval/{head}_top1'] == trained.final_eval[f'eval/{head}_top1']
@@ -222,7 +223,7 @@ def test_restore_onto_fewer_and_more_devices(data_dir, tmp_path, capsys):
   capsys.readouterr()
   again = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, eval_only=True),
                                    str(workdir))
-  assert 'Resumed from checkpoint at step 6' in capsys.readouterr().out
+  assert 'Evaluating the checkpoint of step 6' in capsys.readouterr().out
   assert_leaves_close(leaves({'batch_stats': again.state.batch_stats,
                               'params': again.state.params}), saved)
   assert int(again.state.step) == 6 and again.setup.devices == 8
@@ -375,7 +376,8 @@ def test_nan_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
   # Saving every step: the loss of step s + 1 is the first sign that the state saved at s
   # diverged; that checkpoint is moved aside, so the rerun resumes from a healthy one.
   with pytest.raises(errors.NonFiniteLossError, match=r'first non-finite at step (\d+).*The '
-                     r'checkpoint of step \d+ gave this loss and was moved aside') as info:
+                     r'checkpoint of step \d+ holds the state this came from and was moved '
+                     r'aside') as info:
     _in_process(data_dir, tmp_path, num_train_steps=9, base_lr=1e30, log_every_steps=1,
                 checkpoint_every_steps=1)
   first = info.value.step
@@ -454,7 +456,7 @@ def test_resumed_run_stops_logs_and_times_as_one_run(data_dir, tmp_path, monkeyp
   early-stopping run where the whole run would not, and was never logged), wall_time_s counts
   both segments, curves.png shows the whole history, and a rerun of the finished run leaves
   final_metrics.json as it was."""
-  common = dict(stop_at_metric='eval/anp_top1', stop_at_value=1.0, eval_every_epochs=0.25,
+  common = dict(target_value=1.0, stop_at_target=True, eval_every_epochs=0.25,
                 log_every_steps=1, checkpoint_every_steps=0)
   every = trainer.build(tiny_config(data_dir, **common)).setup.eval_every_steps
   assert every > 1

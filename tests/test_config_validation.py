@@ -70,13 +70,19 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
     ('bn_group_size', 0, r"bn_group_size=0 must be >= 1 with bn_mode='ghost'"),
     ('crop_padding', 16, r'crop_padding=16 must be in \[0, image_size\) = \[0, 16\)'),
     ('crop_padding', -1, 'crop_padding'),
-    ('keep_best_metric', 'eval/top1', r"keep_best_metric='eval/top1' is not an evaluation metric"),
+    ('keep_best_metric', 'eval/top1', r"keep_best_metric: 'eval/top1' is not a metric of "
+                                      r"config.evals; they are \['eval/adjective_loss'"),
+    ('keep_best_metric', 'test/loss', r"keep_best_metric: 'test/loss' is not a metric of "
+                                      r"config.evals; they are \['eval/...'\]"),
     ('momentum', True, 'momentum'),
     ('base_lr', float('nan'), r'config.base_lr=nan is not a finite number'),  # Trained to exit 3.
     ('warmup_epochs', float('inf'), r'config.warmup_epochs=inf is not a finite number'),
     ('num_train_steps', 0, r'num_train_steps=0; use -1 to train config.num_epochs'),
-    ('model.adjective_head', False, r"keep_best_metric='eval/adjective_top1' names the adjective "
-                                    r'head, which config.model.adjective_head=False turns off'),
+    # The head is off: the metrics listed are those of the model's heads.
+    ('model.adjective_head', False, r"keep_best_metric: 'eval/adjective_top1' is not a metric "
+                                    r"of config.evals; they are \['eval/anp_loss', "
+                                    r"'eval/anp_top1', 'eval/anp_top5', 'eval/loss', "
+                                    r"'eval/noun_loss'"),
 ])
 def test_out_of_range_numbers_fail_before_anything_runs(field, value, message):
   # Before: a negative clip norm trained uphill, keep_checkpoints=0 deleted every checkpoint,

@@ -324,7 +324,7 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   from anp_jax import trainer
   from conftest import tiny_config
   config = tiny_config(data_dir, num_train_steps=16, log_every_steps=2, eval_every_epochs=1.0,
-                       stop_at_metric='eval/anp_top5', stop_at_value=0.05)
+                       target_metric='eval/anp_top5', target_value=0.05)
   trainer.train_and_evaluate(config, str(tmp_path / 'pilot'))
   model = plan.load_pilot(str(tmp_path / 'pilot'))
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05

@@ -174,14 +174,14 @@ def test_sweep_exits_75_on_a_late_signal_and_resumes_exactly(data_dir, tmp_path,
   out = tmp_path / 'sweep'
   sent = []
   if when == 'final_evaluation':
-    evaluate = trainer.Run.evaluate
+    evaluate = trainer.Run.eval_record  # Every evaluation of the loop goes through it.
 
-    def evaluate_and_signal(run, state, split=None):
+    def evaluate_and_signal(run, state, step):
       if not sent and int(run.fetch(state.step)) == run.setup.total_steps:
         sent.append(True)
         os.kill(os.getpid(), signal.SIGTERM)
-      return evaluate(run, state, split)
-    monkeypatch.setattr(trainer.Run, 'evaluate', evaluate_and_signal)
+      return evaluate(run, state, step)
+    monkeypatch.setattr(trainer.Run, 'eval_record', evaluate_and_signal)
   else:
     train_and_evaluate = trainer.train_and_evaluate
 

@@ -570,7 +570,7 @@ def test_runs_of_other_settings_are_not_mixed_into_one_sweep_directory(data_dir,
   (other / 'runs' / run / 'sweep_run.json').write_text(json.dumps(info))
   parsed = sweep.parse_args(_argv(other, data_dir, '--batch_sizes', '64', '--stop_at_target'))
   with pytest.raises(sweep.SweepError, match=rf"base_lr: 0.4 there vs 0.2 now \({run}\); "
-                                             rf"stop_at_metric: '' there vs 'eval/anp_top1'"):
+                                             rf"stop_at_target: False there vs True now"):
     sweep.plan_runs(sweep.resolve(*parsed))
 
 
@@ -581,12 +581,13 @@ def test_fields_added_to_the_config_later_count_as_their_defaults(data_dir, tmp_
   run_dir = out / 'runs' / plans[0].name
   run_dir.mkdir(parents=True)
   older = json.loads(plans[0].config.to_json_best_effort())
-  del older['stop_at_metric'], older['stop_at_value']  # A run from before those fields.
+  for field in ('target_metric', 'target_value', 'stop_at_target'):
+    del older[field]  # A run from before those fields.
   (run_dir / 'config.json').write_text(json.dumps(older))
   runner.check_existing(str(run_dir), plans[0].config)  # Same settings: reused.
   # ... but asking now for a non-default value of such a field is a different run.
   parsed = sweep.parse_args(_argv(out, data_dir, '--batch_sizes', '32', '--stop_at_target'))
-  with pytest.raises(sweep.SweepError, match=r"stop_at_metric: '' there vs 'eval/anp_top1'"):
+  with pytest.raises(sweep.SweepError, match=r"stop_at_target: False there vs True now"):
     sweep.plan_runs(sweep.resolve(*parsed))
 
 
@@ -602,7 +603,8 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
   run = out / 'runs' / name
   run.mkdir(parents=True)
   older = json.loads(plans[0].config.to_json_best_effort())
-  del older['stop_at_metric'], older['stop_at_value']
+  for field in ('target_metric', 'target_value', 'stop_at_target', 'evals'):
+    del older[field]  # Fields added after the first sweeps.
   (run / 'config.json').write_text(json.dumps(older))
   info = dict(plans[0].record)
   del info['train_size'], info['eval_every_steps']

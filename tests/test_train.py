@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from anp_jax import errors, metrics, models, steps, trainer
-from conftest import assert_leaves_close, direct_eval, leaves, tiny_config
+from conftest import (ROOT, assert_leaves_close, direct_eval, leaves, main_cmd, subprocess_env,
+                      tiny_config)
 
 
 def _losses(result):
@@ -44,6 +46,26 @@ def test_short_run_learns_and_writes_logs(trained):
   assert (workdir / 'curves.png').stat().st_size > 1000
   assert 'train/noise_scale_b_simple' in lines[0]
   assert {'train/noise_scale_g2', 'train/noise_scale_trace'} <= set(lines[0])
+  final = json.load(open(workdir / 'final_metrics.json'))
+  assert final['noise_scale_measured'] is True and 'noise_scale_not_measured_because' not in final
+
+
+@pytest.mark.slow(15)
+def test_one_device_without_accumulation_says_the_noise_scale_is_not_measured(data_dir,
+                                                                             tmp_path):
+  """One device, one micro-batch per step: no second batch size to compare the gradient with.
+  The measurement (on by default) used to do nothing without a word."""
+  proc = subprocess.run(main_cmd(data_dir, tmp_path, num_train_steps=2, log_every_steps=1),
+                        env=subprocess_env(1), cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert ('WARNING: B_simple is not measured: one device without gradient accumulation'
+          in proc.stdout), proc.stdout
+  final = json.load(open(tmp_path / 'final_metrics.json'))
+  assert final['noise_scale_measured'] is False
+  assert 'one device without gradient accumulation' in final['noise_scale_not_measured_because']
+  lines = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  assert not any(k.startswith('train/noise_scale') for l in lines for k in l)
 
 
 @pytest.fixture(scope='module')
@@ -66,6 +88,9 @@ def test_global_bn_over_devices_skips_the_noise_scale_with_a_warning(global_bn_r
   """bn_mode='global' on 8 devices: a device's gradient is not a b_small-example gradient."""
   workdir, _, out = global_bn_runs['jit']
   assert "WARNING: B_simple is not measured: bn_mode='global'" in out
+  final = json.load(open(workdir / 'final_metrics.json'))
+  assert final['noise_scale_measured'] is False
+  assert "bn_mode='global'" in final['noise_scale_not_measured_because']
   lines = [json.loads(l) for l in open(workdir / 'metrics.jsonl')]
   assert any('train/loss' in l for l in lines)
   assert not any(k.startswith('train/noise_scale') for l in lines for k in l)
@@ -137,11 +162,14 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
     (dict(eval_batch_size=12), 'eval_batch_size'),
     (dict(batch_size=0), 'must be > 0'),
     (dict(executor='tpu'), 'executor'),
-    (dict(stop_at_metric='eval/anp_top1', stop_at_value=1.5, eval_every_epochs=1.0),
-     'unreachable target'),
-    (dict(stop_at_metric='train/loss', stop_at_value=0.5, eval_every_epochs=1.0),
-     'evaluation accuracy'),
-    (dict(stop_at_metric='eval/anp_top1', stop_at_value=0.5), 'periodic evaluation'),
+    (dict(target_value=1.5, stop_at_target=True, eval_every_epochs=1.0), 'unreachable target'),
+    (dict(target_metric='train/loss', target_value=0.5, eval_every_epochs=1.0),
+     'not a metric of config.evals'),
+    (dict(target_metric='eval/loss', target_value=0.5, eval_every_epochs=1.0),
+     'lower-is-better'),
+    (dict(target_value=0.5, target_metric=''), 'needs config.target_metric'),
+    (dict(target_value=0.5, stop_at_target=True), 'periodic evaluation'),
+    (dict(stop_at_target=True, eval_every_epochs=1.0), 'needs a target'),
 ])
 def test_bad_config_fails_before_compilation(data_dir, tmp_path, overrides, message):
   config = tiny_config(data_dir, **overrides)
@@ -161,7 +189,7 @@ def test_stop_at_target_ends_at_the_first_evaluation_reaching_it_and_stays_stopp
   # Top-5 of 8 ANPs is far above 5 % from the start: the first evaluation (step 2 of 6: one
   # epoch is 8 steps) stops the run.
   config = tiny_config(data_dir, num_train_steps=6, eval_every_epochs=0.25,
-                       stop_at_metric='eval/anp_top5', stop_at_value=0.05)
+                       target_metric='eval/anp_top5', target_value=0.05, stop_at_target=True)
   result = trainer.train_and_evaluate(config, str(tmp_path))
   final = json.load(open(tmp_path / 'final_metrics.json'))
   assert final['step'] == 2 and final['stopped_at_target'] is True

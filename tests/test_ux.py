@@ -59,7 +59,8 @@ def test_report_is_written_when_runs_miss_the_target(tmp_path, reached):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2, 3, 12. Workdirs: a refused run changes nothing; eval-only needs a checkpoint.
+# 2, 3, 12. Workdirs: a refused run changes nothing; eval-only needs a checkpoint and writes
+# nothing.
 
 
 @pytest.fixture(scope='module')
@@ -97,13 +98,13 @@ def test_eval_only_without_a_checkpoint_is_an_error(data_dir, tmp_path):
   assert not workdir.exists()
 
 
-def test_eval_only_writes_beside_the_training_logs(data_dir, trained):
-  before = _snapshot(trained)
+def test_eval_only_evaluates_the_checkpoint_and_writes_nothing(data_dir, trained):
+  before = _snapshot(trained), sorted(os.listdir(trained))
   result = _train(data_dir, trained, num_train_steps=3, eval_only=True, batch_size=64)
-  assert _snapshot(trained) == before
-  saved = json.loads((trained / 'eval_only_metrics.json').read_text())
-  assert saved['step'] == 3
-  assert saved['eval/anp_top1'] == pytest.approx(result.final_eval['eval/anp_top1'])
+  assert (_snapshot(trained), sorted(os.listdir(trained))) == before
+  assert result.step == 3
+  final = json.loads((trained / 'final_metrics.json').read_text())  # The training's evaluation.
+  assert result.final_eval['eval/anp_top1'] == pytest.approx(final['eval/anp_top1'])
 
 
 def test_workdir_that_is_a_file_says_so(data_dir, tmp_path):

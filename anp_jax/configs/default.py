@@ -4,9 +4,11 @@
   ./run.sh --config.batch_size=256 --config.num_epochs=2
 
 Every other config imports this one and overrides a few fields. A finished run's recorded
-config is read back with `read_run_config` (fields added since then get `ADDED_FIELDS`).
+config is read back with `read_run_config` (fields added since then get `ADDED_FIELDS`, replaced
+ones their replacements: `REPLACED_FIELDS`).
 """
 
+import copy
 import json
 import os
 
@@ -21,29 +23,76 @@ def default_data_dir() -> str:
   return os.environ.get(DATA_DIR_ENV) or '~/tensorflow_datasets'
 
 
-# Fields added to the config after runs were recorded, with the value those runs used: a run's
-# config.json without them is read with these (`read_run_config`). A new field whose default is
-# not what older runs did gets its old behaviour here, not its default.
-ADDED_FIELDS = {'method': 'sync', 'eval_split': 'validation', 'model.conv_impl': 'xla',
-                'model.adjective_head': True, 'model.noun_head': True,
-                'stop_at_metric': '', 'stop_at_value': 0.0}
+# config.target_metric's default: what "target" meant before the field existed (sweeps, pilots).
+DEFAULT_TARGET_METRIC = 'eval/anp_top1'
+
+# The one registry of fields added after runs were recorded, with the value those runs used
+# (a new field whose default is not what older runs did gets its old behaviour here, not its
+# default). Two readers: `read_run_config` fills a recorded config.json with them, and the
+# checkpoint identity (`anp_jax.checkpointing.identity_diff`) compares an identity entry that an
+# older checkpoint does not record with them (an entry missing here was recorded later although
+# the field existed: older checkpoints are not compared on it).
+ADDED_FIELDS = {
+    'method': 'sync', 'model.conv_impl': 'xla', 'model.adjective_head': True,
+    'model.noun_head': True, 'init_from': '', 'freeze': '', 'backbone_lr_multiplier': 1.0,
+    'evals': {'eval': {'kind': 'classification', 'split': 'validation'}},
+    'target_metric': DEFAULT_TARGET_METRIC, 'target_value': 0.0, 'stop_at_target': False,
+}
+# Fields that were replaced, and by what: a config.json that has them is read into the new
+# fields (`_replace_old_fields`); a command line or config file that still sets one is refused
+# with this text (`replaced_field_message`).
+REPLACED_FIELDS = {
+    'stop_at_metric': 'config.target_metric (the metric), config.target_value (the value) and '
+                      'config.stop_at_target=True (stop there)',
+    'stop_at_value': 'config.target_value (with config.target_metric and '
+                     'config.stop_at_target=True)',
+    'eval_split': "config.evals, a metric prefix per evaluation, e.g. "
+                  "--config.evals.eval.split=test",
+}
+
+
+def default_eval_split(config) -> str:
+  """The split of the run's default evaluation: config.evals' ``eval`` entry's if it is a
+  classification, else 'validation' (`trainer.Run.evaluate`'s default, the data's 'eval split')."""
+  spec = config.evals.get('eval')
+  return spec.split if spec is not None and spec.kind == 'classification' else 'validation'
+
+
+def replaced_field_message(field: str) -> str:
+  """The error for a config that still sets a replaced field ('' if `field` was not replaced)."""
+  if field not in REPLACED_FIELDS:
+    return ''
+  return f'config.{field} no longer exists: use {REPLACED_FIELDS[field]}.'
+
+
+def _replace_old_fields(recorded: dict) -> None:
+  """A recorded config's `REPLACED_FIELDS` as the fields that replaced them (in place)."""
+  split = recorded.pop('eval_split', None)
+  if split and 'evals' not in recorded:
+    recorded['evals'] = {'eval': {'kind': 'classification', 'split': split}}
+  metric, value = recorded.pop('stop_at_metric', None), recorded.pop('stop_at_value', None)
+  if metric and 'target_metric' not in recorded:  # '' was 'no target'.
+    recorded.update(target_metric=metric, target_value=float(value or 0.0),
+                    stop_at_target=True)
 
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run recorded (``workdir/config.json``), with the `ADDED_FIELDS` it lacks.
+  """The config a run recorded (``workdir/config.json``) in today's fields: replaced fields
+  mapped to their replacements, the `ADDED_FIELDS` it lacks with the value it used.
 
-  For what reads finished runs (`trainer.load_checkpoint`, the planner's pilot): plain
-  attribute access then works on configs of every version. No JAX.
+  For what reads finished runs (`trainer.load_checkpoint`, the planner's pilot, reports): plain
+  attribute access then works on configs of every version. No JAX; reads, never writes.
   """
   with open(os.path.join(workdir, 'config.json')) as f:
     recorded = json.load(f)
+  _replace_old_fields(recorded)
   for field, value in ADDED_FIELDS.items():
     *parents, name = field.split('.')
     node = recorded
     for part in parents:
       node = node.setdefault(part, {})
     if node.get(name) is None:
-      node[name] = value
+      node[name] = copy.deepcopy(value)
   return ml_collections.ConfigDict(recorded)
 
 
@@ -58,7 +107,6 @@ def get_config() -> ml_collections.ConfigDict:
       num_adjectives=8, num_nouns=8, num_pairs=32, image_size=32,
       train_per_class=250, eval_per_class=53, label_noise=0.0, seed=0))
   c.anp = ml_collections.ConfigDict(dict(config_name=''))  # Used with dataset='anp'.
-  c.eval_split = 'validation'
   c.image_size = 32
   # 'cifar' (pad + crop + flip), 'inception' (random-resized crop + flip, any image encoding),
   # 'flip', 'none'. Every enumerated field's choices: anp_jax.setup.CHOICES.
@@ -100,10 +148,19 @@ def get_config() -> ml_collections.ConfigDict:
   c.lars_trust_coefficient = 0.001
   c.num_epochs = 5.0  # Epochs of train_size examples: ceil(N * train_size / batch_size) steps.
   c.num_train_steps = -1  # > 0 overrides num_epochs.
-  # Optionally stop early once an evaluation reaches a target accuracy (time-to-accuracy runs):
-  # e.g. stop_at_metric='eval/anp_top1', stop_at_value=0.25. '' trains the whole budget.
-  c.stop_at_metric = ''
-  c.stop_at_value = 0.0
+
+  # Evaluation (docs/evaluation.md). evals: metric prefix -> evaluator spec (anp_jax.evaluators);
+  # every one runs at each evaluation step and logs '<prefix>/<metric>' (eval/anp_top1,
+  # eval/loss, ...). Add one in a config file, e.g.
+  # c.evals.test = dict(kind='classification', split='test').
+  c.evals = ml_collections.ConfigDict(
+      {'eval': ml_collections.ConfigDict(dict(kind='classification', split='validation'))})
+  # THE metric "target" means everywhere (early stop, a sweep's steps to target, the planner,
+  # the reports); higher is better. target_value: 0 = no target. stop_at_target: end the run at
+  # the first evaluation with target_metric >= target_value (time-to-accuracy runs).
+  c.target_metric = DEFAULT_TARGET_METRIC
+  c.target_value = 0.0
+  c.stop_at_target = False
 
   # Execution.
   c.executor = 'jit'  # 'jit' (mesh + shardings) or 'pmap' (for comparison).
@@ -153,7 +210,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 500
   c.checkpoint_every_minutes = 10.0
   c.keep_checkpoints = 3
-  c.keep_best_metric = ''  # e.g. 'eval/anp_top1': also keep the best checkpoint by it.
+  c.keep_best_metric = ''  # Any evaluator's metric, e.g. 'eval/loss': also keep the best by it.
   c.async_checkpointing = True
   c.eval_only = False
   return c

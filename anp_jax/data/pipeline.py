@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from anp_jax.configs import default as default_config
 from anp_jax.data import filelock
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
@@ -146,8 +147,9 @@ def _prepare_once(builder, data_dir: str):
 def dataset_meta(builder, config) -> DatasetMeta:
   info = builder.info
   feats = info.features
-  eval_split = config.eval_split
-  check_split(builder, eval_split, 'config.eval_split')
+  # The split of the run's default evaluation (config.evals' 'eval' entry).
+  eval_split = default_config.default_eval_split(config)
+  check_split(builder, eval_split, "config.evals['eval'].split")
   return DatasetMeta(
       name=builder.name,
       num_anps=feats['label_anp'].num_classes,

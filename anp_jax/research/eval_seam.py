@@ -3,10 +3,9 @@
 The trainer's evaluation seam names the target ``config.target_metric`` (a validation metric,
 ``'eval/anp_top1'``), ``config.target_value`` and ``config.stop_at_target``, and lists its
 evaluations in ``config.evals`` (``'eval'`` on the validation split, ``'test'`` on the test
-split: metric prefixes ``eval/`` and ``test/``). A config without those fields (an earlier
-trainer) stops at a target with ``stop_at_metric`` / ``stop_at_value`` and evaluates the
-validation split only. These functions are the one place that tells the two apart; once every
-config has the seam's fields they reduce to attribute access and this module can go.
+split: metric prefixes ``eval/`` and ``test/``). Choices are made on ``eval/``, published figures
+come from ``test/`` when the runs evaluated it. Recorded configs of earlier runs are read with
+the new fields (`anp_jax.configs.default.read_run_config`).
 """
 
 from typing import Optional, Tuple
@@ -15,11 +14,6 @@ DEFAULT_TARGET_METRIC = 'eval/anp_top1'
 VALIDATION_PREFIX = 'eval/'  # Choices (learning rate, stopping) are made on it.
 TEST_PREFIX = 'test/'  # Published figures come from it when the runs evaluated it.
 TARGET_FIELDS = ('target_metric', 'target_value')
-
-
-def has_seam(config) -> bool:
-  """Whether `config` carries the evaluation seam's target fields."""
-  return 'stop_at_target' in config
 
 
 def target(config, metric: Optional[str] = None,
@@ -35,16 +29,13 @@ def target(config, metric: Optional[str] = None,
 
 def set_target(config, metric: str, value: float, stop: bool) -> None:
   """Writes the target into a run's config, and whether the run stops at it."""
-  if has_seam(config):
-    config.target_metric, config.target_value = metric, float(value)
-    config.stop_at_target = bool(stop)
-  elif stop:
-    config.stop_at_metric, config.stop_at_value = metric, float(value)
+  config.target_metric, config.target_value = metric, float(value)
+  config.stop_at_target = bool(stop)
 
 
 def stops_at_target(config) -> bool:
-  """Whether a run's config stops at its target (the seam's flag or the earlier fields)."""
-  return bool(config.get('stop_at_target') or config.get('stop_at_metric'))
+  """Whether a run's config stops at its target."""
+  return bool(config.get('stop_at_target'))
 
 
 def test_metric(metric: str) -> str:

@@ -26,7 +26,7 @@ flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with no
 flags.DEFINE_string('sweep', None, 'A finished batch_size_sweep.py directory (results.json).')
 flags.DEFINE_string('metric', 'eval/anp_top1', 'The metric whose target is planned for.')
 flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's "
-                   "config.stop_at_value, or the sweep's target).")
+                   "config.target_value, or the sweep's target).")
 flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
 flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
 flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '

@@ -39,9 +39,9 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
                     "must be a synchronous run (config.method='sync'), whose steps measure the "
                     'batch size alone. Use a synchronous run of the same model as the pilot.')
   if target is None:
-    if not config.stop_at_metric:
-      raise PlanError('Give --target (the pilot has no config.stop_at_metric to take it from).')
-    metric, target = config.stop_at_metric, float(config.stop_at_value)
+    if not float(config.target_value):
+      raise PlanError('Give --target (the pilot has no config.target_value to take it from).')
+    metric, target = config.target_metric, float(config.target_value)
   crossing = target_crossing(records, target, metric)
   if crossing is None:
     best = max((r[metric] for r in records if metric in r), default=None)

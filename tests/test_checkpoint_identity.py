@@ -1,0 +1,77 @@
+"""Checkpoint identity: the fields a resume must keep, data-shaping ones included (issue 31, item
+7), and the one registry of fields added later that older checkpoints are read with (issue 33,
+item 6)."""
+
+import os
+import re
+
+import pytest
+
+from anp_jax import checkpointing, trainer
+from anp_jax.configs import default
+from conftest import tiny_config
+
+
+@pytest.fixture(scope='module')
+def three_steps(data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('three_steps')
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=3, checkpoint_every_steps=3),
+                             str(workdir))
+  return workdir
+
+
+@pytest.mark.parametrize('field,value,saved', [
+    ('shuffle_buffer', 8, 16384),  # Another order of the examples.
+    ('augment', 'flip', "'cifar'"),  # Other augmentations.
+    ('crop_padding', 2, 4),
+    ('synthetic.label_noise', 0.25, 0.0),  # Another generated dataset, same classes.
+])
+def test_a_resume_that_changes_the_data_is_refused_by_name(data_dir, three_steps, field,
+                                                           value, saved):
+  """Before, these resumed silently and continued on other data."""
+  before = sorted(os.listdir(three_steps / 'checkpoints'))
+  with pytest.raises(ValueError, match=re.escape(f'{field}: checkpoint {saved} vs config ')):
+    trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, **{field: value}),
+                               str(three_steps))
+  assert sorted(os.listdir(three_steps / 'checkpoints')) == before
+
+
+def test_an_evaluation_may_choose_its_own_preprocessing(data_dir, three_steps):
+  result = trainer.train_and_evaluate(
+      tiny_config(data_dir, num_train_steps=3, eval_only=True, shuffle_buffer=8, augment='flip',
+                  crop_padding=2), str(three_steps))
+  assert result.step == 3
+
+
+def test_only_the_fields_of_the_configs_dataset_and_augmentation_count(tmp_path):
+  cifar = checkpointing.identity(tiny_config(tmp_path))
+  assert {'crop_padding', 'synthetic.seed', 'synthetic.num_pairs'} <= set(cifar)
+  assert 'crop_fraction' not in cifar and 'anp.config_name' not in cifar
+  real = checkpointing.identity(tiny_config(tmp_path, dataset='anp', augment='inception'))
+  assert {'crop_fraction', 'anp.config_name'} <= set(real)
+  assert not any(k.startswith('synthetic.') for k in real) and 'crop_padding' not in real
+  # A synthetic section's change does not matter to a run on a prepared dataset.
+  other = checkpointing.identity(tiny_config(tmp_path, dataset='anp', augment='inception',
+                                             **{'synthetic.seed': 3}))
+  assert checkpointing.identity_diff(real, other) == {}
+
+
+@pytest.mark.parametrize('field', ['init_from', 'method', 'model.adjective_head'])
+def test_an_entry_an_older_checkpoint_lacks_is_compared_with_its_added_fields_value(
+    tmp_path, field):
+  """The registry's value is what every run had before the field existed."""
+  current = checkpointing.identity(tiny_config(tmp_path))
+  old = {k: v for k, v in current.items() if k != field}
+  assert checkpointing.identity_diff(old, current) == {}  # The registry's value: accepted.
+  changed = {'init_from': '/w', 'method': 'async', 'model.adjective_head': False}[field]
+  assert checkpointing.identity_diff(old, dict(current, **{field: changed})) == {
+      field: (default.ADDED_FIELDS[field], changed)}
+
+
+@pytest.mark.parametrize('field', ['shuffle_buffer', 'synthetic.seed', 'batch_size', 'num_anps'])
+def test_an_entry_recorded_later_is_not_compared_for_older_checkpoints(tmp_path, field):
+  """The field existed before the identity recorded it: an older checkpoint's value is unknown."""
+  current = checkpointing.identity(tiny_config(tmp_path), {'num_anps': 8})
+  old = {k: v for k, v in current.items() if k != field}
+  assert field not in default.ADDED_FIELDS
+  assert checkpointing.identity_diff(old, dict(current, **{field: 12345})) == {}
