@@ -264,6 +264,25 @@ def test_processes_on_one_host_split_its_cores(tmp_path):
     assert got == [cores, cores]
 
 
+def test_processes_that_disagree_on_pinning_cores_all_exit_2_without_waiting(tmp_path):
+  """ANP_PIN_CORES=0 on one process only: every process exits 2 naming the setting, at once.
+  Before: the process that pins waited at the core census for the one that had opted out, until
+  ANP_INIT_TIMEOUT (here 90 s) ran out, and then failed with a barrier time-out that did not
+  say why; the other went on alone."""
+  init_timeout = 90
+  procs = launch([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "work"}'], 2, 1,
+                 tmp_path, ANP_PIN_CORES=lambda pid: ['1', '0'][pid],
+                 ANP_INIT_TIMEOUT=init_timeout)
+  t0 = time.time()
+  logs = _exit_2_on_every_process(procs, tmp_path)
+  elapsed = time.time() - t0
+  for log in logs:
+    assert "ANP_PIN_CORES: process 0 has 'on', process 1 has 'off'" in log, log[-3000:]
+  # Start-up (imports, jax.distributed) included: far less than the census time-out.
+  assert elapsed < init_timeout, elapsed
+  assert not (tmp_path / 'work').exists()
+
+
 def test_a_hung_job_fails_with_the_stacks_of_its_processes(tmp_path):
   """The harness side of every `run_workers` job: a job that outlives its time-out is ended
   (SIGABRT, then SIGKILL) and the test fails with each process's Python stack, instead of
