@@ -156,6 +156,10 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=int(config.keep_checkpoints),
         enable_async_checkpointing=bool(config.async_checkpointing),
+        # The background part of an asynchronous save (the writes, then the wait for the other
+        # processes' writes) is bounded like the job's other waits for long work (orbax's own
+        # bound, 1200 s, is not the user's to set).
+        async_options=ocp.AsyncOptions(timeout_secs=distributed.barrier_timeout_s()),
         create=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
@@ -323,10 +327,16 @@ class Checkpointer:
 
   def _save_error(self, step, error) -> OSError:
     good = [s for s in self.manager.all_steps() if s != step]
+    # orbax's waits for the other processes (its barriers, ANP_BARRIER_TIMEOUT above) ran out.
+    if isinstance(error, TimeoutError) or 'DEADLINE_EXCEEDED' in str(error):
+      remedy = (f'another process did not finish its part of the save within '
+                f'{distributed.barrier_timeout_s()} s (ANP_BARRIER_TIMEOUT): its log says why')
+    else:
+      remedy = 'free disk space or fix the workdir'
     return OSError(f'Saving the checkpoint of step {step} in {self.directory} failed '
                    f'({type(error).__name__}: {error}). Checkpoints saved before are intact '
-                   f'(latest: {max(good) if good else "none"}); free disk space or fix the '
-                   'workdir, then rerun the same command to resume.')
+                   f'(latest: {max(good) if good else "none"}); {remedy}, then rerun the same '
+                   'command to resume.')
 
   def wait(self):
     try:

@@ -281,32 +281,37 @@ def coordination_client():
   return jax_distributed.global_state.client
 
 
+def pinning_wanted() -> bool:
+  """Whether this process was started to pin its cores (``ANP_PIN_CORES`` unset or not off)."""
+  return os.environ.get(PIN_OPT_OUT, '1').strip().lower() not in ('0', 'false', 'no', 'off')
+
+
 def share_host_cores(process_id: int, num_processes: int) -> Optional[List[int]]:
   """After `jax.distributed.initialize`, before JAX starts its backend: pins this process (all
   its threads, and every thread created later: XLA's and TensorFlow's pools are then sized to
   its share, see `core_share`) to its part of the host's cores. Several processes of a job on
   one host otherwise each run thread pools as large as the whole host: two processes x 1 device
   on 2 cores trained 16 % slower than pinned (`experiments/results/mp_profile/`).
-  ``ANP_PIN_CORES=0`` turns it off."""
+  ``ANP_PIN_CORES=0`` turns it off; every process must then have it (checked first: a process
+  that pins would otherwise wait for the core census of one that does not, until
+  ``ANP_INIT_TIMEOUT``)."""
   global _cores
-  if os.environ.get(PIN_OPT_OUT, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+  process = (process_id, num_processes)
+  pin = pinning_wanted()
+  check_same_everywhere(
+      'core pinning', {PIN_OPT_OUT: 'on' if pin else 'off'}, process=process,
+      timeout_env='ANP_INIT_TIMEOUT',
+      hint=f'Set {PIN_OPT_OUT} the same way for every process of the job (unset or 1: each '
+      f'process pins its share of its host\'s cores; 0: none does).')
+  if not pin or not hasattr(os, 'sched_getaffinity'):  # (Not Linux: no affinity to split.)
     return None
-  if not hasattr(os, 'sched_getaffinity'):  # pragma: no cover - not Linux.
-    return None
-  client = coordination_client()
   mask = tuple(sorted(os.sched_getaffinity(0)))
-  prefix = 'anp_jax/host_cores/'
-  client.key_value_set(f'{prefix}{process_id}',
-                       f'{socket.gethostname()}|{",".join(map(str, mask))}')
-  timeout_ms = 1000 * (_seconds_env('ANP_INIT_TIMEOUT'))
-  client.wait_at_barrier('anp_jax_host_cores', timeout_ms)
+  census = exchange('host_cores', f'{socket.gethostname()}|{",".join(map(str, mask))}',
+                    'host names and CPU affinities', process, timeout_env='ANP_INIT_TIMEOUT')
   hosts = {}
-  for key, value in client.key_value_dir_get(prefix):
+  for pid, value in census.items():
     host, cores = value.split('|')
-    hosts[int(key.rsplit('/', 1)[1])] = (host, tuple(int(c) for c in cores.split(',') if c))
-  if len(hosts) != num_processes:
-    raise RuntimeError(f'Expected {num_processes} processes in the core census, got '
-                       f'{sorted(hosts)}.')
+    hosts[pid] = (host, tuple(int(c) for c in cores.split(',') if c))
   mine = core_share(process_id, hosts)
   if mine is None:
     return None
@@ -473,6 +478,33 @@ def barrier_timeout_s() -> int:
   return _seconds_env('ANP_BARRIER_TIMEOUT')
 
 
+def _process(process: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+  """(this process's index, the number of processes): `process`, else JAX's (which starts
+  JAX's backend: the start-up code that must not, `share_host_cores`, passes them)."""
+  if process is not None:
+    return process
+  import jax
+  return jax.process_index(), jax.process_count()
+
+
+def wait_at_barrier(client, barrier_id: str, what: str,
+                    timeout_env: str = 'ANP_BARRIER_TIMEOUT') -> None:
+  """Waits at the coordination service's barrier `barrier_id` for at most the seconds of
+  `timeout_env` (`TIMEOUT_DEFAULTS`). Its failure (the time-out, or a process that ended or
+  failed meanwhile) is raised as a RuntimeError that says what the processes were waiting for,
+  how long, and which setting bounds it, with JAX's own message (which names the missing
+  processes)."""
+  timeout_s = _seconds_env(timeout_env)
+  try:
+    client.wait_at_barrier(barrier_id, 1000 * timeout_s)
+  except Exception as e:  # pylint: disable=broad-except  (jaxlib's error types vary)
+    raise RuntimeError(
+        f'Waiting for the other processes of the job {what} (barrier {barrier_id}, at most '
+        f'{timeout_s} s, {timeout_env}) failed: {" ".join(str(e).split())[:1000]}. If a process '
+        'ended or failed, its log says why; if one is only slow, raise ' + timeout_env + '.'
+    ) from e
+
+
 def barrier(name: str):
   """Waits until every process gets here (no-op for one process).
 
@@ -480,8 +512,9 @@ def barrier(name: str):
   collective of a job also sets up gloo's context, which gives up after 30 s (not configurable
   in jaxlib), and a barrier is typically where one process waits for another's long work
   (process 0 generating the dataset, writing reports). The coordination barrier waits up to
-  ``ANP_BARRIER_TIMEOUT`` seconds (default 3600); a process that died is still detected within
-  the heartbeat time-out. Every process must pass the same names in the same order.
+  ``ANP_BARRIER_TIMEOUT`` seconds (default 3600), then fails saying which barrier; a process
+  that died is still detected within the heartbeat time-out. Every process must pass the same
+  names in the same order.
   """
   import jax
   if jax.process_count() == 1:
@@ -491,7 +524,28 @@ def barrier(name: str):
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
     return
-  client.wait_at_barrier(_next_barrier_id(name), 1000 * barrier_timeout_s())
+  wait_at_barrier(client, _next_barrier_id(name), f'at {name!r}')
+
+
+def exchange(name: str, mine: str, what: str, process: Optional[Tuple[int, int]] = None,
+             timeout_env: str = 'ANP_BARRIER_TIMEOUT') -> Dict[int, str]:
+  """Every process's `mine` (`what` it is, for the messages), by process id (needs
+  jax.distributed's client and several processes). Each process leaves its value in the
+  coordination service's key-value store under the id of a new barrier `name`, waits at that
+  barrier (bounded by `timeout_env`), then reads all of them: no device collective. Every
+  process must call it with the same `name`, in the same order; `process`: see `_process`."""
+  index, count = _process(process)
+  client = coordination_client()
+  barrier_id = _next_barrier_id(re.sub(r'[^A-Za-z0-9_/]+', '_', name))
+  prefix = f'{barrier_id}/'  # Each process's value, under the barrier's own id.
+  client.key_value_set(f'{prefix}{index}', mine)
+  wait_at_barrier(client, barrier_id, f'to exchange their {what}', timeout_env)
+  by_process = {int(key.rsplit('/', 1)[1]): value
+                for key, value in client.key_value_dir_get(prefix)}
+  if len(by_process) != count:
+    raise RuntimeError(f'Expected {count} processes to report their {what}, got '
+                       f'{sorted(by_process)}.')
+  return by_process
 
 
 def differences(by_process: Mapping[int, Mapping[str, Any]], limit: int = 10) -> List[str]:
@@ -551,36 +605,28 @@ SAME_FLAGS_HINT = ('Every process must be started with the same flags. Different
 
 def check_same_everywhere(what: str, values: Union[Mapping[str, Any],
                                                    Callable[[], Mapping[str, Any]]],
-                          hint: str = SAME_FLAGS_HINT) -> None:
+                          hint: str = SAME_FLAGS_HINT, process: Optional[Tuple[int, int]] = None,
+                          timeout_env: str = 'ANP_BARRIER_TIMEOUT') -> None:
   """Raises ConfigError on every process unless all processes passed equal `values` (flat,
   JSON-able; compared as JSON; a function returning them is only called with several
-  processes). A no-op for one process.
+  processes). A no-op for one process. `process` and `timeout_env`: see `exchange`.
 
   Processes that run different configs hang or train wrong: they disagree on which steps fetch
   metrics or save, on batch shapes, on the checkpoint to resume. A node launched with other
   flags, and processes of two jobs merged through a shared coordinator port, both show up here,
   before anything is written. Every process must call it with the same `what`, in the same order."""
-  import jax
-  if jax.process_count() == 1:
+  _, count = _process(process)
+  if count == 1:
     return
-  client = coordination_client()
-  if client is None:  # pragma: no cover - processes set up without jax.distributed's client.
+  if coordination_client() is None:  # pragma: no cover - processes without jax.distributed.
     logging.warning('Not checking that the processes run the same %s: no coordination client.',
                     what)
     return
   if callable(values):
     values = values()
-  mine = json.loads(json.dumps(dict(values), sort_keys=True, default=repr))
-  barrier_id = _next_barrier_id('same/' + re.sub(r'[^A-Za-z0-9_]+', '_', what))
-  prefix = f'{barrier_id}/'  # Each process's values, under the barrier's own id.
-  client.key_value_set(f'{prefix}{jax.process_index()}', json.dumps(mine, sort_keys=True))
-  client.wait_at_barrier(barrier_id, 1000 * barrier_timeout_s())
-  by_process = {int(key.rsplit('/', 1)[1]): json.loads(value)
-                for key, value in client.key_value_dir_get(prefix)}
-  if len(by_process) != jax.process_count():
-    raise RuntimeError(f'Expected {jax.process_count()} processes to report their {what}, got '
-                       f'{sorted(by_process)}.')
-  lines = differences(by_process)
+  mine = json.dumps(dict(values), sort_keys=True, default=repr)
+  by_process = exchange('same/' + what, mine, what, process, timeout_env)
+  lines = differences({pid: json.loads(value) for pid, value in by_process.items()})
   if lines:
     raise ConfigError(
         f'The processes of this job run different {what}:\n  ' + '\n  '.join(lines) +

@@ -80,14 +80,19 @@ def reset() -> None:
 
 
 def any_process_requested() -> bool:
-  """Whether any process got the signal. A collective: every process must call it."""
+  """Whether any process got the signal. Every process must call it (in the same order).
+
+  Through the coordination service's key-value store and a barrier (`distributed.exchange`,
+  bounded by ``ANP_BARRIER_TIMEOUT`` and named in its error), not a device collective: between
+  two runs one process may still be finishing the last one's reports, and a collective waits
+  without saying for what (on GPUs, NCCL's for ever)."""
   import jax
   local = _signal is not None
   if jax.process_count() == 1:
     return local
-  import numpy as np
-  from jax.experimental import multihost_utils
-  return bool(np.max(multihost_utils.process_allgather(np.array([int(local)], np.int32))))
+  got = distributed.exchange('preemption_check', '1' if local else '0',
+                             'preemption signals (between two runs)')
+  return '1' in got.values()
 
 
 def exit_if_requested(what: str = 'the next run') -> None:

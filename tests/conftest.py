@@ -36,6 +36,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -98,12 +99,14 @@ def subprocess_env(devices: int = 8, **extra) -> dict:
   return env
 
 
-def free_port() -> int:
-  """A port the OS just handed out, for a job that must not reach a coordinator (for a job that
-  runs, `launch` holds its port with `distributed.reserve_port`)."""
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+@contextlib.contextmanager
+def port_nobody_serves():
+  """A port held for the ``with`` block with nothing listening on it, for a job that must not
+  reach a coordinator. Held, not closed at once (the usual free-port recipe): a port released
+  at once can be handed to another test worker's job, whose coordinator the process under test
+  would then join as a stranger (`distributed.reserve_port`: no bind to port 0 gets it)."""
+  with distributed.reserve_port() as held:
+    yield held.getsockname()[1]
 
 
 def coordinator_like_listener(port: int) -> socket.socket:

@@ -52,6 +52,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
 # job step's credential, which must outlast a step's launch, hence not lower.)
 REQUEUE_HOLD_S = 20
 
+# Every SLURM and munge command the tests run ends within this (a daemon that stopped answering
+# fails the test with the command named, instead of hanging it).
+COMMAND_TIMEOUT_S = 60
+
 COMMANDS = ('munged', 'mungekey', 'slurmctld', 'slurmd', 'sbatch', 'sinfo', 'squeue', 'scancel',
            'scontrol')
 
@@ -61,6 +65,11 @@ def _need(binary):
   assert path, (f'{binary} not found: install Debian\'s slurm-wlm and munge '
                 '(apt-get install slurm-wlm munge), as .ci/run does.')
   return path
+
+
+def command(args, **kwargs) -> subprocess.CompletedProcess:
+  """`subprocess.run(args, **kwargs)` within COMMAND_TIMEOUT_S seconds."""
+  return subprocess.run(args, timeout=COMMAND_TIMEOUT_S, **kwargs)
 
 
 def _free_ports(n):
@@ -114,11 +123,14 @@ def _cancel_all(env, timeout=60):
   """Cancels every job of the cluster and waits (bounded) until none is left running."""
   deadline = time.time() + timeout
   while time.time() < deadline:
-    out = subprocess.run(['squeue', '-h', '-o', '%i'], env=env, capture_output=True, text=True)
-    jobs = out.stdout.split()
-    if out.returncode == 0 and not jobs:
-      break
-    subprocess.run(['scancel', '--full'] + jobs, env=env, capture_output=True)
+    try:
+      out = command(['squeue', '-h', '-o', '%i'], env=env, capture_output=True, text=True)
+      jobs = out.stdout.split()
+      if out.returncode == 0 and not jobs:
+        break
+      command(['scancel', '--full'] + jobs, env=env, capture_output=True)
+    except subprocess.TimeoutExpired:  # Try again until the deadline; the daemons stop anyway.
+      pass
     time.sleep(1)
 
 
@@ -135,10 +147,10 @@ def cluster(directory):
   conf.write_text(SLURM_CONF.format(d=d, ctld_port=ctld_port, d_port=d_port,
                                     requeue_hold=REQUEUE_HOLD_S))
   env = dict(os.environ, SLURM_CONF=str(conf))
-  subprocess.run(['mungekey', '-c', '-f', '-k', str(d / 'munge.key')], check=True)
+  command(['mungekey', '-c', '-f', '-k', str(d / 'munge.key')], check=True)
   os.chmod(d / 'munge.key', 0o600)
   daemons = []
-  subprocess.run(['munged', '--force', f'--key-file={d}/munge.key', f'--socket={d}/munge.sock',
+  command(['munged', '--force', f'--key-file={d}/munge.key', f'--socket={d}/munge.sock',
                   f'--pid-file={d}/munged.pid', f'--log-file={d}/munged.log',
                   f'--seed-file={d}/munged.seed'], check=True)
   try:
@@ -148,7 +160,7 @@ def cluster(directory):
                                     stdout=open(d / 'd.out', 'w'), stderr=subprocess.STDOUT))
     deadline = time.time() + 90
     while True:
-      out = subprocess.run(['sinfo', '-h', '-o', '%T'], env=env, capture_output=True, text=True)
+      out = command(['sinfo', '-h', '-o', '%T'], env=env, capture_output=True, text=True)
       if out.returncode == 0 and out.stdout.strip() in ('idle', 'mixed'):
         break
       if time.time() > deadline or any(p.poll() is not None for p in daemons):
@@ -193,7 +205,7 @@ def example_script(dest):
 def job_info(env, job_id) -> dict:
   """`scontrol show job` of `job_id` as a dict (JobState, Restarts, ExitCode, Reason, ...); {}
   once the controller has forgotten the job."""
-  out = subprocess.run(['scontrol', 'show', 'job', '-o', str(job_id)], env=env,
+  out = command(['scontrol', 'show', 'job', '-o', str(job_id)], env=env,
                        capture_output=True, text=True)
   if out.returncode != 0:
     return {}

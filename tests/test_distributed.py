@@ -231,9 +231,43 @@ def test_fewer_cores_than_processes_changes_nothing():
   assert all(distributed.core_share(i, hosts) is None for i in range(4))
 
 
-def test_pinning_can_be_turned_off(monkeypatch):
+def test_pinning_can_be_turned_off_on_every_process_only(monkeypatch):
+  """ANP_PIN_CORES=0 pins nothing, once every process is seen to have it (a process that pins
+  would otherwise wait for the others' core census until ANP_INIT_TIMEOUT); nothing here may
+  start JAX's backend (the census comes before it, so that XLA's thread pools fit the share)."""
+  from jax._src import distributed as jax_distributed
+  import jax
+  monkeypatch.setattr(jax, 'process_count', lambda: pytest.fail('started JAX\'s backend'))
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
   monkeypatch.setenv('ANP_PIN_CORES', '0')
-  assert distributed.share_host_cores(0, 2) is None  # Returns before any JAX call.
+  monkeypatch.setenv('ANP_INIT_TIMEOUT', '9')
+  store = _FakeStore({1: {'ANP_PIN_CORES': 'off'}})
+  monkeypatch.setattr(jax_distributed.global_state, 'client', store)
+  assert distributed.share_host_cores(0, 2) is None
+  assert store.barriers == [('anp_jax/same/core_pinning/0', 9_000)]  # ANP_INIT_TIMEOUT bounds it.
+  store.others = {1: {'ANP_PIN_CORES': 'on'}}
+  with pytest.raises(errors.ConfigError, match=r"(?s)different core pinning.*ANP_PIN_CORES: "
+                     r"process 0 has 'off', process 1 has 'on'.*the same way for every process"):
+    distributed.share_host_cores(0, 2)
+
+
+def test_a_failed_barrier_says_what_it_waited_for_and_which_setting_bounds_it(monkeypatch):
+  import jax
+  from jax._src import distributed as jax_distributed
+
+  class Client:
+    def wait_at_barrier(self, barrier_id, timeout_ms):
+      raise RuntimeError('DEADLINE_EXCEEDED: Barrier timed out. # of tasks that reached the '
+                         'barrier: 1/2.')
+
+  monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
+  with pytest.raises(RuntimeError, match=r"Waiting for the other processes of the job at "
+                     r"'train_end' \(barrier anp_jax/train_end/0, at most 7 s, ANP_BARRIER_TIMEOUT"
+                     r"\) failed: DEADLINE_EXCEEDED: .* 1/2\..*raise ANP_BARRIER_TIMEOUT"):
+    distributed.barrier('train_end')
 
 
 def test_barrier_waits_at_the_coordination_service_with_a_new_id_per_use(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 
 from anp_jax import distributed, errors, metrics, trainer
 from conftest import (ROOT, assert_leaves_close, coordinator_like_listener, direct_eval,
-                      finish, free_port, launch, leaves, main_cmd, multiprocess_env,
+                      finish, launch, leaves, main_cmd, multiprocess_env, port_nobody_serves,
                       run_workers, subprocess_env, tiny_config, wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
@@ -140,18 +140,20 @@ def test_a_dead_process_makes_the_others_exit_within_the_heartbeat_timeout(data_
 
 
 def test_inconsistent_process_id_fails_fast_with_exit_code_2(tmp_path):
-  env = multiprocess_env(2, 5, free_port(), 1)
-  out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
-                       env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+  with port_nobody_serves() as port:
+    out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
+                         env=multiprocess_env(2, 5, port, 1), capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
   assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert 'inconsistent process counts' in out.stderr
 
 
 def test_unreachable_coordinator_fails_with_a_message_and_exit_code_2(tmp_path):
-  env = multiprocess_env(2, 1, free_port(), 1, ANP_INIT_TIMEOUT=4)
-  t0 = time.time()
-  out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
-                       env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
+  with port_nobody_serves() as port:
+    env = multiprocess_env(2, 1, port, 1, ANP_INIT_TIMEOUT=4)
+    t0 = time.time()
+    out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path}'],
+                         env=env, capture_output=True, text=True, timeout=180, cwd=ROOT)
   assert out.returncode == errors.EXIT_CONFIG, out.stderr[-2000:]
   assert time.time() - t0 < 60
   assert 'coordinator' in out.stderr and 'not reachable within 4 s' in out.stderr
@@ -264,6 +266,25 @@ def test_processes_on_one_host_split_its_cores(tmp_path):
     assert got == [cores, cores]
 
 
+def test_processes_that_disagree_on_pinning_cores_all_exit_2_without_waiting(tmp_path):
+  """ANP_PIN_CORES=0 on one process only: every process exits 2 naming the setting, at once.
+  Before: the process that pins waited at the core census for the one that had opted out, until
+  ANP_INIT_TIMEOUT (here 90 s) ran out, and then failed with a barrier time-out that did not
+  say why; the other went on alone."""
+  init_timeout = 90
+  procs = launch([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "work"}'], 2, 1,
+                 tmp_path, ANP_PIN_CORES=lambda pid: ['1', '0'][pid],
+                 ANP_INIT_TIMEOUT=init_timeout)
+  t0 = time.time()
+  logs = _exit_2_on_every_process(procs, tmp_path)
+  elapsed = time.time() - t0
+  for log in logs:
+    assert "ANP_PIN_CORES: process 0 has 'on', process 1 has 'off'" in log, log[-3000:]
+  # Start-up (imports, jax.distributed) included: far less than the census time-out.
+  assert elapsed < init_timeout, elapsed
+  assert not (tmp_path / 'work').exists()
+
+
 def test_a_hung_job_fails_with_the_stacks_of_its_processes(tmp_path):
   """The harness side of every `run_workers` job: a job that outlives its time-out is ended
   (SIGABRT, then SIGKILL) and the test fails with each process's Python stack, instead of
@@ -298,11 +319,13 @@ def test_a_process_stuck_before_a_collective_fails_the_others_instead_of_hanging
   procs = launch([sys.executable, '-c', code], 2, 1, tmp_path, XLA_FLAGS=flags)
   deadline = time.time() + 240
   try:  # (Its exit then waits for process 1 at jax.distributed's shutdown: not timed here.)
-    while 'SECOND ENDED' not in open(tmp_path / 'proc0.log').read():
-      assert time.time() < deadline and procs[0].poll() is None, open(
-          tmp_path / 'proc0.log').read()[-3000:]
+    # Until the traceback that follows the line is written (its last line has the error;
+    # before: a fixed 1 s, which a loaded machine can outlast) or process 0 has ended.
+    while 'Timed out' not in open(tmp_path / 'proc0.log').read().partition('SECOND ENDED')[2]:
+      if procs[0].poll() is not None:
+        break
+      assert time.time() < deadline, open(tmp_path / 'proc0.log').read()[-3000:]
       time.sleep(0.2)
-    time.sleep(1)  # The traceback that follows.
   finally:
     for p in procs:
       p.kill()
@@ -312,6 +335,45 @@ def test_a_process_stuck_before_a_collective_fails_the_others_instead_of_hanging
   waited = float(log.split('SECOND ENDED after ')[1].split(' s')[0])
   assert 4 < waited < 60, log[-3000:]
   assert 'Gloo' in log and 'Timed out' in log, log[-3000:]
+
+
+# `python -m anp_jax.main` in which process 1's part of every asynchronous checkpoint save never
+# ends: the process is alive (its heartbeats go on) but never reaches orbax's barrier after the
+# writes, as a process whose writes hang on a stuck file system.
+STUCK_SAVE = """
+import os, time
+if os.environ['ANP_PROCESS_ID'] == '1':
+  from orbax.checkpoint._src.checkpointers import async_checkpointer
+  def never_done(*args, **kwargs):
+    print('PROCESS 1 STUCK IN ITS SAVE', flush=True)
+    time.sleep(3600)
+  async_checkpointer._background_wait_for_commit_futures = never_done
+from anp_jax import main
+main.run()
+"""
+
+
+@pytest.mark.slow(100)
+def test_a_process_stuck_in_a_checkpoint_save_fails_the_job_within_the_barrier_timeout(
+    data_dir, tmp_path):
+  """Process 0 gives up on the save after ANP_BARRIER_TIMEOUT (40 s here) with an error naming
+  the step, orbax's barrier and the setting; process 1 then ends too (its coordinator is gone).
+  Before: process 0 waited orbax's own 1200 s (stacks: in CheckpointManager.save's
+  wait_until_finished), and the job outlived the harness's 240 s time-out."""
+  workdir = tmp_path / 'work'
+  flags = main_cmd(data_dir, workdir, num_train_steps=4, checkpoint_every_steps=2,
+                   async_checkpointing=True, batch_size=8)[3:]
+  procs = launch([sys.executable, '-c', STUCK_SAVE, *flags], 2, 1, tmp_path,
+                 ANP_BARRIER_TIMEOUT=40, ANP_SHUTDOWN_TIMEOUT=10)
+  logs = finish(procs, tmp_path, timeout=240)
+  assert 'PROCESS 1 STUCK IN ITS SAVE' in logs[1], logs[1][-3000:]
+  # Process 0 reports the error and returns 2; JAX's shutdown barrier, which process 1 never
+  # reaches, then aborts it (exit -6): with a stuck process no exit code is certain.
+  assert procs[0].returncode != 0 and procs[1].returncode != 0, logs[0][-3000:]
+  assert 'Timed out while waiting for async_write_complete barrier' in logs[0], logs[0][-5000:]
+  error = logs[0][logs[0].index('ERROR: Saving the checkpoint of step'):]
+  assert 'another process did not finish its part of the save within 40 s' in error, error
+  assert not (workdir / 'checkpoints' / '2').exists()  # Never committed.
 
 
 @pytest.mark.slow(40)

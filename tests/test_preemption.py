@@ -106,6 +106,37 @@ class _FakeStore:
     return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))
 
 
+def test_any_process_requested_asks_the_coordination_service_with_a_bounded_wait(monkeypatch):
+  """Between a sweep's runs: a key-value exchange and a barrier bounded by ANP_BARRIER_TIMEOUT
+  (before: a device all-gather, which waits without saying for what: on GPUs for ever)."""
+  from jax._src import distributed as jax_distributed
+  from jax.experimental import multihost_utils
+  from anp_jax import distributed
+  other = {'signalled': '0'}
+
+  class Client(_FakeStore):
+    barriers = []
+
+    def wait_at_barrier(self, barrier_id, timeout_ms):
+      self.barriers.append((barrier_id, timeout_ms))
+      self.data[f'{barrier_id}/1'] = other['signalled']  # Process 1 arrived with its flag.
+
+  monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 0)
+  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(multihost_utils, 'process_allgather',
+                      lambda *a, **k: pytest.fail('a device collective'))
+  monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
+  assert preemption.any_process_requested() is False
+  other['signalled'] = '1'
+  assert preemption.any_process_requested() is True  # Process 1's signal counts here too.
+  other['signalled'] = '0'
+  monkeypatch.setattr(preemption, '_signal', signal.SIGTERM)
+  assert preemption.any_process_requested() is True
+  assert Client.barriers == [(f'anp_jax/preemption_check/{i}', 7000) for i in range(3)]
+
+
 @pytest.mark.parametrize('signal_step', [8, 9, 10, 11])  # Every phase of READ_EVERY = 4.
 @pytest.mark.parametrize('lag', [-3, 0, 1, 3])
 def test_processes_agree_on_one_stop_and_save_step(lag, signal_step, monkeypatch):

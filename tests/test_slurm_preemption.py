@@ -149,7 +149,7 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted
   watch.until(lambda w: metrics.exists() and metrics.read_text().strip(),
               what='a first logged step')
   t_signal = time.time()
-  subprocess.run(['scancel', '--signal=USR1', job], env=env, check=True)
+  slurm_cluster.command(['scancel', '--signal=USR1', job], env=env, check=True)
   marks = (EXITED_75, 'Resumed from checkpoint', 'Done in')
   watch.until(lambda w: not w.info or w.info.get('JobState') in ENDED, texts=marks,
               timeout=400, what='the requeued job to finish')
