@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 
 from anp_jax import durations, methods, models, optim, pretrained
-from anp_jax.data import pipeline
+from anp_jax.data import pipeline, windows
 from anp_jax.errors import ConfigError
 from anp_jax.metrics import HEADS
 from anp_jax.models import conv as conv_lowerings
@@ -70,6 +70,7 @@ class Setup:
 CHOICES = {
     'dataset': pipeline.DATASETS,
     'augment': pipeline.AUGMENTS,
+    'input_backend': windows.BACKENDS,
     'model.name': tuple(sorted(models.ARCHS)),
     'model.dtype': tuple(models.DTYPES),
     'model.conv_impl': conv_lowerings.IMPLS,
@@ -162,6 +163,7 @@ def validate_config(config) -> None:
   methods.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
+  windows.check_backend(config)
 
 
 # Numeric fields and their valid ranges, (low, high, low inclusive, high inclusive) and why:

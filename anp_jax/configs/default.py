@@ -26,7 +26,7 @@ def default_data_dir() -> str:
 # not what older runs did gets its old behaviour here, not its default.
 ADDED_FIELDS = {'method': 'sync', 'eval_split': 'validation', 'model.conv_impl': 'xla',
                 'model.adjective_head': True, 'model.noun_head': True,
-                'stop_at_metric': '', 'stop_at_value': 0.0}
+                'stop_at_metric': '', 'stop_at_value': 0.0, 'input_backend': 'tf'}
 
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -66,6 +66,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.crop_padding = 4
   c.crop_fraction = 0.875
   c.cache = True
+  # Who finishes the images (anp_jax/data/windows.py): 'tf' (the host), 'tf_device' (the host
+  # decodes the crop window, the device resizes, flips, normalises), 'dali' / 'dali_cpu' (DALI).
+  c.input_backend = 'tf'
   c.shuffle_buffer = 16384  # A device shard larger than this is also read in a new file order
   # every epoch (see pipeline._epoch_reader).
 
