@@ -474,9 +474,15 @@ def _device_form(builder, config) -> Optional[_DeviceForm]:
   if windows.backend(config) not in windows.DEVICE_BACKENDS:
     return None
   windows.check_backend(config)
-  return _DeviceForm(config, windows.box_size(
-      config, stored_image_size=_stored_size(builder),
-      stored_short_side=_stored_short_side(builder), dataset=builder.name))
+  return _DeviceForm(config, device_box(builder, config))
+
+
+def device_box(builder, config) -> int:
+  """The side of the uint8 box the device backends hand windows over in, for this dataset
+  (`windows.box_size`: a ConfigError when its images have no bounded size)."""
+  from anp_jax.data import windows
+  return windows.box_size(config, stored_image_size=_stored_size(builder),
+                          stored_short_side=_stored_short_side(builder), dataset=builder.name)
 
 
 def _seed_key(seed: int, purpose: str) -> int:

@@ -79,8 +79,9 @@ def box_size(config, *, stored_image_size: Optional[int], stored_short_side: Opt
     return max(int(stored_image_size), size)
   if stored_short_side:
     return max(math.ceil(4 * int(stored_short_side) / 3), size)
+  name = backend(config) if backend(config) in DEVICE_BACKENDS else 'tf_device'
   raise ConfigError(
-      f'config.input_backend={backend(config)!r} needs images of a bounded size, and '
+      f'config.input_backend={name!r} needs images of a bounded size, and '
       f'{dataset} keeps its photos at their source size (prepared with --resize_short_side 0): '
       'prepare it with --resize_short_side N (e.g. 256), or use '
       "config.input_backend='tf'.")
