@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suite (8 simulated CPU devices; multi-process tests on 127.0.0.1).
 # Creates the environment from requirements.txt first if it is missing, and adds
-# requirements-bench.txt (PyTorch, CPU: the benchmark's reference tests need it), so that this
-# runs the same tests as CI. Extra args go to pytest.
+# requirements-bench.txt (PyTorch, CPU: the benchmark's reference tests need it) and
+# requirements-dali.txt (NVIDIA DALI: the DALI input backend's tests), so that this runs the
+# same tests as CI. Extra args go to pytest.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ANP_SETUP_ONLY=1 "$HERE/run.sh"
@@ -13,6 +14,17 @@ if ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
   echo "test.sh: installing requirements-bench.txt (PyTorch CPU, first run only)..." >&2
   "$VENV_PY" -m pip install -q -r requirements-bench.txt >&2
   cp requirements-bench.txt "$BENCH_OK"
+fi
+# requirements-dali.txt (NVIDIA DALI, ~490 MB, without its declared pins: see the file): the
+# DALI input backend's tests run on its CPU decoder. ANP_NO_DALI=1 skips the install, and those
+# tests skip (the only way they do: without it a missing DALI fails them).
+DALI_OK="${ANP_VENV:-$HERE/.venv}/.anp_dali_requirements_ok"
+if [ "${ANP_NO_DALI:-0}" != 1 ] && ! cmp -s requirements-dali.txt "$DALI_OK" 2>/dev/null; then
+  echo "test.sh: installing requirements-dali.txt (NVIDIA DALI, ~490 MB, first run only)..." >&2
+  "$VENV_PY" -m pip install -q --no-deps -r requirements-dali.txt >&2
+  "$VENV_PY" -c "import nvidia.dali" 2>/dev/null || {
+    echo "test.sh: NVIDIA DALI does not import after installing requirements-dali.txt" >&2; exit 1; }
+  cp requirements-dali.txt "$DALI_OK"
 fi
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 # Tests run in parallel worker processes (pytest-xdist): min(cores + 1, 4, GiB of memory / 6)

@@ -17,7 +17,7 @@ import jax
 
 from anp_jax import durations, evaluators, methods, models, optim, pretrained
 from anp_jax.configs import default as default_config
-from anp_jax.data import pipeline
+from anp_jax.data import pipeline, windows
 from anp_jax.errors import ConfigError
 from anp_jax.models import conv as conv_lowerings
 
@@ -70,6 +70,7 @@ class Setup:
 CHOICES = {
     'dataset': pipeline.DATASETS,
     'augment': pipeline.AUGMENTS,
+    'input_backend': windows.BACKENDS,
     'model.name': models.NAMES,  # A live view: a model registered later is valid too.
     'model.dtype': tuple(models.DTYPES),
     'model.conv_impl': conv_lowerings.IMPLS,
@@ -156,6 +157,7 @@ def validate_config(config) -> None:
   optim.validate(config)
   pretrained.validate(config)
   pipeline.check_data_dir(config)
+  windows.check_backend(config)
 
 
 # Numeric fields and their valid ranges, (low, high, low inclusive, high inclusive) and why:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from anp_jax import collectives, noise_scale, optim
+from anp_jax.data import device_input
 from anp_jax.metrics import LABEL_OF
 
 AXIS = 'data'  # The mesh axis of the batch (every device of the job).
@@ -104,6 +105,8 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
   still accumulates the undivided gradient.
   """
 
+  batch = device_input.finish(batch, config)  # uint8 windows -> images ('tf_device', 'dali').
+
   def grads_of(params, batch_stats, mb):
     def loss_fn(p):
       logits, mutated = model.apply({'params': p, 'batch_stats': batch_stats}, mb['image'],
@@ -178,6 +181,7 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
 
 def per_device_eval_step(state: TrainState, batch, *, model, config,
                          axis_name: Optional[str] = AXIS):
+  batch = device_input.finish(batch, config)
   logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
                        batch['image'], train=False)
   _, sums = head_metrics(logits, batch, config, mask=batch['mask'])

@@ -17,13 +17,25 @@
 #   ANP_DATA_DIR + ANP_CONFIG_NAME   a prepared `anp` dataset (JPEGs, Inception crops) for the
 #                   real-pipeline part; default: the generated synthetic_anp set (64 px PNGs
 #                   resized to 224 px in the tf.data graph)
-#   ANP_BENCH_BATCHES  per-device batch sizes (default "128 256")
+#   ANP_BENCH_BATCHES  per-device batch sizes (default "128 256"; input mode: "256 512")
 #   ANP_BENCH_INPUT    0: skip the input-pipeline benchmark (e.g. a second call for more batch
 #                   sizes into the same ANP_BENCH_OUT; the summary reads the JSON already there)
+#   ANP_BENCH_MODE     model (default: the above) or input: the 224 px JPEG pipeline (photo-like
+#                   500 x 375 JPEGs prepared at shorter side 256, or ANP_DATA_DIR) through the
+#                   training loop with each of ANP_BENCH_BACKENDS (default "tf tf_device dali":
+#                   config.input_backend; dali only where it imports) against the bare step at
+#                   each of ANP_BENCH_BATCHES; the bare step again with each XLA_FLAGS variant of
+#                   ANP_BENCH_XLA (';'-separated, default: autotune level 4; no Triton GEMMs);
+#                   the host's core-seconds per image of tf vs tf_device (input_benchmark.py);
+#                   and DALI's GPU decode against libjpeg's. About 6 minutes on one H200:
+#     ANP_PYTHON=python3 ANP_BENCH_MODE=input ANP_BENCH_OUT=/tmp/bench experiments/bench_gpu.sh
+#   ANP_BENCH_PHOTOS   input mode: JPEGs to generate (default 1000; tiny: 40)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$HERE"
 TINY="${ANP_BENCH_TINY:-0}"
+MODE="${ANP_BENCH_MODE:-model}"
+case "$MODE" in model|input) ;; *) echo "bench_gpu.sh: ANP_BENCH_MODE=$MODE: use model or input" >&2; exit 2;; esac
 VENV="${ANP_VENV:-$HERE/.venv}"
 OUT="${ANP_BENCH_OUT:-$HERE/workdirs/bench_gpu}"
 mkdir -p "$OUT"
@@ -80,6 +92,12 @@ if [ -n "${ANP_DATA_DIR:-}" ]; then
         --config.augment=inception)
 else
   DATA+=(--config.dataset=synthetic_anp --config.augment=cifar)
+fi
+
+if [ "$MODE" = input ]; then
+  source "$HERE/experiments/bench_gpu_input.sh"
+  echo "bench_gpu.sh: done in $(( $(date +%s) - t_start )) s"
+  exit 0
 fi
 
 for per_device in $BATCHES; do

@@ -15,7 +15,14 @@ flip + normalisation to bfloat16):
   host_to_device): CPU microseconds per image and images/s per core, each stage timed alone on
   one core (`anp_jax.data.input_stages`);
 * the training pipeline itself (`pipeline.train_dataset`, every core, AUTOTUNE): images/s and
-  CPU core-seconds per image.
+  CPU core-seconds per image;
+* the same, side by side, for each of ``--backends`` (``config.input_backend``): 'tf' (the host
+  finishes the images), 'tf_device' (the host decodes only the crop window into a uint8 box, the
+  device does the rest; its host stages read, window, decode_window, batch_box are timed too),
+  'dali_cpu' (DALI's CPU decoder; needs requirements-dali.txt), and the host-cost ratio
+  ``host_cost_ratio_tf_over_tf_device`` (core-seconds per image of 'tf' over 'tf_device').
+  The device backends need a bounded stored size: the ``source`` copy (photos as they are) has
+  none, and reports why.
 
 Then, for the reference dataset (the first of ``--short_sides``, or ``--data_dir``), how fast a
 model consumes images: ResNet-50 training on this CPU, and the performance model's predictions
@@ -54,12 +61,17 @@ flags.DEFINE_integer('batch', 64, 'Images per batch.')
 flags.DEFINE_integer('batches', 30, 'Timed batches of the whole training pipeline.')
 flags.DEFINE_integer('warmup', 5, 'Untimed batches first.')
 flags.DEFINE_bool('stages', True, 'Time each stage alone (the per-core breakdown).')
+flags.DEFINE_list('backends', ['tf', 'tf_device'], 'config.input_backend values whose training '
+                  "pipelines are timed side by side ('tf', 'tf_device', 'dali_cpu').")
 flags.DEFINE_bool('skip_model', False, 'Do not time ResNet-50 training on this CPU.')
 flags.DEFINE_string('out', None, 'Also write the JSON result to this file (stdout also carries '
                     "the dataset preparation's messages).")
 
 
 ANPS = 20  # ANP folders of the generated dataset.
+# The input backends whose host cost the benchmark measures ('dali' decodes on a GPU: its host
+# cost is the reader's, timed by bench_gpu.sh's loop, not here).
+BACKENDS = ('tf', 'tf_device', 'dali_cpu')
 
 
 def paper_config(data_dir: str, config_name: str):
@@ -73,10 +85,12 @@ def paper_config(data_dir: str, config_name: str):
 
 
 def measure(data_dir: str, config_name: str, args, to_device) -> dict:
-  """Stage costs, host-to-device cost and the whole pipeline's rate on one prepared dataset."""
+  """Stage costs, host-to-device cost and each backend's whole pipeline on one prepared
+  dataset."""
   import numpy as np
   from anp_jax.data import input_stages, pipeline
   from anp_jax.data.anp import prepared
+  from anp_jax.errors import ConfigError
   config = paper_config(data_dir, config_name)
   builder = pipeline.get_builder(config)
   split = builder.info.splits['train']
@@ -84,17 +98,37 @@ def measure(data_dir: str, config_name: str, args, to_device) -> dict:
          'train_images': split.num_examples,
          'mean_stored_bytes': split.num_bytes / max(1, split.num_examples),
          'stored_short_side_max': prepared.stored_short_side(builder.data_dir)}
+  try:
+    box = pipeline.device_box(builder, config)
+  except ConfigError as e:  # Photos at their source size: no device backend.
+    box, out['device_backends_unavailable'] = None, str(e)
+  out['box'] = box
   if args.stages:
     images = max(args.stage_images, args.batch)
-    out['stages'] = input_stages.stage_costs(builder, config, images, args.batch)
-    batches = [np.asarray(b) for b in input_stages.stage_datasets(
-        builder, config, min(images, 4 * args.batch), args.batch)['batch']]
-    out['stages']['host_to_device'] = input_stages.host_to_device_cost(batches, to_device)
-    out['training_stages_cpu_us_per_image'] = sum(
-        out['stages'][s]['cpu_us_per_image']
-        for s in (*input_stages.TRAINING_STAGES, 'host_to_device'))
-  out['pipeline'] = input_stages.pipeline_cost(builder, config, args.batch, args.batches,
-                                               args.warmup)
+    for backend, key, stages, total in (
+        ('tf', 'stages', input_stages.TRAINING_STAGES, 'training_stages_cpu_us_per_image'),
+        ('tf_device', 'device_stages', input_stages.DEVICE_TRAINING_STAGES,
+         'device_training_stages_cpu_us_per_image')):
+      if backend != 'tf' and (box is None or backend not in args.backends):
+        continue
+      out[key] = input_stages.stage_costs(builder, config, images, args.batch, backend=backend)
+      batched = input_stages.stage_datasets(builder, config, min(images, 4 * args.batch),
+                                            args.batch, backend)[stages[-1]]
+      # The images' transfer: finished images ('tf') or uint8 boxes ('tf_device').
+      batches = [np.asarray(b['image'] if isinstance(b, dict) else b) for b in batched]
+      out[key]['host_to_device'] = input_stages.host_to_device_cost(batches, to_device)
+      out[total] = sum(out[key][s]['cpu_us_per_image'] for s in (*stages, 'host_to_device'))
+  out['pipelines'] = {}
+  for backend in args.backends:
+    if backend != 'tf' and box is None:
+      out['pipelines'][backend] = {'unavailable': out['device_backends_unavailable']}
+      continue
+    out['pipelines'][backend] = input_stages.pipeline_cost(builder, config, args.batch,
+                                                           args.batches, args.warmup, backend)
+  out['pipeline'] = out['pipelines'].get('tf')
+  both = [out['pipelines'].get(b, {}).get('cpu_us_per_image') for b in ('tf', 'tf_device')]
+  if all(both):
+    out['host_cost_ratio_tf_over_tf_device'] = both[0] / both[1]
   return out
 
 
@@ -134,6 +168,10 @@ def _usage_error(args) -> str:
                  else '.'))
   if not 1 <= args.quality <= 100:
     return f'--quality={args.quality} is out of range: use an integer in [1, 100].'
+  unknown = [b for b in args.backends or [] if b not in BACKENDS]
+  if unknown or not args.backends:
+    return (f'--backends={",".join(args.backends or [])}: give one or more of '
+            f'{",".join(BACKENDS)}.')
   sides = args.short_sides or []
   if not all(s.isdigit() and int(s) >= 1 for s in sides):
     return f'--short_sides={",".join(sides)}: give whole numbers of pixels >= 1, e.g. 256,160.'
@@ -155,18 +193,31 @@ def _usage_error(args) -> str:
 
 
 def _table(variants: dict) -> str:
-  """The per-core images/s of each stage, one column per prepared dataset."""
+  """The per-core images/s of each stage of each backend's host path, and of each backend's
+  whole pipeline, one column per prepared dataset."""
   names = list(variants)
-  stages = []
-  for v in variants.values():
-    stages += [s for s in v.get('stages', {}) if s not in stages]
   rate = lambda r: f"{r:10.0f}" if r else f"{'(<noise)':>10s}"  # noqa: E731
-  lines = [f"{'images/s per core':20s}" + ''.join(f'{n:>10s}' for n in names)]
-  for stage in stages:
-    lines.append(f'{stage:20s}' + ''.join(rate(variants[n]['stages'][stage][
-        'images_per_s_per_core']) for n in names))
-  lines.append(f"{'training pipeline':20s}" + ''.join(
-      rate(variants[n]['pipeline']['images_per_s_per_core']) for n in names))
+  lines = [f"{'images/s per core':24s}" + ''.join(f'{n:>10s}' for n in names)]
+  for key, prefix in (('stages', ''), ('device_stages', 'tf_device: ')):
+    stages = []
+    for v in variants.values():
+      stages += [s for s in v.get(key, {}) if s not in stages]
+    for stage in stages:
+      lines.append(f'{prefix + stage:24s}' + ''.join(
+          rate(variants[n][key][stage]['images_per_s_per_core']) if stage in variants[n].get(
+              key, {}) else f"{'-':>10s}" for n in names))
+  backends = []
+  for v in variants.values():
+    backends += [b for b in v['pipelines'] if b not in backends]
+  for backend in backends:
+    lines.append(f"{'pipeline ' + backend:24s}" + ''.join(
+        rate(variants[n]['pipelines'].get(backend, {}).get('images_per_s_per_core')) if
+        'unavailable' not in variants[n]['pipelines'].get(backend, {}) else f"{'-':>10s}"
+        for n in names))
+  if any('host_cost_ratio_tf_over_tf_device' in v for v in variants.values()):
+    lines.append(f"{'host cost tf / tf_device':24s}" + ''.join(
+        f"{variants[n]['host_cost_ratio_tf_over_tf_device']:9.2f}x" if
+        'host_cost_ratio_tf_over_tf_device' in variants[n] else f"{'-':>10s}" for n in names))
   return '\n'.join(lines)
 
 
@@ -205,10 +256,18 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
   reference = 'given' if args.data_dir else (args.short_sides or ['source'])[0]
-  rate = variants[reference]['pipeline']['images_per_s']
-  result = {'pipeline_images_per_s': rate, 'cpu_cores': cores,
-            'pipeline_images_per_s_per_core': rate / cores, 'batch': args.batch,
-            'reference': reference, 'variants': variants}
+  first = variants[reference]['pipelines'][args.backends[0]]
+  rate = first.get('images_per_s', float('nan'))
+  result = {'pipeline_images_per_s': rate, 'pipeline_backend': args.backends[0],
+            'cpu_cores': cores, 'pipeline_images_per_s_per_core': rate / cores,
+            'batch': args.batch, 'reference': reference, 'variants': variants}
+  for backend, cost in variants[reference]['pipelines'].items():
+    if 'images_per_s' in cost:
+      result[f'pipeline_images_per_s_{backend}'] = cost['images_per_s']
+      result[f'cpu_us_per_image_{backend}'] = cost['cpu_us_per_image']
+  if 'host_cost_ratio_tf_over_tf_device' in variants[reference]:
+    result['host_cost_ratio_tf_over_tf_device'] = variants[reference][
+        'host_cost_ratio_tf_over_tf_device']
   from anp_jax.research import perfmodel
   w = perfmodel.resnet50()
   for dev in ('k80', 'v100', 'h200'):

@@ -390,6 +390,31 @@ def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, 
     assert img.format == 'PNG' and img.size[0] > img.size[1] > 100
 
 
+def test_every_cli_flag_sets_its_preparation_option(manual_dir, tmp_path, capsys):
+  """The absl command line (underscore flags) hands every option to the builder under its own
+  name: the prepared config is the one `make_config` names for the same options; a flag left out
+  keeps the builder's default; --resize is --resize_short_side."""
+  flags = dict(layout='csv', csv_file='images.csv', csv_image_column='image',
+               csv_anp_column='anp', csv_split_column='', csv_delimiter=',', separator='_',
+               min_images_per_anp=MIN, max_images_per_anp=12, split_fractions='0.7,0.2,0.1',
+               split_seed=3, resize_short_side=24, jpeg_quality=80, source_tag='t')
+  argv = ['--manual_dir', manual_dir, '--data_dir', str(tmp_path / 'd'), '--num_workers=2']
+  argv += [f'--{k}={v}' for k, v in flags.items()]
+  assert prepare_cli.main(argv) == 0
+  expected = {('resize' if k == 'resize_short_side' else k): v for k, v in flags.items()}
+  name = options.make_config(**expected).name
+  assert f'--config.anp.config_name={name}' in capsys.readouterr().out
+  summary = prepared.read_report(prepared.dataset_dir(str(tmp_path / 'd'), name))['summary']
+  assert summary['options']['resize'] == 24 and summary['options']['split_seed'] == 3
+  # Left out: the builder's defaults, the same config as anp.prepare without them.
+  argv = ['--manual_dir', manual_dir, '--data_dir', str(tmp_path / 'e'), '--layout=folder',
+          f'--min_images_per_anp={MIN}', '--resize=24']
+  assert prepare_cli.main(argv) == 0
+  default_name = options.make_config(layout='folder', min_images_per_anp=MIN,
+                                            resize=24).name
+  assert f'--config.anp.config_name={default_name}' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize('side', [32, 0])
 def test_photos_stored_with_a_shorter_side_of_at_most_n(manual_dir, tmp_path, capsys, side):
   """--resize_short_side N stores every photo with its shorter side min(N, source), re-encoded at

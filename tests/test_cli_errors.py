@@ -47,6 +47,7 @@ CASES = [
     (INPUT, ['--out={tmp}'], 'give the path of the JSON file'),
     (INPUT, ['--out={file}/r.json'], 'cannot create its folder'),
     (INPUT, ['extra'], 'Unexpected arguments'),
+    (INPUT, ['--backends=tf,dali'], '--backends=tf,dali: give one or more of tf,tf_device'),
     # experiments/perfmodel_validation.py
     (PERFVAL, ['--out={tmp}/pv', '--budget', '-1'], '--budget=-1.0 must be > 0'),
     (PERFVAL, ['--out={tmp}/pv', '--timeout', '0'], '--timeout=0.0 must be > 0'),
@@ -82,6 +83,12 @@ CASES = [
      'cannot create its folder'),
     (PREPARE, ['--data_dir', '{tmp}/d', '--contact_sheet', '{tmp}/x.png', '--contact_split',
                'bogus'], "--contact_split='bogus' is not a split"),
+    (PREPARE, ['--data_dir', '{tmp}/d', '--layout', 'bogus'], "--layout='bogus' is unknown"),
+    (PREPARE, ['--data_dir', '{tmp}/d', '--resize-short-side', '256'],
+     'Did you mean: resize_short_side'),  # One style: underscores, as every tool.
+    (PREPARE, ['--data_dir', '{tmp}/d', '--jpeg_quality', 'high'], '--jpeg_quality=high'),
+    (PREPARE, ['--data_dir', '{tmp}/d', 'extra'], 'Unexpected arguments'),
+    (PREPARE[:2], ['--data_dir', '{tmp}/d'], '--manual_dir is required'),
 ]
 
 

@@ -97,5 +97,41 @@ def test_a_tiny_benchmark_run_reports_every_stage_for_every_prepared_size(tmp_pa
     for stage in variant['stages'].values():
       assert np.isfinite(stage['cpu_us_per_image'])
     assert variant['pipeline']['images_per_s'] > 0
+    assert variant['pipeline'] == variant['pipelines']['tf']
   assert result['pipeline_images_per_s'] == small['pipeline']['images_per_s']
   assert 'images/s per core' in run.stdout and 'decode_and_crop' in run.stdout
+  # The device path side by side, where the stored size is bounded (not for 'source').
+  assert set(small['device_stages']) == {*input_stages.DEVICE_STAGES, 'host_to_device'}
+  # The box: ceil(4/3 * 32) = 43 px, but at least the 224 px image (the host's fallback).
+  assert small['box'] == 224 and small['pipelines']['tf_device']['dtype'] == 'uint8'
+  assert small['pipelines']['tf_device']['bytes_per_image'] == 224 * 224 * 3
+  assert small['pipelines']['tf']['bytes_per_image'] == 224 * 224 * 3 * 2  # bfloat16.
+  assert small['host_cost_ratio_tf_over_tf_device'] == pytest.approx(
+      small['pipelines']['tf']['cpu_us_per_image'] /
+      small['pipelines']['tf_device']['cpu_us_per_image'])
+  assert result['host_cost_ratio_tf_over_tf_device'] == small['host_cost_ratio_tf_over_tf_device']
+  assert 'resize_short_side' in source['pipelines']['tf_device']['unavailable']
+  assert 'device_stages' not in source and source['box'] is None
+  assert 'tf_device: decode_window' in run.stdout and 'host cost tf / tf_device' in run.stdout
+
+
+def test_the_device_stages_compose_to_the_tf_device_pipeline(tmp_path):
+  """read -> window -> decode_window -> batch_box gives the 'tf_device' training pipeline's
+  host batches bit for bit (but the labels, which the stages do not read)."""
+  stats = input_stages.write_photo_folder(str(tmp_path / 'manual'), 12, 4, 48, 64, 90)
+  assert stats['images'] == 12
+  builder = anp.prepare(str(tmp_path / 'manual'), str(tmp_path / 'tfds'), layout='folder',
+                        resize=32)
+  config = _config(builder, tmp_path)
+  config.input_backend = 'tf_device'
+  n = builder.info.splits['train'].num_examples
+  stages = input_stages.stage_datasets(builder, config, images=n, batch=n, backend='tf_device')
+  assert set(stages) == {'', *input_stages.DEVICE_STAGES}
+  batch = next(iter(stages['batch_box']))
+  train = next(pipeline.train_dataset(builder, config, per_device_batch=n, num_shards=1,
+                                      shards=[0]).as_numpy_iterator())
+  assert sorted(batch) == sorted(train)
+  for key in ('image', 'geometry', 'flip', 'mask'):
+    np.testing.assert_array_equal(batch[key].numpy(), train[key], err_msg=key)
+  windows = [plan['window'].numpy() for _, plan in stages['window']]
+  np.testing.assert_array_equal(np.stack(windows)[:, 2], train['geometry'][:, 0, 0])

@@ -37,6 +37,7 @@ ADDED_FIELDS = {
     'model.noun_head': True, 'init_from': '', 'freeze': '', 'backbone_lr_multiplier': 1.0,
     'evals': {'eval': {'kind': 'classification', 'split': 'validation'}},
     'target_metric': DEFAULT_TARGET_METRIC, 'target_value': 0.0, 'stop_at_target': False,
+    'input_backend': 'tf',
 }
 # Fields that were replaced, and by what: a config.json that has them is read into the new
 # fields (`_replace_old_fields`); a command line or config file that still sets one is refused
@@ -114,6 +115,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.crop_padding = 4
   c.crop_fraction = 0.875
   c.cache = True
+  # Who finishes the images (anp_jax/data/windows.py): 'tf' (the host), 'tf_device' (the host
+  # decodes the crop window, the device resizes, flips, normalises), 'dali' / 'dali_cpu' (DALI).
+  c.input_backend = 'tf'
   c.shuffle_buffer = 16384  # A device shard larger than this is also read in a new file order
   # every epoch (see pipeline._epoch_reader).
 

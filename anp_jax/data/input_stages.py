@@ -14,6 +14,14 @@ Inception pipeline (`pipeline.train_dataset` with ``augment='inception'``), stag
   normalise        (x / 255 - mean) / std, in the model's dtype
   batch            ``batch`` images into one array
 
+and, side by side, the host's stages with ``config.input_backend='tf_device'`` (the device
+resizes, flips and normalises; `anp_jax.data.windows`):
+
+  read             as above
+  window           the crop window, flip bit and geometry, from the JPEG header only
+  decode_window    only the window decoded (``decode_and_crop_jpeg``)
+  batch_box        ``batch`` windows into one uint8 array of ``box x box`` (zero padded)
+
 Each stage is timed as the difference between two single-threaded tf.data pipelines that run
 the same ops as training (the functions of `anp_jax.data.pipeline`), one ending before the stage
 and one after it, in CPU seconds of the whole process (`time.process_time`), so the figure is
@@ -28,10 +36,11 @@ import os
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
+import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from anp_jax.data import pipeline
+from anp_jax.data import pipeline, windows
 
 # Stage -> the stage whose pipeline it extends ('' = the positions alone).
 STAGES = {'read': '', 'decode': 'read', 'crop': 'decode', 'decode_and_crop': 'read',
@@ -40,6 +49,14 @@ STAGES = {'read': '', 'decode': 'read', 'crop': 'decode', 'decode_and_crop': 're
 # The stages a training image passes through, in order (decode and crop are the reference
 # for decode_and_crop).
 TRAINING_STAGES = ('read', 'decode_and_crop', 'resize', 'flip', 'normalise', 'batch')
+# The host's stages with ``config.input_backend='tf_device'`` (`anp_jax.data.windows`): read;
+# the window, flip bit and geometry drawn from the JPEG header; the window decoded; the windows
+# batched into the uint8 box. The rest is the device's.
+DEVICE_STAGES = {'read': '', 'window': 'read', 'decode_window': 'window',
+                 'batch_box': 'decode_window'}
+DEVICE_TRAINING_STAGES = tuple(DEVICE_STAGES)
+# The stage graph of each backend whose host stages are timed.
+STAGE_GRAPHS = {'tf': STAGES, 'tf_device': DEVICE_STAGES}
 
 
 def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -98,10 +115,12 @@ def _single_core_options() -> tf.data.Options:
   return options
 
 
-def stage_datasets(builder, config, images: int, batch: int) -> Dict[str, tf.data.Dataset]:
-  """One single-threaded dataset per stage (and '' for the positions alone), each running the
-  training pipeline's ops up to and including that stage on the first `images` positions of
-  the training stream (its global order: random access, as in training)."""
+def stage_datasets(builder, config, images: int, batch: int,
+                   backend: str = 'tf') -> Dict[str, tf.data.Dataset]:
+  """One single-threaded dataset per stage of `backend` (`STAGE_GRAPHS`; and '' for the
+  positions alone), each running the training pipeline's ops up to and including that stage on
+  the first `images` positions of the training stream (its global order: random access, as in
+  training)."""
   records = pipeline.TrainRecords(builder, cache=False)
   size, seed = records.size, int(config.seed)
   dtype = pipeline.image_dtype(config)
@@ -117,6 +136,17 @@ def stage_datasets(builder, config, images: int, batch: int) -> Dict[str, tf.dat
 
   out = {'': tf.data.Dataset.range(images).map(pipeline._plain(locate))}
   out['read'] = then(records.read(out['']), lambda p, ex: (p, ex['image']))
+  if backend == 'tf_device':
+    box = pipeline.device_box(builder, config)
+    out['window'] = then(out['read'], lambda p, data: (p, windows.train_plan(
+        data, seed_of(p), size=config.image_size, box=box)))
+    out['decode_window'] = then(out['read'], lambda p, data: windows.device_example(
+        {'image': data, **{k: 0 for k in pipeline.LABEL_KEYS}}, train=True, config=config,
+        box=box, seed=seed_of(p)))
+    out['batch_box'] = windows.batch(out['decode_window'], batch, box)
+    return {k: ds.with_options(_single_core_options()) for k, ds in out.items()}
+  if backend != 'tf':
+    raise ValueError(f'No stage graph for input_backend={backend!r}; one of {list(STAGE_GRAPHS)}.')
   out['decode'] = then(out['read'], lambda p, data: (
       p, tf.io.decode_image(data, channels=3, expand_animations=False)))
   out['crop'] = then(out['decode'], lambda p, image: (
@@ -143,23 +173,26 @@ def cpu_seconds(ds: tf.data.Dataset) -> Tuple[float, float, int]:
 
 
 def stage_costs(builder, config, images: int, batch: int,
-                timer: Callable[[tf.data.Dataset], Tuple[float, float, int]] = cpu_seconds
-                ) -> Dict[str, Dict[str, Optional[float]]]:
-  """Per stage: ``cpu_us_per_image`` (its pipeline's CPU time less the one it extends, per
-  image) and ``images_per_s_per_core`` (its inverse; None when not above zero); also the
-  ``cumulative_cpu_us_per_image`` of each stage's whole pipeline. Every pipeline runs twice
-  (`timer`): the first pass traces it and warms the file cache, the second is timed."""
+                timer: Callable[[tf.data.Dataset], Tuple[float, float, int]] = cpu_seconds,
+                backend: str = 'tf') -> Dict[str, Dict[str, Optional[float]]]:
+  """Per stage of `backend`'s host path: ``cpu_us_per_image`` (its pipeline's CPU time less the
+  one it extends, per image) and ``images_per_s_per_core`` (its inverse; None when not above
+  zero); also the ``cumulative_cpu_us_per_image`` of each stage's whole pipeline. Every
+  pipeline runs twice (`timer`): the first pass traces it and warms the file cache, the second
+  is timed."""
   if images < batch:
     raise ValueError(f'{images} images make no batch of {batch}.')
+  graph = STAGE_GRAPHS[backend]
+  batched = [stage for stage in graph if stage.startswith('batch')]
   per_image = {}
-  for stage, ds in stage_datasets(builder, config, images, batch).items():
+  for stage, ds in stage_datasets(builder, config, images, batch, backend).items():
     cpu, _, n = timer(ds)
-    counted = n * batch if stage == 'batch' else n
-    if counted != (images // batch * batch if stage == 'batch' else images):
+    counted = n * batch if stage in batched else n
+    if counted != (images // batch * batch if stage in batched else images):
       raise RuntimeError(f'The {stage or "positions"} pipeline gave {n} elements.')
     per_image[stage] = 1e6 * cpu / counted
   out = {}
-  for stage, before in STAGES.items():
+  for stage, before in graph.items():
     cost = per_image[stage] - per_image[before]
     out[stage] = {'cpu_us_per_image': cost,
                   'images_per_s_per_core': 1e6 / cost if cost > 0 else None,
@@ -180,19 +213,29 @@ def host_to_device_cost(batches: Sequence[np.ndarray], to_device: Callable,
   return {'cpu_us_per_image': cost, 'images_per_s_per_core': 1e6 / cost if cost > 0 else None}
 
 
-def pipeline_cost(builder, config, batch: int, batches: int, warmup: int) -> Dict[str, float]:
-  """The training pipeline itself (`pipeline.train_dataset`, all cores, AUTOTUNE) on one
-  device: images/s, and CPU core-seconds per image (process CPU time over the timed batches)."""
+def pipeline_cost(builder, config, batch: int, batches: int, warmup: int,
+                  backend: str = 'tf') -> Dict[str, float]:
+  """The training pipeline itself (`pipeline.train_dataset` with ``input_backend=backend``,
+  all cores, AUTOTUNE) on one device: images/s, CPU core-seconds per image (process CPU time
+  over the timed batches: DALI's threads included) and the bytes per image it hands over.
+
+  'tf' yields finished images in the model's dtype; 'tf_device' uint8 windows in the box, left
+  to the device; 'dali_cpu' the same, decoded by DALI's CPU decoder."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.input_backend = backend
   ds = pipeline.train_dataset(builder, config, per_device_batch=batch, num_shards=1, shards=[0])
-  it = iter(ds)
+  it = pipeline.global_batches(ds, lambda b: b) if backend.startswith('dali') else iter(ds)
   for _ in range(warmup):
     next(it)
   cpu, wall = time.process_time(), time.perf_counter()
   for _ in range(batches):
     out = next(it)
   wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-  shape = tuple(out['image'].shape)
-  if shape != (batch, config.image_size, config.image_size, 3):
-    raise RuntimeError(f'The training pipeline gave batches of {shape}.')
-  return {'images_per_s': batches * batch / wall, 'cpu_us_per_image': 1e6 * cpu /
-          (batches * batch), 'images_per_s_per_core': batches * batch / cpu if cpu > 0 else None}
+  image = np.asarray(out['image'])
+  side = config.image_size if backend == 'tf' else pipeline.device_box(builder, config)
+  if image.shape != (batch, side, side, 3):
+    raise RuntimeError(f'The {backend} training pipeline gave batches of {image.shape}.')
+  return {'images_per_s': batches * batch / wall,
+          'cpu_us_per_image': 1e6 * cpu / (batches * batch),
+          'images_per_s_per_core': batches * batch / cpu if cpu > 0 else None,
+          'bytes_per_image': image.nbytes / batch, 'dtype': str(image.dtype)}

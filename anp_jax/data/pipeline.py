@@ -35,14 +35,13 @@ import tensorflow_datasets as tfds
 
 from anp_jax.configs import default as default_config
 from anp_jax.data import filelock
+from anp_jax.data.device_input import MEAN_RGB, STDDEV_RGB
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
 DATASETS = ('synthetic_anp', 'anp')
 # 'cifar': reflect-pad + random crop + flip; 'inception': random-resized crop + flip (centre crop
 # for evaluation); 'flip': flip only; 'none'.
 AUGMENTS = ('cifar', 'inception', 'flip', 'none')
-MEAN_RGB = (0.485, 0.456, 0.406)
-STDDEV_RGB = (0.229, 0.224, 0.225)
 
 
 @dataclasses.dataclass
@@ -214,26 +213,54 @@ def crop_window(shape, seed):
   return begin, size
 
 
-def decode_crop(image_bytes, seed):
-  """The random-resized crop's window of an encoded image of any format, decoded (uint8).
+PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+
+
+def encoded_shape(image_bytes):
+  """``[height, width, channels]`` (int32) of an encoded image, from its header where the format
+  allows: JPEG (`tf.io.extract_jpeg_shape`: the file's own channel count) and PNG (the IHDR
+  chunk: 3 channels, as decoding to RGB gives); other formats are decoded to find out."""
+  def png():
+    width_height = tf.io.decode_raw(tf.strings.substr(image_bytes, 16, 8), tf.int32,
+                                    little_endian=False)
+    return tf.stack([width_height[1], width_height[0], 3])
+
+  def decoded():
+    return tf.shape(tf.io.decode_image(image_bytes, channels=3, expand_animations=False))
+
+  is_png = tf.equal(tf.strings.substr(image_bytes, 0, 8), PNG_SIGNATURE)
+  return tf.cond(tf.io.is_jpeg(image_bytes), lambda: tf.io.extract_jpeg_shape(image_bytes),
+                 lambda: tf.cond(is_png, png, decoded))
+
+
+def train_window(image_bytes, seed):
+  """The random-resized crop's window of an encoded image, ``[y, x, height, width]`` (int32),
+  sampled from its shape (`encoded_shape`, `crop_window`) without decoding it."""
+  begin, size = crop_window(encoded_shape(image_bytes), seed)
+  return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+
+def decode_window(image_bytes, window, dct_method: str = ''):
+  """The pixels of ``window`` ``[y, x, height, width]`` of an encoded image (uint8 RGB).
 
   JPEG is decoded only inside the window (`decode_and_crop_jpeg`, the fast path for photos);
-  other encodings (the generated dataset stores PNG) are decoded whole, then cropped. Both
-  sample the window from the image shape with the same seed, so the crop does not depend on the
-  encoding.
-  """
+  other encodings (the generated dataset stores PNG) are decoded whole, then cut.
+  ``dct_method`` is `tf.io.decode_jpeg`'s ('': libjpeg's fast integer IDCT, TensorFlow's
+  default)."""
   def from_jpeg():
-    begin, crop_size = crop_window(tf.io.extract_jpeg_shape(image_bytes), seed)
-    offset_y, offset_x, _ = tf.unstack(begin)
-    h, w, _ = tf.unstack(crop_size)
-    return tf.io.decode_and_crop_jpeg(image_bytes, tf.stack([offset_y, offset_x, h, w]),
-                                      channels=3)
+    return tf.io.decode_and_crop_jpeg(image_bytes, window, channels=3, dct_method=dct_method)
 
   def from_other():
     image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
-    return tf.slice(image, *crop_window(tf.shape(image), seed))
+    return tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
 
   return tf.cond(tf.io.is_jpeg(image_bytes), from_jpeg, from_other)
+
+
+def decode_crop(image_bytes, seed):
+  """The random-resized crop's window of an encoded image of any format, decoded (uint8):
+  `train_window` then `decode_window`, so the crop does not depend on the encoding."""
+  return decode_window(image_bytes, train_window(image_bytes, seed))
 
 
 def resize_square(image, size: int):
@@ -241,10 +268,16 @@ def resize_square(image, size: int):
   return tf.image.resize(image, [size, size], method='bicubic')
 
 
-def flip(image, seed):
-  """A left-right flip with probability 1/2, drawn from the example's seed."""
+def flip_bit(seed):
+  """Whether the example of `seed` is flipped: `tf.image.stateless_random_flip_left_right`'s
+  draw (a uniform number below 1/2) from the example's flip seed."""
   flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-  return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+  return tf.random.stateless_uniform([], seed=flip_seed, minval=0, maxval=1.0) < 0.5
+
+
+def flip(image, seed):
+  """A left-right flip with probability 1/2, drawn from the example's seed (`flip_bit`)."""
+  return tf.cond(flip_bit(seed), lambda: tf.reverse(image, [1]), lambda: image)
 
 
 def _inception_crop(image_bytes, size, seed):
@@ -252,14 +285,18 @@ def _inception_crop(image_bytes, size, seed):
   return resize_square(decode_crop(image_bytes, seed), size)
 
 
+def center_resized_size(shape, size, crop_fraction):
+  """The evaluation resize of an image of `shape`: its shorter side to size / crop_fraction,
+  ``(new_height, new_width)`` (int32)."""
+  h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+  scale = (size / crop_fraction) / tf.minimum(h, w)
+  return tf.cast(tf.math.ceil(h * scale), tf.int32), tf.cast(tf.math.ceil(w * scale), tf.int32)
+
+
 def _center_crop(image_bytes, size, crop_fraction=0.875):
   """Resize the shorter side to size / crop_fraction, then take the central size x size crop."""
   image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
-  shape = tf.shape(image)
-  h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-  scale = (size / crop_fraction) / tf.minimum(h, w)
-  new_h = tf.cast(tf.math.ceil(h * scale), tf.int32)
-  new_w = tf.cast(tf.math.ceil(w * scale), tf.int32)
+  new_h, new_w = center_resized_size(tf.shape(image), size, crop_fraction)
   image = tf.image.resize(image, [new_h, new_w], method='bicubic')
   return tf.image.resize_with_crop_or_pad(image, size, size)
 
@@ -383,16 +420,71 @@ def train_dataset(builder, config, *, per_device_batch: int, num_shards: int,
     p = position(j)
     return p, epoch_order(p // size, p % size, size=size, seed=seed)
 
+  form = _device_form(builder, config)
+
   @tf.function(autograph=False)
   def augment(p, example):
+    if form is not None:
+      return form.example(example, train=True, seed=example_seed(p, seed))
     return preprocess(example, train=True, config=config, seed=example_seed(p, seed),
                       stored_size=stored)
 
   ds = tf.data.Dataset.counter().map(_plain(locate), num_parallel_calls=tf.data.AUTOTUNE)
   ds = records.read(ds)
   ds = ds.map(_plain(augment), num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(local_batch, drop_remainder=True)
-  return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+  ds = form.batch(ds, local_batch) if form else ds.batch(local_batch, drop_remainder=True)
+  ds = ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+  return form.decoder(ds) if form else ds
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceForm:
+  """How a device backend (`anp_jax.data.windows`) makes and batches its examples."""
+  config: Any
+  box: int
+
+  @property
+  def decoded(self) -> bool:  # tf.data decodes the windows ('tf_device'), or DALI does.
+    from anp_jax.data import windows
+    return windows.backend(self.config) == 'tf_device'
+
+  def example(self, example, *, train: bool, seed=None):
+    from anp_jax.data import windows
+    return windows.device_example(example, train=train, config=self.config, box=self.box,
+                                  seed=seed, decode=self.decoded)
+
+  def padding(self):
+    from anp_jax.data import windows
+    return windows.padding_example(self.config, decode=self.decoded)
+
+  def batch(self, ds, size: int):
+    from anp_jax.data import windows
+    return windows.batch(ds, size, self.box if self.decoded else None)
+
+  def decoder(self, ds):
+    """`ds` itself when tf.data decodes, else DALI's decoder of it (`dali_input`)."""
+    if self.decoded:
+      return ds
+    from anp_jax.data import dali_input
+    return dali_input.DaliBatches(ds, self.config, box=self.box)
+
+
+def _device_form(builder, config) -> Optional[_DeviceForm]:
+  """The device format of ``config.input_backend`` (None for 'tf': images leave the host
+  finished)."""
+  from anp_jax.data import windows
+  if windows.backend(config) not in windows.DEVICE_BACKENDS:
+    return None
+  windows.check_backend(config)
+  return _DeviceForm(config, device_box(builder, config))
+
+
+def device_box(builder, config) -> int:
+  """The side of the uint8 box the device backends hand windows over in, for this dataset
+  (`windows.box_size`: a ConfigError when its images have no bounded size)."""
+  from anp_jax.data import windows
+  return windows.box_size(config, stored_image_size=_stored_size(builder),
+                          stored_short_side=_stored_short_side(builder), dataset=builder.name)
 
 
 def _seed_key(seed: int, purpose: str) -> int:
@@ -550,16 +642,24 @@ def eval_dataset(builder, config, *, per_process_batch: int, split: str,
   ds = builder.as_dataset(split=shard, shuffle_files=False,
                           decoders={'image': tfds.decode.SkipDecoding()})
   stored = _stored_size(builder)
-  ds = ds.map(_plain(lambda ex: preprocess(ex, train=False, config=config, stored_size=stored)),
-              num_parallel_calls=tf.data.AUTOTUNE)
+  form = _device_form(builder, config)
+  if form is not None:
+    one = lambda ex: form.example(ex, train=False)  # noqa: E731
+  else:
+    one = lambda ex: preprocess(ex, train=False, config=config, stored_size=stored)  # noqa: E731
+  ds = ds.map(_plain(one), num_parallel_calls=tf.data.AUTOTUNE)
   n_batches = num_eval_batches(total, process_count, per_process_batch)
   pad = n_batches * per_process_batch - _split_size(builder, shard)
   size = config.image_size
   padding = tf.data.Dataset.from_tensors(
+      form.padding() if form else
       {'image': tf.zeros([size, size, 3], image_dtype(config)), 'mask': tf.constant(0.0),
        **{k: tf.constant(0, tf.int32) for k in LABEL_KEYS}}).repeat(pad)
-  ds = ds.concatenate(padding).batch(per_process_batch, drop_remainder=True)
-  return ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+  ds = ds.concatenate(padding)
+  ds = (form.batch(ds, per_process_batch) if form else
+        ds.batch(per_process_batch, drop_remainder=True))
+  ds = ds.prefetch(tf.data.AUTOTUNE).with_options(_read_options())
+  return form.decoder(ds) if form else ds
 
 
 def _split_size(builder, split) -> int:
@@ -573,6 +673,9 @@ def _split_size(builder, split) -> int:
 def global_batches(ds: Any, to_device, prefetch: int = 2) -> Iterator[Dict[str, jax.Array]]:
   """Turns per-process numpy batches into device arrays with `to_device` (the executor's
   host → device transfer), keeping `prefetch` transfers in flight."""
+  if hasattr(ds, 'device_batches'):  # DALI decodes and places the images itself.
+    yield from ds.device_batches(to_device)
+    return
   it = iter(tfds.as_numpy(ds))
   queue = []
   for batch in it:

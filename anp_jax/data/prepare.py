@@ -11,17 +11,18 @@ printed ``--config.anp.config_name`` selects this preparation for training when 
 several.
 """
 
-import argparse
 import collections
 import os
 import sys
 import textwrap
 from typing import Dict, List, Optional, Sequence
 
+from absl import flags
+
 from anp_jax import cli, runtime
 
-# TensorFlow (~6 s to import, with start-up noise) is imported only once the arguments are
-# known to be good, so `--help` and usage errors are immediate.
+# TensorFlow (~6 s to import, with start-up noise) is imported only once the flags are known to
+# be good, so `--help` and usage errors are immediate.
 anp = tfds = None
 
 
@@ -36,60 +37,62 @@ def _import_tensorflow():
   anp, tfds = anp_module, tensorflow_datasets
 
 
-class _Unknown:
-  """Placeholder defaults for the first parse (before TensorFlow): every value is None."""
-
-  def __getattr__(self, name):
-    return None
+# The preparation options (`anp_jax.data.anp.options.AnpConfig`) default to None here: a flag
+# left out keeps the builder's default (said in its help), which needs TensorFlow to look up.
+_BUILDER_DEFAULT = " (default: the builder's, {})"
 
 
-def _parser(defaults=None) -> argparse.ArgumentParser:
-  """The CLI; without `defaults` (the first, TensorFlow-free parse) values default to None."""
-  if defaults is None and anp is not None:
-    defaults = anp.options.AnpConfig(name='defaults')
-  defaults = defaults or _Unknown()
-  p = argparse.ArgumentParser(prog='python -m anp_jax.data.prepare', description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--manual_dir', required=True, help='Folder with the images (and the CSV).')
-  p.add_argument('--data_dir', required=True, help='TFDS data dir to write the dataset to.')
-  p.add_argument('--layout', choices=anp.options.LAYOUTS if anp else None, default=defaults.layout,
-                 help='csv or folder (see anp_jax.data.anp).')
-  p.add_argument('--csv_file', default=defaults.csv_file,
-                 help='CSV list, relative to --manual_dir.')
-  p.add_argument('--csv_image_column', default=defaults.csv_image_column)
-  p.add_argument('--csv_anp_column', default=defaults.csv_anp_column)
-  p.add_argument('--csv_split_column', default=defaults.csv_split_column,
-                 help="Column with train/validation/test; '' ignores it.")
-  p.add_argument('--csv_delimiter', default=defaults.csv_delimiter)
-  p.add_argument('--separator', default=defaults.separator,
-                 help='Between adjective and noun in an ANP name (first occurrence).')
-  p.add_argument('--min_images_per_anp', type=int, default=defaults.min_images_per_anp,
-                 help='Drop ANPs with fewer usable images (the MVSO papers use 500).')
-  p.add_argument('--max_images_per_anp', type=int, default=defaults.max_images_per_anp,
-                 help='Keep at most this many images per ANP (a seeded sample); 0 = all.')
-  p.add_argument('--split_fractions',
-                 default=','.join(str(f) for f in defaults.split_fractions or ()),
-                 help='train,validation,test fractions when the source has no splits.')
-  p.add_argument('--split_seed', type=int, default=defaults.split_seed)
-  p.add_argument('--resize_short_side', '--resize', dest='resize', type=int,
-                 default=defaults.resize,
-                 help='Store photos with the shorter side at most this many px (e.g. 256 or '
-                      '160: the smaller, the cheaper every decode in training); 0 keeps the '
-                      'source size.')
-  p.add_argument('--jpeg_quality', type=int, default=defaults.jpeg_quality,
-                 help='Quality of the JPEGs that preparation encodes (resized or converted '
-                      'images; a source JPEG that needs no change is stored as it is).')
-  p.add_argument('--source_tag', default=defaults.source_tag,
-                 help='Name of the source, part of the config name (e.g. mvso_en).')
-  p.add_argument('--overwrite', action='store_true', help='Prepare again even if prepared.')
-  p.add_argument('--num_workers', type=int, default=None,
-                 help='Decoding threads (default: up to 8 CPUs); does not change the output.')
-  p.add_argument('--contact_sheet', default='',
-                 help='Write a PNG grid of sample images with their ANP labels here.')
-  p.add_argument('--contact_split', default='train')
-  p.add_argument('--contact_rows', type=int, default=4)
-  p.add_argument('--contact_cols', type=int, default=8)
-  return p
+def _flags() -> flags.FlagValues:
+  """The command line's flags, in a FlagValues of their own: `main` may run several times in one
+  process (the tests), each parse from scratch, and nothing is added to absl's global flags."""
+  fv = flags.FlagValues()
+  kw = dict(flag_values=fv)
+  flags.DEFINE_string('manual_dir', None, 'Folder with the images (and the CSV).', **kw)
+  flags.DEFINE_string('data_dir', None, 'TFDS data dir to write the dataset to.', **kw)
+  flags.DEFINE_string('layout', None, 'auto, csv or folder (see anp_jax.data.anp)'
+                      + _BUILDER_DEFAULT.format('auto: csv when --csv_file exists'), **kw)
+  flags.DEFINE_string('csv_file', None, 'CSV list, relative to --manual_dir'
+                      + _BUILDER_DEFAULT.format('images.csv'), **kw)
+  flags.DEFINE_string('csv_image_column', None, 'CSV column of the image paths'
+                      + _BUILDER_DEFAULT.format('image'), **kw)
+  flags.DEFINE_string('csv_anp_column', None, 'CSV column of the ANP names'
+                      + _BUILDER_DEFAULT.format('anp'), **kw)
+  flags.DEFINE_string('csv_split_column', None, "CSV column with train/validation/test; '' "
+                      'ignores it' + _BUILDER_DEFAULT.format('split'), **kw)
+  flags.DEFINE_string('csv_delimiter', None, 'CSV delimiter' + _BUILDER_DEFAULT.format(','), **kw)
+  flags.DEFINE_string('separator', None, 'Between adjective and noun in an ANP name (first '
+                      'occurrence)' + _BUILDER_DEFAULT.format('_'), **kw)
+  flags.DEFINE_integer('min_images_per_anp', None, 'Drop ANPs with fewer usable images (the '
+                       'MVSO papers use 500)' + _BUILDER_DEFAULT.format(0), **kw)
+  flags.DEFINE_integer('max_images_per_anp', None, 'Keep at most this many images per ANP (a '
+                       'seeded sample); 0 = all' + _BUILDER_DEFAULT.format(0), **kw)
+  flags.DEFINE_string('split_fractions', None, 'train,validation,test fractions when the source '
+                      'has no splits' + _BUILDER_DEFAULT.format('0.8,0.1,0.1'), **kw)
+  flags.DEFINE_integer('split_seed', None, 'Seed of the split assignment and of the '
+                       '--max_images_per_anp sample' + _BUILDER_DEFAULT.format(0), **kw)
+  flags.DEFINE_integer('resize_short_side', None, 'Store photos with the shorter side at most '
+                       'this many px (e.g. 256 or 160: the smaller, the cheaper every decode in '
+                       'training; input_backend tf_device and dali need a bound); 0 keeps the '
+                       'source size' + _BUILDER_DEFAULT.format(256), **kw)
+  flags.DEFINE_alias('resize', 'resize_short_side', flag_values=fv)
+  flags.DEFINE_integer('jpeg_quality', None, 'Quality of the JPEGs that preparation encodes '
+                       '(resized or converted images; a source JPEG that needs no change is '
+                       'stored as it is)' + _BUILDER_DEFAULT.format(90), **kw)
+  flags.DEFINE_string('source_tag', None, 'Name of the source, part of the config name (e.g. '
+                      "mvso_en)" + _BUILDER_DEFAULT.format("''"), **kw)
+  flags.DEFINE_bool('overwrite', False, 'Prepare again even if prepared.', **kw)
+  flags.DEFINE_integer('num_workers', None, 'Decoding threads (default: up to 8 CPUs); does not '
+                       'change the output.', **kw)
+  flags.DEFINE_string('contact_sheet', '', 'Write a PNG grid of sample images with their ANP '
+                      'labels here.', **kw)
+  flags.DEFINE_string('contact_split', 'train', 'The split the contact sheet shows.', **kw)
+  flags.DEFINE_integer('contact_rows', 4, 'Rows of the contact sheet.', **kw)
+  flags.DEFINE_integer('contact_cols', 8, 'Columns of the contact sheet.', **kw)
+  return fv
+
+
+# Flag -> `AnpConfig` option, where the names differ.
+_OPTION_OF_FLAG = {'resize_short_side': 'resize'}
 
 
 def _sample_examples(builder, split: str, count: int, max_read: int = 4096) -> List[Dict]:
@@ -198,33 +201,57 @@ def _check_contact_sheet(args) -> str:
                                'contact_sheet.png')
 
 
+def _usage(message: str) -> int:
+  print(f'ERROR: {message}', file=sys.stderr, flush=True)
+  return cli.EXIT_USAGE
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Parses `argv` (without the program name), prepares, prints the report; returns 0."""
-  if anp is None:
-    _parser().parse_args(argv)  # --help and usage errors before TensorFlow is imported.
-    _import_tensorflow()
-  args = _parser().parse_args(argv)
-  data_dir = os.path.expanduser(args.data_dir)
-  message = (f'--data_dir={args.data_dir} is a file, not a folder: give the TFDS data dir to write '
+  """Parses `argv` (without the program name; default: the command line), prepares, prints the
+  report; returns 0, or 2 after one line saying what to change."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  fv = _flags()
+  if any(a in cli.HELP_FLAGS for a in argv):  # Before TensorFlow is imported.
+    print(__doc__.rstrip() + '\n\nFlags:\n' + fv.get_help())
+    return 0
+  try:
+    rest = fv(['prepare'] + argv)
+  except flags.Error as e:
+    text = ' '.join(str(e).split()).rstrip('.')
+    return _usage(f"{text}{'' if text.endswith('?') else '.'} Fix the flag (--help lists them).")
+  if (rc := cli.refuse_extra_arguments(rest)) is not None:
+    return rc
+  for name, what in (('manual_dir', 'the folder with the images (and the CSV)'),
+                     ('data_dir', 'the TFDS data dir to write the dataset to')):
+    if not fv[name].value:
+      return _usage(f'--{name} is required: {what}.')
+  _import_tensorflow()
+  if fv.layout is not None and fv.layout not in anp.options.LAYOUTS:
+    return _usage(f'--layout={fv.layout!r} is unknown; use one of '
+                  f'{", ".join(anp.options.LAYOUTS)}.')
+  data_dir = os.path.expanduser(fv.data_dir)
+  message = (f'--data_dir={fv.data_dir} is a file, not a folder: give the TFDS data dir to write '
              'the dataset to.' if os.path.exists(data_dir) and not os.path.isdir(data_dir)
-             else _check_contact_sheet(args))
+             else _check_contact_sheet(fv))
   if message:  # Before the preparation (minutes), not after it.
-    print(f'prepare: error: {message}', file=sys.stderr, flush=True)
-    return 2
-  options = {k: getattr(args, k) for k in anp.options.OPTION_NAMES}
-  builder = anp.prepare(args.manual_dir, args.data_dir, overwrite=args.overwrite,
-                        num_workers=args.num_workers, **options)
+    return _usage(message)
+  options = {}
+  for name in (*anp.options.OPTION_NAMES, 'resize_short_side'):
+    if name in fv and name != 'resize' and fv[name].value is not None:
+      options[_OPTION_OF_FLAG.get(name, name)] = fv[name].value
+  builder = anp.prepare(fv.manual_dir, fv.data_dir, overwrite=fv.overwrite,
+                        num_workers=fv.num_workers, **options)
   _print_report(builder)
-  if args.contact_sheet:
-    n = write_contact_sheet(builder, args.contact_sheet, args.contact_split, args.contact_rows,
-                            args.contact_cols)
-    print(f'  contact sheet: {n} images -> {args.contact_sheet}')
+  if fv.contact_sheet:
+    n = write_contact_sheet(builder, fv.contact_sheet, fv.contact_split, fv.contact_rows,
+                            fv.contact_cols)
+    print(f'  contact sheet: {n} images -> {fv.contact_sheet}')
   return 0
 
 
 if __name__ == '__main__':
   try:
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
   except (ValueError, OSError) as e:  # Bad input (a --data_dir that is a file, ...): what to fix.
-    print(f'prepare: error: {e}', file=sys.stderr)
-    sys.exit(2)
+    print(f'ERROR: {e}', file=sys.stderr)
+    sys.exit(cli.EXIT_USAGE)

@@ -18,6 +18,10 @@ concern, every public name re-exported here (``from anp_jax.research import perf
 * `prediction`: `predict(cluster, workload, per_device_batch, method=...)`, a `Prediction` with
   step time, images/s, epoch time, speed-ups and, for the asynchronous methods, staleness
   statistics from the event simulation `anp_jax.staleness.simulate_async`;
+* `input_stage`: `InputPipeline` (host core-seconds per image; presets `INPUT_PIPELINES` from
+  the input benchmark's measurements, `from_benchmark` for any of its JSONs), what a node's
+  cores can feed (`node_feed_rate`, `input_step_time`), the cores a device needs
+  (`cores_per_device_needed`) and the planner's `input_warnings`;
 * `search`: `rank_configurations` / `best_configuration`, nodes x devices per node x per-device
   batch for a target global batch, fastest epoch first;
 * `workloads`: `workload_from_flax`, FLOPs and parameter bytes of a Flax model from XLA's cost
@@ -28,8 +32,8 @@ concern, every public name re-exported here (``from anp_jax.research import perf
 Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The package is
 pure Python + numpy; JAX is imported only inside `workload_from_flax`, and TensorFlow never.
 
-What the model leaves out, so that its numbers are read as what they are: input-pipeline stalls,
-framework overheads beyond a fixed per-step cost (`Device.step_overhead_s`), network contention
+What the model leaves out, so that its numbers are read as what they are: the input stage unless
+asked for (`predict(..., input_pipeline=...)`), framework overheads beyond a fixed per-step cost (`Device.step_overhead_s`), network contention
 with other jobs, and the convergence cost of large or stale batches (time to *accuracy* is
 epochs-to-accuracy, from experiments, times the epoch time predicted here; the planner,
 `anp_jax.research.planner`, joins the two).
@@ -41,6 +45,11 @@ from anp_jax.research.perfmodel.costs import (check_memory, compute_time, device
                                               node_axis_allreduce_time, ring_allreduce_time,
                                               ring_reduce_scatter_time)
 from anp_jax.research.perfmodel.hardware import Cluster, Device, Interconnect, Workload
+from anp_jax.research.perfmodel.input_stage import (DEFAULT_INPUT_PIPELINE, INPUT_PIPELINES,
+                                                    InputPipeline, cores_per_device_needed,
+                                                    from_benchmark, input_pipeline,
+                                                    input_step_time, input_warnings,
+                                                    node_feed_rate, synthetic_png64, tf_jpeg224)
 from anp_jax.research.perfmodel.prediction import METHODS, Prediction, predict
 from anp_jax.research.perfmodel.presets import (CIFAR10_TRAIN_IMAGES, CLUSTER_DATASETS, CLUSTERS,
                                                 DEVICES, IMAGENET_TRAIN_IMAGES,
@@ -57,12 +66,15 @@ from anp_jax.staleness import AsyncSimResult, simulate_async, staleness_sampler
 
 __all__ = [
     'AsyncAnalytic', 'AsyncSimResult', 'CIFAR10_TRAIN_IMAGES', 'CLUSTERS', 'CLUSTER_DATASETS',
-    'Cluster', 'DEVICES', 'Device', 'IMAGENET_TRAIN_IMAGES', 'Interconnect', 'METHODS',
-    'MUSA2_TRAIN_IMAGES', 'Prediction', 'WORKLOADS', 'Workload', 'analytic_async',
-    'best_configuration', 'check_memory', 'compute_time', 'cpu', 'device_step_time', 'dgx_h200',
-    'flax_workload', 'format_duration', 'format_table', 'h200', 'hierarchical_allreduce_time',
-    'k80', 'minotauro', 'minotauro_interconnect', 'node_axis_allreduce_time', 'predict',
-    'prediction_report', 'rank_configurations', 'recalibrated_device', 'resnet20', 'resnet50',
-    'ring_allreduce_time', 'ring_reduce_scatter_time', 'simulate_async', 'staleness_sampler',
-    'total_variation', 'v100', 'workload_from_flax',
+    'Cluster', 'DEFAULT_INPUT_PIPELINE', 'DEVICES', 'Device', 'IMAGENET_TRAIN_IMAGES',
+    'INPUT_PIPELINES', 'InputPipeline', 'Interconnect', 'METHODS', 'MUSA2_TRAIN_IMAGES',
+    'Prediction', 'WORKLOADS', 'Workload', 'analytic_async', 'best_configuration',
+    'check_memory', 'compute_time', 'cores_per_device_needed', 'cpu', 'device_step_time',
+    'dgx_h200', 'flax_workload', 'format_duration', 'format_table', 'from_benchmark', 'h200',
+    'hierarchical_allreduce_time', 'input_pipeline', 'input_step_time', 'input_warnings', 'k80',
+    'minotauro', 'minotauro_interconnect', 'node_axis_allreduce_time', 'node_feed_rate',
+    'predict', 'prediction_report', 'rank_configurations', 'recalibrated_device', 'resnet20',
+    'resnet50', 'ring_allreduce_time', 'ring_reduce_scatter_time', 'simulate_async',
+    'staleness_sampler', 'synthetic_png64', 'tf_jpeg224', 'total_variation', 'v100',
+    'workload_from_flax',
 ]

@@ -66,6 +66,12 @@ flags.DEFINE_integer('target_global_batch', None, 'Search nodes x devices x per-
 flags.DEFINE_bool('exact', False, 'With --target_global_batch: the global batch must equal the '
                   'target.')
 flags.DEFINE_integer('seed', 0, 'Seed of the asynchronous simulation.')
+flags.DEFINE_string('input_pipeline', 'none', 'The input stage: a preset (tf_jpeg224: the paper '
+                    'pipeline on tf.data as measured on the H200 machine; synthetic_png64), an '
+                    'experiments/input_benchmark.py JSON (PATH.json[:BACKEND], e.g. '
+                    ':tf_device), or none (the input is free).')
+flags.DEFINE_integer('host_cores_per_node', None, "CPU cores per node preparing the input "
+                     "(default: the cluster preset's).")
 
 
 def main(argv) -> int:

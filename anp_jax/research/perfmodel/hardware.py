@@ -99,6 +99,10 @@ class Cluster:
   a step with per-device batch b costs what the pool needs for min(N, devices) x b images (see
   `device_step_time`). Without it the model would credit simulated devices with a linear
   speed-up that the cores cannot deliver.
+
+  ``host_cores_per_node`` (None: unknown) is the CPU cores of one node that prepare its
+  devices' input; with an input pipeline's cost per image (`input_stage`) it says whether the
+  host or the devices bound the step.
   """
   nodes: int
   devices_per_node: int
@@ -107,12 +111,15 @@ class Cluster:
   max_devices_per_node: Optional[int] = None
   name: str = 'cluster'
   devices_per_compute_pool: int = 1
+  host_cores_per_node: Optional[int] = None
 
   def __post_init__(self):
     require_positive('Cluster', 'nodes', self.nodes, integer=True)
     require_positive('Cluster', 'devices_per_node', self.devices_per_node, integer=True)
     require_positive('Cluster', 'devices_per_compute_pool', self.devices_per_compute_pool,
                       integer=True)
+    if self.host_cores_per_node is not None:
+      require_positive('Cluster', 'host_cores_per_node', self.host_cores_per_node, integer=True)
     if self.max_devices_per_node is not None:
       require_positive('Cluster', 'max_devices_per_node', self.max_devices_per_node,
                         integer=True)

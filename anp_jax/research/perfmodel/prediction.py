@@ -11,6 +11,8 @@ from anp_jax.research.perfmodel.costs import (compute_time, device_step_time,
                                               hierarchical_allreduce_time,
                                               node_axis_allreduce_time, ring_allreduce_time)
 from anp_jax.research.perfmodel.hardware import Cluster, Interconnect, Workload
+from anp_jax.research.perfmodel.input_stage import (InputPipeline, input_step_time,
+                                                    node_feed_rate)
 from anp_jax.staleness import require_non_negative, require_positive, simulate_async
 
 METHODS = ('sync', 'async', 'mixed')
@@ -36,6 +38,13 @@ class Prediction:
   ``analytic_images_per_s`` / ``analytic_staleness_distribution``: the closed form of
   `analytic_async` for the same asynchronous configuration (None where it does not apply:
   synchronous methods, merging servers), next to the simulated values as a cross-check.
+
+  With an input pipeline (`predict`'s ``input_pipeline`` and the cluster's
+  ``host_cores_per_node``): ``input_time`` is what a node's cores need to prepare one step's
+  images (`input_stage.input_step_time`; it runs ahead of the step, so a step takes the longer
+  of the two), ``input_images_per_s`` what all the nodes' cores can feed, and ``bound`` says
+  whether the 'input' or the 'devices' (compute and communication) set the step time
+  ('unmodelled' without an input pipeline).
   """
   method: str
   nodes: int
@@ -61,6 +70,9 @@ class Prediction:
   cluster: Optional[Cluster] = dataclasses.field(default=None, repr=False, compare=False)
   analytic_images_per_s: Optional[float] = None
   analytic_staleness_distribution: Optional[Dict[int, float]] = None
+  input_time: Optional[float] = None
+  input_images_per_s: Optional[float] = None
+  bound: str = 'unmodelled'
 
   @property
   def num_devices(self) -> int:
@@ -83,6 +95,7 @@ class _Core:
   description: str
   analytic_images_per_s: Optional[float] = None
   analytic_staleness: Optional[Dict[int, float]] = None
+  input_bound: bool = False
 
 
 def _exposed(comm: float, overlap: float, backward: float) -> float:
@@ -103,7 +116,10 @@ def _ps_transfer_time(nbytes: float, senders: int, num_ps: int, ic: Interconnect
 def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, overlap: float,
                   num_ps: int, local_steps: int, async_worker: str, mixed_mode: str,
                   sync_comm: str, ps_merge: bool, ps_apply_time: float, compute_cv: float,
-                  sim_updates: int, seed: int) -> _Core:
+                  sim_updates: int, seed: int, input_time: Optional[float]) -> _Core:
+  """The prediction of one configuration; ``input_time`` (None: not modelled) is the host's
+  time to prepare a step's images, overlapped with the step (a step takes the longer)."""
+  feed = input_time or 0.0
   ic = cluster.interconnect
   n, d = cluster.nodes, cluster.devices_per_node
   t_c = device_step_time(cluster, workload, b)
@@ -123,22 +139,24 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
               _ps_transfer_time(grad, n, num_ps, ic) + _ps_transfer_time(params, n, num_ps, ic))
       how = f'{num_ps} parameter server(s), node-level aggregation'
     exposed = _exposed(comm, overlap, backward)
-    step = t_c + exposed
+    step = max(t_c + exposed, feed)
     return _Core(t_c, comm, exposed, step, global_batch / step, 1, global_batch, 1 / step,
-                 {0: 1.0}, {global_batch: 1.0}, f'synchronous SGD, {how}')
+                 {0: 1.0}, {global_batch: 1.0}, f'synchronous SGD, {how}',
+                 input_bound=feed > t_c + exposed)
 
   if method == 'mixed' and mixed_mode == 'local_sgd':
     node_step = t_c + _exposed(intra, overlap, backward)
     # Parameters (and BN statistics, ignored: tiny) averaged as the trainer does: `pmean` over
     # the node axis of every device's full replica.
     average = node_axis_allreduce_time(params, n, d, ic)
-    step = node_step + average / local_steps
+    step = max(node_step + average / local_steps, feed)
     comm = intra + average / local_steps
     stale = {j: 1.0 / local_steps for j in range(local_steps)} if n > 1 else {0: 1.0}
     return _Core(t_c, comm, step - t_c, step, global_batch / step, n, d * b, 1 / step, stale,
                  {d * b: 1.0},
                  f'local SGD: synchronous inside each node, parameters averaged over {n} nodes '
-                 f'every {local_steps} step(s)')
+                 f'every {local_steps} step(s)',
+                 input_bound=feed > node_step + average / local_steps)
 
   # Asynchronous parameter-server training: 'async' (workers = devices or nodes) or the seed
   # paper's mixed-asynchronous (workers = nodes, synchronous inside each node).
@@ -149,6 +167,8 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
   else:
     num_workers, worker_batch, sharing = n * d, b, d
     worker_compute = t_c
+  input_bound = feed > worker_compute
+  worker_compute = max(worker_compute, feed)  # A worker's next batch is ready only then.
   worker_bw = ic.inter_node_bandwidth / sharing  # devices of a node share its interface
   # A worker pushes a gradient / pulls parameters once per `local_steps` local steps.
   push = grad / worker_bw + ic.inter_node_latency
@@ -175,14 +195,15 @@ def _predict_core(cluster: Cluster, workload: Workload, b: int, method: str, ove
                f'{", merging" if ps_merge else ""}'
                f'{f", {local_steps} local steps per push" if local_steps > 1 else ""}',
                analytic_images_per_s=analytic and analytic.images_per_s,
-               analytic_staleness=analytic and analytic.staleness_pmf)
+               analytic_staleness=analytic and analytic.staleness_pmf, input_bound=input_bound)
 
 
 def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method: str = 'sync', *,
             overlap: float = 0.0, num_ps: int = 1, local_steps: int = 1,
             async_worker: str = 'device', mixed_mode: str = 'async',
             sync_comm: str = 'allreduce', ps_merge: bool = False, ps_apply_time: float = 0.0,
-            compute_cv: float = 0.1, sim_updates: int = 20_000, seed: int = 0) -> Prediction:
+            compute_cv: float = 0.1, sim_updates: int = 20_000, seed: int = 0,
+            input_pipeline: Optional[InputPipeline] = None) -> Prediction:
   """Predict step time, throughput, epoch time and speed-ups of one training configuration.
 
   Methods:
@@ -209,6 +230,11 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
     averaging), costed as `anp_jax.executors.local_sgd` does it (`node_axis_allreduce_time`: every device's
     full replica over the node axis); there is no staleness, and the reported 'staleness' is
     the local steps since the last average.
+
+  ``input_pipeline`` (`input_stage.InputPipeline`; needs the cluster's ``host_cores_per_node``)
+  adds the input stage: a node's cores prepare its devices' images while they train, so a step
+  (an asynchronous worker's compute) takes at least `input_stage.input_step_time`; the
+  prediction's ``bound`` says which one sets it. Without it the input is free (as before).
   """
   if method not in METHODS:
     raise ValueError(f'method={method!r}; choose one of {METHODS}.')
@@ -235,8 +261,16 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
     raise ValueError("predict.local_steps applies to method='mixed' (and 'async'); synchronous "
                      'SGD communicates every step.')
 
+  input_time = feed_rate = None
+  if input_pipeline is not None:
+    if cluster.host_cores_per_node is None:
+      raise ValueError(f'predict.input_pipeline needs the host cores of {cluster.name!r}\'s '
+                       'nodes: set Cluster.host_cores_per_node.')
+    input_time = input_step_time(cluster, input_pipeline, per_device_batch)
+    feed_rate = cluster.nodes * node_feed_rate(cluster, input_pipeline)
   args = (workload, per_device_batch, method, overlap, num_ps, local_steps, async_worker,
-          mixed_mode, sync_comm, ps_merge, ps_apply_time, compute_cv, sim_updates, seed)
+          mixed_mode, sync_comm, ps_merge, ps_apply_time, compute_cv, sim_updates, seed,
+          input_time)
   core = _predict_core(cluster, *args)
   one_node = core if cluster.nodes == 1 else _predict_core(cluster.resized(nodes=1), *args)
   one_device_rate = per_device_batch / compute_time(workload, cluster.device, per_device_batch)
@@ -255,4 +289,6 @@ def predict(cluster: Cluster, workload: Workload, per_device_batch: int, method:
       mean_staleness=mean_staleness, staleness_distribution=core.staleness,
       effective_batch_distribution=core.effective_batch, description=core.description,
       cluster=cluster, analytic_images_per_s=core.analytic_images_per_s,
-      analytic_staleness_distribution=core.analytic_staleness)
+      analytic_staleness_distribution=core.analytic_staleness, input_time=input_time,
+      input_images_per_s=feed_rate,
+      bound='unmodelled' if input_time is None else ('input' if core.input_bound else 'devices'))

@@ -113,9 +113,11 @@ def minotauro(nodes: int = 16, devices_per_node: int = 4,
   """BSC MinoTauro's K80 nodes: two K80 boards (= 4 GK210 devices) per node, FDR InfiniBand.
 
   See `k80` and `minotauro_interconnect` for the assumptions. The seed paper used up to 16 nodes.
+  Host: two 8-core Intel Xeon E5-2630 v3 per node, 16 cores (BSC's MinoTauro user guide).
   """
   return Cluster(nodes=nodes, devices_per_node=devices_per_node, device=device or k80(),
-                 interconnect=minotauro_interconnect(), max_devices_per_node=4, name='minotauro')
+                 interconnect=minotauro_interconnect(), max_devices_per_node=4, name='minotauro',
+                 host_cores_per_node=16)
 
 
 def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
@@ -125,12 +127,13 @@ def dgx_h200(nodes: int = 4, devices_per_node: int = 8,
   Assumptions (not measured here): intra-node 350 GB/s per direction, the all-reduce bus
   bandwidth NCCL typically reaches on NVLink 4 (450 GB/s signalling per direction), 5 us per
   step; inter-node 8 NICs x ~45 GB/s achieved = 360 GB/s per node, 5 us. For one GPU
-  (`devices_per_node` below 8) the NICs are assumed to stay shared by the node.
+  (`devices_per_node` below 8) the NICs are assumed to stay shared by the node. Host: two
+  56-core Intel Xeon Platinum 8480C, 112 cores per node (NVIDIA's DGX H200 datasheet).
   """
   return Cluster(nodes=nodes, devices_per_node=devices_per_node, device=device or h200(),
                  interconnect=Interconnect(intra_node_bandwidth=350e9, intra_node_latency=5e-6,
                                            inter_node_bandwidth=360e9, inter_node_latency=5e-6),
-                 max_devices_per_node=8, name='dgx_h200')
+                 max_devices_per_node=8, name='dgx_h200', host_cores_per_node=112)
 
 
 WORKLOADS = {'resnet50': resnet50, 'resnet20': resnet20}

@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 from anp_jax.research.perfmodel.analytic_async import total_variation
 from anp_jax.research.perfmodel.hardware import Device, Interconnect, Workload
+from anp_jax.research.perfmodel.input_stage import input_pipeline as parse_input_pipeline
 from anp_jax.research.perfmodel.prediction import Prediction, predict
 from anp_jax.research.perfmodel.presets import CLUSTER_DATASETS, CLUSTERS, DEVICES, WORKLOADS
 from anp_jax.research.perfmodel.search import rank_configurations
@@ -27,9 +28,13 @@ def format_duration(seconds: float) -> str:
 
 
 def format_table(predictions: Sequence[Prediction]) -> str:
-  """A fixed-width text table of predictions, one row each ('comm' is the exposed part)."""
+  """A fixed-width text table of predictions, one row each ('comm' is the exposed part; with
+  the input stage modelled, 'input [ms]' is the hosts' time per step and 'bound' what sets the
+  step)."""
+  with_input = any(p.bound != 'unmodelled' for p in predictions)
   header = ('nodes', 'devices', 'global batch', 'step [ms]', 'comm [ms]', 'img/s', 'epoch',
-            'x 1 node', 'x 1 dev', 'efficiency', 'staleness')
+            'x 1 node', 'x 1 dev', 'efficiency', 'staleness') + (
+                ('input [ms]', 'bound') if with_input else ())
   rows = [header]
   for p in predictions:
     rows.append((str(p.nodes), str(p.num_devices), str(p.global_batch),
@@ -37,7 +42,8 @@ def format_table(predictions: Sequence[Prediction]) -> str:
                  f'{p.images_per_s:,.1f}',
                  format_duration(p.epoch_time), f'{p.speedup_vs_one_node:.2f}',
                  f'{p.speedup_vs_one_device:.2f}', f'{100 * p.efficiency:.1f} %',
-                 f'{p.mean_staleness:.2f}'))
+                 f'{p.mean_staleness:.2f}') + (
+                     (f'{1e3 * p.input_time:,.2f}', p.bound) if with_input else ()))
   widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
   lines = ['  '.join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
   lines.insert(1, '  '.join('-' * w for w in widths))
@@ -87,13 +93,16 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
                       overlap: float = 0.0, num_ps: int = 1, ps_merge: bool = False,
                       compute_cv: float = 0.1, sweep_nodes: Optional[Sequence[int]] = None,
                       target_global_batch: Optional[int] = None, exact: bool = False,
-                      seed: int = 0) -> str:
+                      seed: int = 0, input_pipeline: str = 'none',
+                      host_cores_per_node: Optional[int] = None) -> str:
   """The prediction table ``python -m anp_jax.research.perfmodel`` prints, with its header lines.
 
   The arguments are the command line's flags (bandwidths in GB/s, latencies in microseconds,
   times in ms); `predict` for each of ``sweep_nodes`` (default: ``nodes``), or with
-  ``target_global_batch`` the ten best of `rank_configurations`. Raises ValueError for unknown
-  presets and impossible configurations.
+  ``target_global_batch`` the ten best of `rank_configurations`. ``input_pipeline`` (a preset
+  of `input_stage.INPUT_PIPELINES`, an input_benchmark.py JSON[:BACKEND], or 'none') models the
+  input stage on ``host_cores_per_node`` cores per node (default: the cluster preset's). Raises
+  ValueError for unknown presets and impossible configurations.
   """
   for name, value, known in (('model', model, WORKLOADS), ('cluster', cluster, CLUSTERS),
                              ('device', device, DEVICES)):
@@ -118,12 +127,15 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
       inter_node_bandwidth=ic.inter_node_bandwidth if inter_bw is None else inter_bw * 1e9,
       inter_node_latency=ic.inter_node_latency if inter_lat is None else inter_lat * 1e-6)
   node_counts = list(sweep_nodes or [nodes])
-  the_cluster = dataclasses.replace(base, nodes=max(node_counts), devices_per_node=gpus_per_node,
-                                    interconnect=ic,
-                                    devices_per_compute_pool=devices_per_compute_pool)
+  the_cluster = dataclasses.replace(
+      base, nodes=max(node_counts), devices_per_node=gpus_per_node, interconnect=ic,
+      devices_per_compute_pool=devices_per_compute_pool,
+      host_cores_per_node=host_cores_per_node or base.host_cores_per_node)
+  pipeline = parse_input_pipeline(input_pipeline)
   predict_kwargs = dict(method=method, overlap=overlap, num_ps=num_ps, local_steps=local_steps,
                         async_worker=async_worker, mixed_mode=mixed_mode, sync_comm=sync_comm,
-                        ps_merge=ps_merge, compute_cv=compute_cv, seed=seed)
+                        ps_merge=ps_merge, compute_cv=compute_cv, seed=seed,
+                        input_pipeline=pipeline)
   if target_global_batch is not None:
     ranked = rank_configurations(
         the_cluster.resized(devices_per_node=gpus_per_node), workload, target_global_batch,
@@ -144,8 +156,14 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
       f'{where}: {the_cluster.device.name} x {gpus_per_node}/node; intra '
       f'{ic.intra_node_bandwidth / 1e9:.1f} GB/s, {ic.intra_node_latency * 1e6:.1f} us; inter '
       f'{ic.inter_node_bandwidth / 1e9:.1f} GB/s, {ic.inter_node_latency * 1e6:.1f} us',
-      f'method: {_method_line(predictions, widest)}; overlap {overlap:g}',
-      format_table(predictions)]
+      f'method: {_method_line(predictions, widest)}; overlap {overlap:g}']
+  if pipeline is not None:
+    cores = the_cluster.host_cores_per_node
+    lines.append(f'input: {pipeline.name}, {pipeline.images_per_s_per_core:,.0f} images/s per '
+                 f'core ({pipeline.source}); {cores} host cores per node feed '
+                 f'{cores * pipeline.images_per_s_per_core:,.0f} images/s per node, '
+                 f'{cores / gpus_per_node:.3g} cores per device')
+  lines.append(format_table(predictions))
   if widest.analytic_images_per_s is not None:
     tv = total_variation(widest.analytic_staleness_distribution, widest.staleness_distribution)
     lines.append(f'closed form (analytic_async) for the widest row: '

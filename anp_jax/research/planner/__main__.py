@@ -90,6 +90,9 @@ def main(argv) -> int:
       _check_out(out)
     plan = planner.build_plan(**args)
     print(planner.format_plan(plan))
+    for warning in pm.input_warnings(planner.load_cluster(args['cluster'])[0], [
+        (r.label(), r.update_batch / r.step_time / r.devices) for r in plan.rows]):
+      print(f'WARNING: {warning}', file=sys.stderr)  # Cores per device that cannot feed a step.
     if out:
       planner.write_plan(plan, out)
   except (ValueError, OSError) as e:  # PlanError is a ValueError.

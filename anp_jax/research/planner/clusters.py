@@ -12,7 +12,8 @@ from anp_jax.research.planner.errors import PlanError
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(pm.Device)}
 _INTERCONNECT_FIELDS = {f.name for f in dataclasses.fields(pm.Interconnect)}
 _CLUSTER_FIELDS = {'name', 'nodes', 'devices_per_node', 'max_devices_per_node', 'device',
-                   'interconnect', 'devices_per_compute_pool', 'node_counts'}
+                   'interconnect', 'devices_per_compute_pool', 'node_counts',
+                   'host_cores_per_node'}
 
 
 def _check_fields(where: str, given: Dict, allowed):
@@ -28,7 +29,8 @@ def cluster_from_dict(spec: Dict) -> Tuple[pm.Cluster, List[int]]:
   k80, v100, h200, cpu, or a dict of `perfmodel.Device` fields, optionally with ``preset`` to
   start from), ``interconnect`` (a dict of `perfmodel.Interconnect` fields, or a cluster preset
   name whose links to use), optional ``name``, ``max_devices_per_node``,
-  ``devices_per_compute_pool`` and ``node_counts`` (default: 1, 2, 4, ... up to ``nodes``).
+  ``devices_per_compute_pool``, ``host_cores_per_node`` (the input stage's cores; unknown: no
+  input check) and ``node_counts`` (default: 1, 2, 4, ... up to ``nodes``).
   """
   if not isinstance(spec, dict):
     raise PlanError(f'A cluster file holds one mapping of fields, got {type(spec).__name__}.')
@@ -67,7 +69,8 @@ def cluster_from_dict(spec: Dict) -> Tuple[pm.Cluster, List[int]]:
                          device=device, interconnect=links,
                          max_devices_per_node=spec.get('max_devices_per_node'),
                          name=spec.get('name', 'cluster'),
-                         devices_per_compute_pool=spec.get('devices_per_compute_pool', 1))
+                         devices_per_compute_pool=spec.get('devices_per_compute_pool', 1),
+                         host_cores_per_node=spec.get('host_cores_per_node'))
   except (TypeError, ValueError) as e:
     if isinstance(e, PlanError):
       raise
