@@ -81,7 +81,9 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
     seconds_per_update = 1.0 / p.updates_per_s
   else:
     update_batch, staleness = global_batch, 0.0
-    pen = penalties.get('local_sgd') if method == 'local_sgd' else None
+    # Local SGD averages over the node axis: on one node every step is a synchronous step, with
+    # nothing to average and no penalty (before, one node was charged the H - 1 local steps).
+    pen = penalties.get('local_sgd') if method == 'local_sgd' and nodes > 1 else None
     factor = pen.factor(sync_period - 1) if pen else (1.0, 1.0, 1.0)
     seconds_per_update = p.step_time
   s, s_lo, s_hi = model.steps(update_batch)
