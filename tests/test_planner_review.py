@@ -11,6 +11,7 @@ import pytest
 
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import planner as plan
+from test_plan import _plan_cli, _write_pilot
 
 
 def test_one_node_local_sgd_is_synchronous_sgd():
@@ -28,6 +29,42 @@ def test_one_node_local_sgd_is_synchronous_sgd():
     two = plan.plan_row(model, pen, cluster, workload, 2, 256, 'local_sgd', h)
     sync2 = plan.plan_row(model, pen, cluster, workload, 2, 256, 'sync')
     assert two.steps == pytest.approx(sync2.steps * (1 + 0.1 * (h - 1)))  # Two nodes: charged.
+
+
+def _pilot_with_top5(path, **config):
+  """A pilot whose evaluations log top-1 (0.1, then 0.5 from step 40) and top-5 (0.1, then 0.5
+  from step 20) and whose config recorded the target eval/anp_top1 >= 0.3."""
+  evals = {s: 0.5 if s >= 40 else 0.1 for s in range(10, 61, 10)}
+  p = _write_pilot(path, steps=60, evals=evals, **{'stop_at_metric': 'eval/anp_top1',
+                                                   'stop_at_value': 0.3, **config})
+  with open(f'{p}/metrics.jsonl') as f:
+    records = [json.loads(line) for line in f]
+  for r in records:
+    if 'eval/anp_top1' in r:
+      r['eval/anp_top5'] = 0.5 if r['step'] >= 20 else 0.1
+  with open(f'{p}/metrics.jsonl', 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  return p
+
+
+def test_metric_is_honoured_refused_without_a_target_and_printed(tmp_path):
+  """``--metric`` without ``--target`` was silently replaced by the pilot's recorded metric, and
+  the plan never named the metric it planned for. Now: the metric given is the metric planned
+  for; without --target it is refused unless it is the pilot's recorded target metric (whose
+  value then applies); the plan's first lines name the target and where it came from."""
+  pilot = _pilot_with_top5(tmp_path / 'p')
+  r = _plan_cli('--pilot', pilot, '--metric', 'eval/anp_top5', '--methods', 'sync')
+  assert r.returncode == 2, r.stdout[-2000:]
+  assert '--metric eval/anp_top5' in r.stderr and '--target' in r.stderr, r.stderr[-2000:]
+  r = _plan_cli('--pilot', pilot, '--methods', 'sync')
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "Target: eval/anp_top1 >= 0.3 (the pilot's recorded target)" in r.stdout
+  top1 = plan.build_plan(pilot=pilot, methods='sync', metric='eval/anp_top1')
+  assert top1.model.notes['pilot_steps'] == pytest.approx(35.0)  # 0.1 at 30, 0.5 at 40.
+  top5 = plan.build_plan(pilot=pilot, methods='sync', metric='eval/anp_top5', target=0.3)
+  assert top5.model.notes['metric'] == 'eval/anp_top5'
+  assert top5.model.notes['pilot_steps'] == pytest.approx(15.0)  # 0.1 at 10, 0.5 at 20.
+  assert 'Target: eval/anp_top5 >= 0.3 (given)' in plan.format_plan(top5)
 
 
 def _hinge_slope(points, bounds):

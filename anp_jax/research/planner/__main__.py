@@ -24,9 +24,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..')
 FLAGS = flags.FLAGS
 flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with noise-scale logs).")
 flags.DEFINE_string('sweep', None, 'A finished batch_size_sweep.py directory (results.json).')
-flags.DEFINE_string('metric', 'eval/anp_top1', 'The metric whose target is planned for.')
-flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's "
-                   "config.target_value, or the sweep's target).")
+flags.DEFINE_string('metric', None, "The metric whose target is planned for (default: the "
+                    "pilot's recorded target metric; with --target: eval/anp_top1). Without "
+                    "--target it must be the pilot's recorded target metric.")
+flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's recorded "
+                   "target, or the sweep's target).")
 flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
 flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
 flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '

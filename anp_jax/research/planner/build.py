@@ -6,13 +6,14 @@ from typing import Optional, Sequence
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
-from anp_jax.research.planner.inputs import load_pilot, load_sweep, read_rows, workload_for
+from anp_jax.research.planner.inputs import (DEFAULT_METRIC, load_pilot, load_sweep, read_rows,
+                                             workload_for)
 from anp_jax.research.planner.penalty import convergence_penalty
 from anp_jax.research.planner.time_to_target import Plan, make_plan
 
 
 def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
-               metric: str = 'eval/anp_top1', target: Optional[float] = None,
+               metric: Optional[str] = None, target: Optional[float] = None,
                rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
@@ -26,7 +27,7 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   """
   if (pilot is None) == (sweep is None):
     raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
-  if sweep is not None and metric != 'eval/anp_top1':
+  if sweep is not None and metric not in (None, DEFAULT_METRIC):
     raise PlanError(f'--metric {metric}: a sweep records steps to its ANP top-1 target only '
                     '(eval/anp_top1); drop --metric, or plan from a --pilot run for another '
                     'metric.')

@@ -4,7 +4,7 @@ batch-size sweep (`load_sweep`), the results.json of either experiment (`check_r
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from anp_jax import noise_scale
 from anp_jax.configs import default as default_config
@@ -14,7 +14,7 @@ from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.steps_model import StepsModel, pilot_model, sweep_model, sweep_points
 
 
-def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[float] = None,
+def load_pilot(workdir: str, metric: Optional[str] = None, target: Optional[float] = None,
                windows: int = 4) -> StepsModel:
   """The steps model of a pilot run's workdir (``metrics.jsonl`` + ``config.json``).
 
@@ -38,10 +38,7 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
     raise PlanError(f"The pilot in {workdir!r} trained with method {config.method!r}: a pilot "
                     "must be a synchronous run (config.method='sync'), whose steps measure the "
                     'batch size alone. Use a synchronous run of the same model as the pilot.')
-  if target is None:
-    if not float(config.target_value):
-      raise PlanError('Give --target (the pilot has no config.target_value to take it from).')
-    metric, target = config.target_metric, float(config.target_value)
+  metric, target, target_source = resolve_target(config, metric, target)
   crossing = target_crossing(records, target, metric)
   if crossing is None:
     best = max((r[metric] for r in records if metric in r), default=None)
@@ -60,8 +57,48 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
   samples = noise_scale.b_simple_windows(records, windows, last / 2, last)
   model = pilot_model(int(config['batch_size']), crossing['step'], b_noise, samples,
                       source=f'pilot {os.path.basename(os.path.normpath(workdir))}')
-  model.notes.update(target=target)
+  model.notes.update(metric=metric, target=target, target_source=target_source)
   return model
+
+
+# The metric a target means when none is named (what the trainer's target meant before
+# config.target_metric existed; its default since).
+DEFAULT_METRIC = 'eval/anp_top1'
+
+
+def recorded_target(config) -> Optional[Tuple[str, float]]:
+  """The (metric, value) target a run's config recorded, or None if it had none.
+
+  The trainer's fields are ``target_metric`` / ``target_value`` (0: no target); a config.json
+  written before they existed has ``stop_at_metric`` / ``stop_at_value`` ('' : no target).
+  """
+  if config.get('target_value') is not None and 'target_metric' in config:
+    value = float(config.target_value)
+    return (str(config.target_metric), value) if value else None
+  if config.get('stop_at_metric'):
+    return str(config.stop_at_metric), float(config.stop_at_value)
+  return None
+
+
+def resolve_target(config, metric: Optional[str], target: Optional[float]
+                   ) -> Tuple[str, float, str]:
+  """(metric, value, where it came from): the one given, else the pilot's recorded target.
+
+  A ``metric`` without a ``target`` is taken only when it is the recorded target's metric:
+  another metric's value is not the recorded one, and guessing it would plan for a target
+  nobody chose.
+  """
+  if target is not None:
+    return metric or DEFAULT_METRIC, float(target), 'given'
+  recorded = recorded_target(config)
+  if recorded is None:
+    raise PlanError('Give --target (and --metric, default eval/anp_top1): the pilot recorded no '
+                    'target to take it from.')
+  if metric is not None and metric != recorded[0]:
+    raise PlanError(f'--metric {metric} without --target: the pilot recorded the target '
+                    f'{recorded[0]} >= {recorded[1]:g}, for another metric. Give --target for '
+                    f'{metric}, or drop --metric.')
+  return recorded[0], recorded[1], "the pilot's recorded target"
 
 
 # The fields each experiment's results.json rows have (both write DIR/results.json).
@@ -113,7 +150,8 @@ def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] =
                     'recompute them with `python experiments/batch_size_sweep.py ... '
                     f'--target_top1 {target}` (no retraining), then plan again.')
   model = sweep_model(sweep_points(rows, rule, warmup), use=use)
-  model.notes.update(target=rows[0]['target_top1'] if rows else target)
+  model.notes.update(metric=DEFAULT_METRIC, target=rows[0]['target_top1'] if rows else target,
+                     target_source="the sweep's target")
   return model
 
 

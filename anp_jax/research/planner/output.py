@@ -20,7 +20,9 @@ def _hours(seconds: float) -> str:
 def format_plan(plan: Plan) -> str:
   """The plan as markdown: model, penalties, the table, the three picks."""
   m = plan.model
-  lines = [f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_noise:.4g} / B), '
+  lines = [f'Target: {m.notes["metric"]} >= {m.notes["target"]:g} ({m.notes["target_source"]}).'
+           ] if 'metric' in m.notes else []
+  lines += [f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_noise:.4g} / B), '
            f'E_min = {m.e_min:.4g} examples'
            + (f'; B_noise range {min(b for _, b in m.alternatives):.4g}-'
               f'{max(b for _, b in m.alternatives):.4g}' if m.alternatives else '') + '.']
