@@ -21,6 +21,7 @@ and `plan_validation_lib.py` (next to this file).
 import json
 import math
 import os
+import sys
 
 from absl import app, flags
 
@@ -34,6 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SWEEP = os.path.join(HERE, 'results', 'bs_sweep_cpu', 'results.json')
 # A pilot run with the current trainer (metrics.jsonl + config.json copied from its workdir).
 PILOT = os.path.join(HERE, 'results', 'plan_validation', 'pilot_b128')
+PILOT_BATCH = 128
+# How the pilot is made (then its run directory's metrics.jsonl, config.json and sweep_run.json
+# are copied into PILOT).
+PILOT_COMMAND = ('python experiments/batch_size_sweep.py --preset cpu --out workdirs/pilot_b128 '
+                 '--batch_sizes 128 --rules linear --warmup on --stop_at_target && cp '
+                 'workdirs/pilot_b128/runs/b00128-linear-warmup-lrx1-s0/{metrics.jsonl,'
+                 'config.json,sweep_run.json} experiments/results/plan_validation/pilot_b128/')
 METHODS = os.path.join(HERE, 'results', 'sync_async_mixed_cpu', 'results.json')
 RECIPE_EPOCHS, RECIPE_BATCH, ANP_TRAIN = 30, 128, pm.MUSA2_TRAIN_IMAGES
 # B_noise of ResNet-50 on ANP is not measured here; the assumed range: the CPU proxy's B_simple
@@ -165,7 +173,7 @@ def statistical(rows, out):
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
   for ax, arm in zip(axes, (('linear', 'on'), ('linear', 'off'))):
     points = planner.sweep_points(rows, *arm)
-    pilot = validation.validate_pilot(points, 128)
+    pilot = validation.validate_pilot(points, PILOT_BATCH)
     loo = {r['batch']: r for r in validation.validate_leave_one_out(points)}
     spe = {r['batch']: r['steps_per_epoch'] for r in rows if (r['rule'], r['warmup']) == arm}
     data[f'{arm[0]}/{arm[1]}'] = {'pilot': pilot, 'leave_one_out': list(loo.values())}
@@ -178,9 +186,12 @@ def statistical(rows, out):
       lines.append(f'| {r["batch"]} | {r["batch"] / 128:g} | {r["measured"]:.0f} | '
                    f'{spe[r["batch"]] / 2:.0f} | {r["predicted"]:.0f} | {_pct(r["error"])} | '
                    f'{lo.get("predicted", float("nan")):.0f} | {_pct(lo.get("error"))} |')
-    within = [abs(r['error']) <= 0.25 for r in pilot if r['batch'] <= 8 * 128]
-    lines += ['', f'Pilot predictions within 25 % up to 8× the pilot batch: '
-              f'{sum(within)}/{len(within)}.', '']
+    lines += ['', planner.describe_score(planner.score_predictions(
+                  pilot, in_sample=[PILOT_BATCH], max_batch=8 * PILOT_BATCH),
+                  'pilot predictions up to 8× the pilot batch'),
+              planner.describe_score(planner.score_predictions(
+                  list(loo.values()), max_batch=8 * PILOT_BATCH), 'leave-one-out fits',
+                  'each batch predicted from the others'), '']
     b = [r['batch'] for r in pilot]
     ax.plot(b, [r['measured'] for r in pilot], 'ko', label='measured (sweep)')
     ax.plot(b, [r['predicted'] for r in pilot], 's-', label='from the B=128 pilot')
@@ -192,21 +203,30 @@ def statistical(rows, out):
     model = planner.load_pilot(PILOT)
     points = planner.sweep_points(rows, 'linear', 'on')
     fresh = validation.validate_model(model, points)
+    stale = validation.trainer_mismatch(PILOT)
     data['fresh_pilot'] = fresh
-    lines += [f'### A fresh pilot with the current trainer (`pilot_b128/`, linear rule + warmup, '
+    data['fresh_pilot_mismatch'] = stale
+    lines += [f'### A separate pilot (`pilot_b128/`, linear rule + warmup, '
               f'target crossed at {model.notes["pilot_steps"]:.0f} steps (interpolated), '
               'window-mean '
               f'B_simple {model.b_noise:.0f}, sub-window range '
               f'{min(b for _, b in model.alternatives):.0f}–'
-              f'{max(b for _, b in model.alternatives):.0f})', '',
-              '| batch | ×pilot | measured steps (committed sweep) | predicted (range) | error |',
+              f'{max(b for _, b in model.alternatives):.0f})', '']
+    if stale:
+      warning = (f'**This pilot was recorded by an earlier trainer** ({"; ".join(stale)}): it is '
+                 'no evidence about the current one. Re-run it with `' + PILOT_COMMAND + '`.')
+      print(f'WARNING: {PILOT} was recorded by an earlier trainer: {"; ".join(stale)}. '
+            f'Re-run it: {PILOT_COMMAND}', file=sys.stderr)
+      lines += [warning, '']
+    lines += ['| batch | ×pilot | measured steps (committed sweep) | predicted (range) | error |',
               '|---|---|---|---|---|']
     for r in fresh:
       lines.append(f'| {r["batch"]} | {r["batch"] / 128:g} | {r["measured"]:.0f} | '
                    f'{r["predicted"]:.0f} ({r["low"]:.0f}–{r["high"]:.0f}) | '
                    f'{_pct(r["error"])} |')
-    within = [abs(r['error']) <= 0.25 for r in fresh if r['batch'] <= 8 * 128]
-    lines += ['', f'Within 25 % up to 8× the pilot batch: {sum(within)}/{len(within)}.', '']
+    lines += ['', planner.describe_score(planner.score_predictions(
+        fresh, in_sample=[PILOT_BATCH], max_batch=8 * PILOT_BATCH),
+        'predictions up to 8× the pilot batch'), '']
     axes[0].plot([r['batch'] for r in fresh], [r['predicted'] for r in fresh], 'd-.',
                  label='fresh pilot (window-mean B_simple)')
     axes[0].legend(fontsize=8)

@@ -5,12 +5,17 @@
   any steps model), against a sweep's measured steps;
 * `validate_leave_one_out`: each batch predicted by the S_min, B_crit fit to the other batches;
 * `validate_methods`: each arm of the sync/async/mixed experiment predicted from the sync arm and
-  the convergence penalty fitted without that arm (leave one out).
+  the convergence penalty fitted without that arm (leave one out);
+* `trainer_mismatch`: whether a committed pilot's recorded sizes are what today's trainer
+  computes for its config (a pilot of an earlier trainer is no evidence about this one).
 """
 
 from typing import Dict, List, Sequence
 
-from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
+from anp_jax.configs import default as default_config
+from anp_jax.metrics_io import read_metrics
+
+from anp_jax.research.planner import (StepsModel, pilot_train_size, run_record, convergence_penalty, epochs_to_level,
                                       fit_steps_to_target, penalty_kind, pilot_model)
 
 
@@ -79,3 +84,38 @@ def validate_methods(results: Sequence[Dict], level_frac: float = 0.5) -> List[D
                  'measured_h': measured * epoch_h if measured is not None else None,
                  'predicted_h': e_sync * factor * epoch_h if factor is not None else None})
   return rows
+
+
+# The sizes a run records that follow from its config and the trainer's rules.
+SETUP_FIELDS = ('steps_per_epoch', 'total_steps', 'eval_every_steps')
+
+
+def trainer_mismatch(workdir: str) -> List[str]:
+  """How the sizes a pilot recorded differ from what today's trainer computes for its config.
+
+  Recorded: its run record's ``steps_per_epoch``, ``total_steps`` and ``eval_every_steps``
+  (``sweep_run.json``), else the steps per epoch its training log implies (step / ``train/epoch``).
+  Computed: `anp_jax.setup.resolve_setup` on the recorded config, its devices and the training
+  split's size. [] when they agree; one line per field that differs (or saying why nothing
+  could be checked).
+  """
+  from anp_jax import setup  # Imports JAX: only when a pilot is checked.
+  config = default_config.read_run_config(workdir)
+  records = read_metrics(workdir)
+  recorded = {k: v for k, v in run_record(workdir).items() if k in SETUP_FIELDS + ('devices',)}
+  if 'steps_per_epoch' not in recorded:
+    logged = next((r for r in records if r.get('train/epoch')), None)
+    if logged is None:
+      return [f'{workdir}: no run record and no train/epoch in its log: its sizes cannot be '
+              'checked against the current trainer']
+    recorded['steps_per_epoch'] = logged['step'] / logged['train/epoch']
+  train_size = pilot_train_size(workdir, config, records)
+  if train_size is None:
+    return [f'{workdir}: the size of its training split is unknown: its sizes cannot be checked']
+  devices = int(recorded.get('devices', 1))
+  # The evaluation split's size only sets the number of evaluation batches, not compared here.
+  now = setup.resolve_setup(config, train_size, eval_size=train_size, devices=devices,
+                            local_devices=devices, process_count=1)
+  return [f'{name}: recorded {recorded[name]:g}, the current trainer computes '
+          f'{getattr(now, name):g}' for name in SETUP_FIELDS
+          if name in recorded and abs(recorded[name] - getattr(now, name)) > 1e-9]

@@ -114,3 +114,57 @@ def test_the_committed_penalty_is_no_longer_the_censored_points_floor():
   assert ordinary < pen.slope < 0.437 - 0.01
   assert pen.slope == pytest.approx(_hinge_slope(pen.points, pen.bounds), abs=1e-4)
   assert len(pen.leave_one_out) == len(pen.points) + len(pen.bounds)
+
+
+@pytest.fixture(scope='module')
+def validation_report(tmp_path_factory):
+  """experiments/plan_validation.py's report on the committed results (seconds)."""
+  from conftest import run_experiment
+  out = tmp_path_factory.mktemp('plan_validation')
+  r = run_experiment('plan_validation.py', '--out', str(out))
+  assert r.returncode == 0, r.stderr[-3000:]
+  return r, (out / 'report.md').read_text(), json.loads((out / 'results.json').read_text())
+
+
+def test_validation_tallies_are_out_of_sample(validation_report):
+  """The pilot batch is predicted exactly by construction: it is never counted. (Before: '5/6
+  within 25 %' counted B=128 from the B=128 pilot; out of sample it is 4/5.)"""
+  import re
+  _, text, _ = validation_report
+  tallies = re.findall(r'within 25 % out of sample \(the pilot batch not counted\): (\d+)/(\d+)',
+                       text)
+  assert len(tallies) >= 3, text[:3000]
+  for _, n in tallies:  # 32 ... 1024 is six batch sizes; without the pilot's 128, five.
+    assert int(n) == 5
+
+
+def _pilot_record(path, steps_per_epoch, total_steps):
+  """A pilot's config.json (the cpu sweep's B=128 pilot: 32 x 250 generated images, 10 epochs,
+  ghost BN on 2 devices) and its run record with the given sizes."""
+  from anp_jax.configs import default
+  config = default.get_config()
+  config.update_from_flattened_dict({
+      'batch_size': 128, 'num_epochs': 10.0, 'eval_every_epochs': 0.5, 'bn_mode': 'ghost',
+      'bn_group_size': 16, 'synthetic.num_pairs': 32, 'synthetic.train_per_class': 250})
+  path.mkdir(parents=True, exist_ok=True)
+  (path / 'config.json').write_text(config.to_json())
+  (path / 'sweep_run.json').write_text(json.dumps({
+      'batch': 128, 'devices': 2, 'steps_per_epoch': steps_per_epoch, 'total_steps': total_steps,
+      'eval_every_steps': 31}))
+  return str(path)
+
+
+def test_a_pilot_recorded_by_an_earlier_trainer_is_detected(tmp_path, validation_report):
+  """The committed 'fresh pilot with the current trainer' recorded 62 steps per epoch and 620
+  steps; today's trainer computes 8000 / 128 = 62.5 and 625 for its config (epochs are
+  examples, the tail is no longer dropped). plan_validation says so in its report and prints the
+  command that re-runs the pilot. (Before: presented as the current trainer's.)"""
+  from experiments import plan_validation_lib as validation
+  stale = validation.trainer_mismatch(_pilot_record(tmp_path / 'old', 62, 620))
+  assert any('steps_per_epoch' in m and '62' in m and '62.5' in m for m in stale), stale
+  assert any('total_steps' in m and '620' in m and '625' in m for m in stale), stale
+  assert validation.trainer_mismatch(_pilot_record(tmp_path / 'new', 62.5, 625)) == []
+  r, text, results = validation_report
+  assert 'recorded by an earlier trainer' in text and 'batch_size_sweep.py' in text
+  assert results['statistical']['fresh_pilot_mismatch']
+  assert 'recorded by an earlier trainer' in r.stdout + r.stderr

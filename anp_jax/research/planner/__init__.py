@@ -38,20 +38,23 @@ from anp_jax.research.planner.build import build_plan
 from anp_jax.research.planner.clusters import cluster_from_dict, load_cluster
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.inputs import (PENALTY_FIELDS, SWEEP_FIELDS, check_rows, load_pilot,
-                                             load_sweep, pilot_classes, read_rows, workload_for)
+                                             load_sweep, pilot_classes, pilot_train_size,
+                                             read_rows, recorded_target, run_record, workload_for)
 from anp_jax.research.planner.output import (format_plan, pareto_front, plan_to_json, plot_plan,
                                              write_plan)
-from anp_jax.research.planner.penalty import (Penalty, convergence_penalty, epochs_to_level,
-                                              penalty_kind)
+from anp_jax.research.planner.penalty import (Penalty, censored_slope, convergence_penalty,
+                                              epochs_to_level, fit_penalty, penalty_kind)
+from anp_jax.research.planner.scoring import WITHIN, describe_score, score_predictions
 from anp_jax.research.planner.steps_model import (StepsModel, fit_steps_to_target, pilot_model,
                                                   sweep_model, sweep_points)
 from anp_jax.research.planner.time_to_target import PLAN_METHODS, Plan, Row, make_plan, plan_row
 
 __all__ = [
     'PENALTY_FIELDS', 'PLAN_METHODS', 'Penalty', 'Plan', 'PlanError', 'Row', 'SWEEP_FIELDS',
-    'StepsModel', 'build_plan', 'check_rows', 'cluster_from_dict', 'convergence_penalty',
-    'epochs_to_level', 'fit_steps_to_target', 'format_plan', 'load_cluster', 'load_pilot',
-    'load_sweep', 'make_plan', 'pareto_front', 'penalty_kind', 'pilot_classes', 'pilot_model',
-    'plan_row', 'plan_to_json', 'plot_plan', 'read_rows', 'sweep_model', 'sweep_points',
-    'workload_for', 'write_plan',
+    'StepsModel', 'WITHIN', 'build_plan', 'censored_slope', 'check_rows', 'cluster_from_dict',
+    'convergence_penalty', 'describe_score', 'epochs_to_level', 'fit_penalty',
+    'fit_steps_to_target', 'format_plan', 'load_cluster', 'load_pilot', 'load_sweep', 'make_plan',
+    'pareto_front', 'penalty_kind', 'pilot_classes', 'pilot_model', 'pilot_train_size',
+    'plan_row', 'plan_to_json', 'plot_plan', 'read_rows', 'recorded_target', 'run_record',
+    'score_predictions', 'sweep_model', 'sweep_points', 'workload_for', 'write_plan',
 ]

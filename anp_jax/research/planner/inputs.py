@@ -101,6 +101,41 @@ def resolve_target(config, metric: Optional[str], target: Optional[float]
   return recorded[0], recorded[1], "the pilot's recorded target"
 
 
+# A sweep or study run's record of its sizes, next to its config.json.
+RUN_RECORD_FILE = 'sweep_run.json'
+
+
+def run_record(workdir: str) -> Dict:
+  """The sizes a sweep or study run recorded (``sweep_run.json``), or {} for a plain trainer
+  workdir."""
+  path = os.path.join(workdir, RUN_RECORD_FILE)
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise PlanError(f'{path}: unreadable ({e}).') from None
+
+
+def pilot_train_size(workdir: str, config, records: List[Dict]) -> Optional[int]:
+  """The examples of one epoch of the pilot's training split, or None if nothing says.
+
+  In order: the size its run record holds; the generated dataset's (``synthetic.num_pairs`` x
+  ``train_per_class``); what its training log implies (``train/examples_seen`` over
+  ``train/passes``). A prepared folder's size is in none of its config's fields.
+  """
+  recorded = run_record(workdir).get('train_size')
+  if recorded:
+    return int(recorded)
+  if config.dataset == 'synthetic_anp':
+    return int(config.synthetic.num_pairs) * int(config.synthetic.train_per_class)
+  for r in records:
+    if r.get('train/passes') and r.get('train/examples_seen'):
+      return int(round(r['train/examples_seen'] / r['train/passes']))
+  return None
+
+
 # The fields each experiment's results.json rows have (both write DIR/results.json).
 SWEEP_FIELDS = ('batch', 'rule', 'warmup', 'status', 'steps_to_target')
 PENALTY_FIELDS = ('name', 'method', 'curve')
