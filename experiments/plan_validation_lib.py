@@ -6,6 +6,7 @@
 * `validate_leave_one_out`: each batch predicted by the S_min, B_crit fit to the other batches;
 * `validate_methods`: each arm of the sync/async/mixed experiment predicted from the sync arm and
   the convergence penalty fitted without that arm (leave one out);
+* `seed_paper_rows`: the seed paper's set-up on the MinoTauro preset for assumed inputs;
 * `trainer_mismatch`: whether a committed pilot's recorded sizes are what today's trainer
   computes for its config (a pilot of an earlier trainer is no evidence about this one).
 """
@@ -14,9 +15,10 @@ from typing import Dict, List, Sequence
 
 from anp_jax.configs import default as default_config
 from anp_jax.metrics_io import read_metrics
-
-from anp_jax.research.planner import (StepsModel, pilot_train_size, run_record, convergence_penalty, epochs_to_level,
-                                      fit_steps_to_target, penalty_kind, pilot_model)
+from anp_jax.research import perfmodel as pm
+from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
+                                      fit_steps_to_target, penalty_kind, pilot_model,
+                                      pilot_train_size, plan_row, run_record)
 
 
 def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
@@ -119,3 +121,21 @@ def trainer_mismatch(workdir: str) -> List[str]:
   return [f'{name}: recorded {recorded[name]:g}, the current trainer computes '
           f'{getattr(now, name):g}' for name in SETUP_FIELDS
           if name in recorded and abs(recorded[name] - getattr(now, name)) > 1e-9]
+
+
+def seed_paper_rows(penalties: Dict, b_noise: float, b_noise_range: Sequence[float],
+                    epochs: float, train_images: int, batch: int = 128,
+                    nodes: Sequence[int] = (1, 2, 4, 8, 16)) -> Dict:
+  """The seed paper's set-up on the `minotauro` preset: {(nodes, method): Row}.
+
+  The recipe is assumed to reach its accuracy after ``epochs`` epochs of ``train_images`` at
+  batch ``batch`` on one node (S0 = epochs x train_images / batch), with ``b_noise`` (the range
+  ``b_noise_range`` through the same anchor). Sync keeps ``batch`` per node (global batch x
+  nodes, the paper's weak scaling); mixed-asynchronous sends one node's ``batch`` per update.
+  """
+  model = pilot_model(batch, epochs * train_images / batch, b_noise, list(b_noise_range),
+                      source='assumed')
+  workload = pm.resnet50(train_images)
+  cluster = pm.minotauro(nodes=max(nodes))
+  return {(n, m): plan_row(model, penalties, cluster, workload, n, batch * n, m)
+          for n in nodes for m in ('sync', 'mixed')}

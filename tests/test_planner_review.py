@@ -168,3 +168,25 @@ def test_a_pilot_recorded_by_an_earlier_trainer_is_detected(tmp_path, validation
   assert 'recorded by an earlier trainer' in text and 'batch_size_sweep.py' in text
   assert results['statistical']['fresh_pilot_mismatch']
   assert 'recorded by an earlier trainer' in r.stdout + r.stderr
+
+
+def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(validation_report):
+  """The MinoTauro comparison says which published figures it is compared with and where they
+  come from, which inputs are assumed, and how the 16-node speed-up moves with each."""
+  _, text, results = validation_report
+  assert 'CCGrid 2017, abstract: 106 h on one node -> 16 h distributed, a 10.3x' in text
+  assert "master's thesis" in text and '12 h synchronous, 16 h mixed-asynchronous' in text
+  assert '**30\nepochs**' in text or '**30 epochs**' in text
+  assert '**B_noise**' in text
+  cases = {(c['b_noise_x'], c['epochs_x'], c['slope']): c['speedup_16']
+           for c in results['seed_paper']['sensitivity']}
+  slope = results['seed_paper']['penalty_slope']
+  base = [k for k in cases if k[:2] == (1.0, 1.0)]
+  assert {(b, e) for b, e, _ in cases} >= {(0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0)}
+  by = {(b, e): v for (b, e, s), v in cases.items() if s == slope or (b, e) != (1.0, 1.0)}
+  # Epochs scale every time alike: the speed-up does not move; B_noise moves the sync one.
+  for e in (0.5, 2.0):
+    assert by[(1.0, e)]['sync'] == pytest.approx(by[(1.0, 1.0)]['sync'], rel=1e-6)
+  assert by[(0.5, 1.0)]['sync'] < by[(1.0, 1.0)]['sync'] < by[(2.0, 1.0)]['sync']
+  assert len(base) == 3  # The penalty's central slope and the two ends of its range.
+  assert '| B_noise | epochs | async penalty slope |' in text

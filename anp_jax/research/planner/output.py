@@ -69,14 +69,18 @@ def describe_model(plan: Plan) -> List[str]:
                'whether each configuration reaches the target within its run is not checked.')
   for kind, p in plan.penalties.items():
     x = 'mean staleness' if kind == 'async' else '(H - 1)'
-    loo = [r for r in p.leave_one_out if not r['censored']]
+    loo = {}
+    for r in p.leave_one_out:
+      if not r['censored']:
+        loo.setdefault(r['x'], []).append(_pct(r['error']))
     lines.append(f'Convergence penalty {kind}: updates x (1 + {p.slope:.3g} {x}), censored fit, '
                  f'slope range {p.low:.3g}-{p.high:.3g} ({len(p.points)} measured factors, '
                  f'{len(p.bounds)} lower bounds from arms that missed a level'
                  + (f', {len(p.inconsistent_bounds)} of them above the fit'
                     if p.inconsistent_bounds else '') + ')'
-                 + ('; leave-one-out errors ' + ', '.join(
-                     f'x={r["x"]:g}: {_pct(r["error"])}' for r in loo) if loo else '') + '.')
+                 + ('; leave-one-x-out errors (per level) ' + ', '.join(
+                     f'x={x:g}: {" / ".join(e)}' for x, e in sorted(loo.items()))
+                    if loo else '') + '.')
   return lines
 
 
