@@ -217,14 +217,16 @@ def run_record(workdir: str) -> Dict:
     raise PlanError(f'{path}: unreadable ({e}).') from None
 
 
-def pilot_train_size(workdir: str, config, records: List[Dict]) -> Optional[int]:
+def pilot_train_size(workdir: Optional[str], config, records: List[Dict]) -> Optional[int]:
   """The examples of one epoch of the pilot's training split, or None if nothing says.
+
+  ``workdir`` None: a config not yet run (no run record, no log).
 
   In order: the size its run record holds; the generated dataset's (``synthetic.num_pairs`` x
   ``train_per_class``); what its training log implies (``train/examples_seen`` over
   ``train/passes``). A prepared folder's size is in none of its config's fields.
   """
-  recorded = run_record(workdir).get('train_size')
+  recorded = run_record(workdir).get('train_size') if workdir else None
   if recorded:
     return int(recorded)
   if config.dataset == 'synthetic_anp':
