@@ -11,6 +11,7 @@ import statistics
 import pytest
 
 from anp_jax.research import perfmodel as pm
+from anp_jax.research import stats
 from anp_jax.research import planner as plan
 from anp_jax.research.planner import steps_model
 from test_plan import _plan_cli, _sweep_rows, _write_pilot
@@ -37,10 +38,12 @@ def test_several_pilot_seeds_measure_the_run_to_run_spread(tmp_path):
   assert model.notes['pilot_steps_each'] == pytest.approx(crossings)
   assert model.seed_log_sd == pytest.approx(statistics.stdev(math.log(c) for c in crossings))
   assert model.anchor_runs == 3 and 'measured over the 3 pilot seeds' in model.seed_source
-  # At the pilot batch only seeds remain: the new run's and the anchor's (a mean of 3).
+  # At the pilot batch only seeds remain: the new run's and the anchor's (a mean of 3), with
+  # Student's t for a spread measured from 3 seeds (2 degrees of freedom: 2.92, not 1.645).
   central, lo, hi = model.steps(64)
   sigma = model.seed_log_sd * math.sqrt(1 + 1 / 3)
-  assert hi / central == pytest.approx(math.exp(steps_model.BAND_Z * sigma))
+  assert model.seed_dof == 2
+  assert hi / central == pytest.approx(math.exp(stats.t_quantile(0.95, 2) * sigma))
   # A band for the mean of 3 new runs is narrower than for one.
   assert model.steps(256, runs=3)[2] < model.steps(256)[2]
   # As the command line takes them.
@@ -71,6 +74,18 @@ def test_a_sweeps_band_holds_its_fit_jackknife_and_its_measured_seed_spread():
   assert model.noise_log_sd(64) == pytest.approx(0.0, abs=1e-9)  # Exact fit: no jackknife spread.
   assert plan.sweep_model(plan.sweep_points(_sweep_rows())).seed_log_sd == pytest.approx(
       steps_model.DEFAULT_SEED_LOG_SD)  # One seed per batch: the default.
+
+
+def test_a_diverged_seed_counts_as_a_miss_not_as_a_missing_seed():
+  """A seed that diverged at the chosen rate never reached the target: its batch size has no
+  mean steps and is not fitted (before: dropped, and B=1024 {40, diverged, diverged} was fitted
+  as 40 steps from one seed)."""
+  rows = [dict(r, seed=0) for r in _sweep_rows()]
+  big = dict(rows[-1], seed=1, status='diverged', steps_to_target=None)
+  points = plan.sweep_points(rows + [big, dict(big, seed=2)])
+  assert points[1024]['steps'] is None
+  assert (points[1024]['seeds'], points[1024]['missed']) == (3, 2)
+  assert 1024 not in plan.sweep_model(points).notes['fit_batches']
 
 
 def test_coverage_and_errors_are_scored_out_of_sample():

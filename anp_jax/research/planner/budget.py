@@ -17,10 +17,12 @@ import dataclasses
 from typing import Optional, Tuple
 
 from anp_jax import durations
+from anp_jax.research import study_results
 
 # Crossing the target after this fraction of the run's steps leans on the schedule's end (under
-# cosine decay the rate is then below 35 % of its peak): flagged, never recommended.
-DEEP_DECAY_FRACTION = 0.6
+# cosine decay the rate is then below 35 % of its peak): flagged, never recommended. The study
+# runner flags a measured crossing after the same fraction.
+DEEP_DECAY_FRACTION = study_results.LATE_FRACTION
 FEASIBILITY = ('ok', 'late', 'unreachable', 'unknown')
 DECAYING_SCHEDULES = ('cosine', 'step')
 

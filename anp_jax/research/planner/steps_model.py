@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from anp_jax.research import stats, study_results
 from anp_jax.research.planner.budget import Budget
 from anp_jax.research.planner.errors import PlanError
 
@@ -90,6 +91,7 @@ class StepsModel:
   notes: Dict[str, object] = dataclasses.field(default_factory=dict)
   spread: str = 'windows'
   seed_log_sd: float = DEFAULT_SEED_LOG_SD
+  seed_dof: Optional[float] = None  # Degrees of freedom of a measured seed_log_sd.
   seed_source: str = (f'default: one run\'s log-sd {DEFAULT_SEED_LOG_SD:.3f}, from re-runs that '
                       f'moved steps to target by {100 * DEFAULT_SEED_SPREAD[0]:+.0f} % to '
                       f'{100 * DEFAULT_SEED_SPREAD[1]:+.0f} %')
@@ -121,10 +123,26 @@ class StepsModel:
     seed = self.seed_log_sd ** 2 * (1 / self.anchor_runs + 1 / runs)
     return math.sqrt(self.noise_log_sd(batch) ** 2 + seed)
 
+  def band_width(self, batch: float, runs: float = 1, extra_log_var: float = 0.0) -> float:
+    """Half the width of the `BAND_LEVEL` band of log steps, with ``extra_log_var`` (another
+    independent uncertainty, e.g. a penalty's) added.
+
+    The normal quantile, or Student's t where the seed spread was measured from few seeds: its
+    degrees of freedom, carried to the sum by Welch-Satterthwaite (the other parts counted as
+    known), ν = σ_total⁴ / (σ_seed_part⁴ / seed_dof).
+    """
+    seed_var = self.seed_log_sd ** 2 * (1 / self.anchor_runs + 1 / runs)
+    total_var = self.noise_log_sd(batch) ** 2 + seed_var + extra_log_var
+    quantile = BAND_Z
+    if self.seed_dof and seed_var > 0:
+      dof = total_var ** 2 / (seed_var ** 2 / self.seed_dof)
+      quantile = stats.t_quantile(0.5 + BAND_LEVEL / 2, dof)
+    return quantile * math.sqrt(total_var)
+
   def steps(self, batch: float, runs: float = 1) -> Tuple[float, float, float]:
     """(central, low, high) steps to target at global batch ``batch`` (per update): the band is
     an approximate `BAND_LEVEL` prediction interval of the mean of ``runs`` runs."""
-    central, width = self.central(batch), BAND_Z * self.log_sd(batch, runs)
+    central, width = self.central(batch), self.band_width(batch, runs)
     return central, central * math.exp(-width), central * math.exp(width)
 
   def extrapolation(self, batch: float) -> str:
@@ -174,7 +192,8 @@ def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
   ``rows`` are a sweep's ``results.json`` records; only the selected learning rate of each
   batch (``best_lr``) and one (rule, warmup) arm count. Each point: ``steps`` (None unless every
   finished seed reached the target), ``steps_each`` (of the seeds that reached it),
-  ``b_simple``, ``seeds`` (finished) and ``missed`` (how many of them never reached it). A batch size that some seeds miss gets no steps, as in the sweep
+  ``b_simple``, ``seeds`` (finished, diverged included) and ``missed`` (how many of them never
+  reached it: missed or diverged, `study_results.outcome_of`). A batch size that some seeds miss gets no steps, as in the sweep
   report (`sweep_report.aggregate`): the mean over the seeds that got there would flatter it
   (only the lucky ones count) and pull the fit towards perfect scaling.
   """
@@ -187,13 +206,14 @@ def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
   for r in rows:
     if (r['rule'], r['warmup']) != chosen[0] or not r.get('best_lr', True):
       continue
-    if r['status'] != 'finished':
+    outcome = study_results.outcome_of(r)
+    if outcome == 'unfinished':
       continue
     p = points.setdefault(int(r['batch']), {'steps': [], 'b_simple': [], 'missed': 0})
-    if r['steps_to_target'] is None:
-      p['missed'] += 1
-    else:
+    if outcome == 'reached':
       p['steps'].append(float(r['steps_to_target']))
+    else:  # Missed, or diverged: it never reached the target either.
+      p['missed'] += 1
     if r.get('b_simple') is not None:
       p['b_simple'].append(float(r['b_simple']))
   return {b: {'steps': float(np.mean(p['steps'])) if p['steps'] and not p['missed'] else None,
@@ -284,6 +304,6 @@ def seed_spread(points: Dict[int, Dict]) -> Dict[str, object]:
   sd, dof = log_sd_over_seeds([p.get('steps_each', []) for p in points.values()])
   if sd is None:
     return {}
-  return {'seed_log_sd': sd, 'seed_source': f'measured: pooled over the seeds of the sweep\'s '
-                                            f'batch sizes ({dof} degrees of freedom), log-sd '
-                                            f'{sd:.3f}'}
+  return {'seed_log_sd': sd, 'seed_dof': dof,
+          'seed_source': f'measured: pooled over the seeds of the sweep\'s batch sizes ({dof} '
+                         f'degrees of freedom: Student\'s t quantile), log-sd {sd:.3f}'}

@@ -133,7 +133,7 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
   if model.extrapolation(update_batch):
     extrapolated.insert(0, model.extrapolation(update_batch))
   central = model.central(update_batch) * factor[0]
-  width = BAND_Z * math.hypot(model.log_sd(update_batch), _log_sd_of_range(factor))
+  width = model.band_width(update_batch, extra_log_var=_log_sd_of_range(factor) ** 2)
   steps = (central, central * math.exp(-width), central * math.exp(width))
   budget_steps, fraction, status = feasibility(model.budget, central, update_batch)
   time = steps[0] * seconds_per_update
