@@ -52,8 +52,8 @@ from ml_collections import config_flags
 
 from anp_jax import cli, distributed, runtime, xla_flags
 from anp_jax.metrics_io import read_metrics, target_crossing
+from anp_jax.research import eval_seam, planner
 from anp_jax.research import perfmodel as pm
-from anp_jax.research import planner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -90,33 +90,25 @@ def layouts(batches: Sequence[int], pilot_batch: int, pilot_devices: int,
           Layout(1, 1, small), Layout(1, 2, small), Layout(1, 2, large), Layout(2, 1, large)]
 
 
-def target_fields(config, metric: str, value: float, stop: bool) -> Dict[str, object]:
-  """The run's target in the config's own fields: ``target_metric`` / ``target_value`` /
-  ``stop_at_target`` where the trainer has them, else ``stop_at_metric`` / ``stop_at_value``
-  (which stop whenever a target is set)."""
-  if 'stop_at_target' in config:
-    return {'target_metric': metric, 'target_value': value, 'stop_at_target': stop}
-  return {'stop_at_metric': metric if stop else '', 'stop_at_value': value if stop else 0.0}
-
-
-def run_fields(base, layout: Layout, metric: str, target: float,
-               calibration_steps: int) -> Dict[str, object]:
-  """The config fields a layout's run sets on the base config (its ``--config.x=y``)."""
-  fields = {'batch_size': layout.batch, 'progress_bar': False}
-  if layout.role == 'calibration':
-    # Every step logged: each evaluation follows a training record of its own step, whose
-    # time is where the evaluation starts. Three evaluations, one every third of the run.
-    train_size = planner.pilot_train_size(None, base, [])
-    fields.update(num_train_steps=calibration_steps, log_every_steps=1,
-                  eval_every_epochs=calibration_steps / 3 * layout.batch / train_size)
-  return {**fields, **target_fields(base, metric, target, stop=layout.role != 'calibration')}
-
-
-def run_config(base, fields: Dict[str, object]):
-  """The base config with ``fields`` set (what the run's command line gives the trainer)."""
+def run_config(base, layout: Layout, metric: str, target: float, calibration_steps: int):
+  """The config of a layout's run: the base config, its batch, its target (stopping there, but
+  for the calibration), and for the calibration a fixed length with every step logged (each
+  evaluation then follows a training record of its own step, whose time is where the
+  evaluation starts) and three evaluations."""
   config = ml_collections.ConfigDict(base.to_dict())
-  config.update_from_flattened_dict(fields)
+  config.batch_size, config.progress_bar = layout.batch, False
+  if layout.role == 'calibration':
+    train_size = planner.pilot_train_size(None, base, [])
+    config.num_train_steps, config.log_every_steps = calibration_steps, 1
+    config.eval_every_epochs = calibration_steps / 3 * layout.batch / train_size
+  eval_seam.set_target(config, metric, target, stop=layout.role != 'calibration')
   return config
+
+
+def config_overrides(base, config) -> Dict[str, object]:
+  """The fields in which ``config`` differs from ``base`` (a run's ``--config.x=y``)."""
+  before, after = planner.flat_config(base), planner.flat_config(config)
+  return {k: v for k, v in after.items() if before.get(k) != v}
 
 
 def launch(command: Sequence[str], layout: Layout, log_path: str, timeout_s: float) -> float:
@@ -359,8 +351,8 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
   plan = layouts(batches, pilot_batch, pilot_devices, calibration_batch)
   runs = {}
   for l in plan:
-    fields = run_fields(base, l, metric, target, calibration_steps)
-    config = run_config(base, fields)
+    config = run_config(base, l, metric, target, calibration_steps)
+    fields = config_overrides(base, config)
     sizes = run_setup.resolve_setup(config, train_size, train_size, devices=l.total_devices,
                                     local_devices=l.devices, process_count=l.processes)
     runs[l] = (fields, config, sizes)

@@ -44,9 +44,10 @@ from anp_jax.research.planner.budget import DEEP_DECAY_FRACTION, Budget, feasibi
 from anp_jax.research.planner.build import build_plan
 from anp_jax.research.planner.clusters import cluster_from_dict, load_cluster
 from anp_jax.research.planner.errors import PlanError
-from anp_jax.research.planner.inputs import (PENALTY_FIELDS, SWEEP_FIELDS, check_rows, load_pilot,
-                                             load_sweep, pilot_classes, pilot_train_size,
-                                             read_rows, recorded_target, run_record, workload_for)
+from anp_jax.research.planner.inputs import (PENALTY_FIELDS, SWEEP_FIELDS, check_rows, flat_config,
+                                             load_pilot, load_sweep, pilot_classes,
+                                             pilot_train_size, read_rows, recorded_target,
+                                             run_record, workload_for)
 from anp_jax.research.planner.output import (format_plan, pareto_front, plan_to_json, plot_plan,
                                              write_plan)
 from anp_jax.research.planner.penalty import (Penalty, censored_slope, convergence_penalty,
@@ -63,9 +64,9 @@ __all__ = [
     'PLAN_METHODS', 'Penalty', 'Plan', 'PlanError', 'Row', 'SWEEP_FIELDS', 'StepsModel',
     'VALIDATED_RATIOS', 'WITHIN', 'build_plan', 'censored_slope', 'check_rows',
     'cluster_from_dict', 'convergence_penalty', 'describe_score', 'epochs_to_level',
-    'feasibility', 'fit_penalty', 'fit_steps_to_target', 'format_plan', 'load_cluster',
-    'load_pilot', 'load_sweep', 'log_sd_over_seeds', 'make_plan', 'pareto_front',
-    'penalty_kind', 'pilot_classes', 'pilot_model', 'pilot_train_size', 'plan_row',
-    'plan_to_json', 'plot_plan', 'read_rows', 'recorded_target', 'run_record',
+    'feasibility', 'fit_penalty', 'fit_steps_to_target', 'flat_config', 'format_plan',
+    'load_cluster', 'load_pilot', 'load_sweep', 'log_sd_over_seeds', 'make_plan',
+    'pareto_front', 'penalty_kind', 'pilot_classes', 'pilot_model', 'pilot_train_size',
+    'plan_row', 'plan_to_json', 'plot_plan', 'read_rows', 'recorded_target', 'run_record',
     'score_predictions', 'sweep_model', 'sweep_points', 'workload_for', 'write_plan',
 ]

@@ -82,7 +82,8 @@ def read_pilot(workdir: str, metric: str, target: float, windows: int) -> PilotR
                   noise_scale.window_b_simple(records, last / 2, last))
 
 
-def _flat(config) -> Dict[str, object]:
+def flat_config(config) -> Dict[str, object]:
+  """A config as {dotted field: value}."""
   out = {}
 
   def walk(node, prefix):
@@ -97,9 +98,9 @@ def _flat(config) -> Dict[str, object]:
 
 def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
   """Several pilots must be seeds of one configuration: configs equal but for the seeds."""
-  first = _flat(runs[0].config)
+  first = flat_config(runs[0].config)
   for run in runs[1:]:
-    other = _flat(run.config)
+    other = flat_config(run.config)
     differ = sorted(k for k in set(first) | set(other)
                     if k not in PILOT_SEED_FIELDS and first.get(k) != other.get(k))
     if differ:
