@@ -143,7 +143,7 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   if len(runs) > 1:
     sd, dof = log_sd_over_seeds([crossings])
     fields.update(seed_log_sd=sd, seed_dof=dof,
-                  seed_source=f'measured over the {len(runs)} pilot seeds ({dof} degrees of '
+                  seed_source=f'measured over the {len(runs)} pilot seeds ({dof} degree(s) of '
                               f'freedom: Student\'s t quantile), log-sd {sd:.3f}')
   train_size = pilot_train_size(dirs[0], config, runs[0].records)
   if train_size:

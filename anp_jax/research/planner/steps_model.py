@@ -306,4 +306,4 @@ def seed_spread(points: Dict[int, Dict]) -> Dict[str, object]:
     return {}
   return {'seed_log_sd': sd, 'seed_dof': dof,
           'seed_source': f'measured: pooled over the seeds of the sweep\'s batch sizes ({dof} '
-                         f'degrees of freedom: Student\'s t quantile), log-sd {sd:.3f}'}
+                         f'degree(s) of freedom: Student\'s t quantile), log-sd {sd:.3f}'}
