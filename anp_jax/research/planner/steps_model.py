@@ -45,7 +45,7 @@ def fit_steps_to_target(batch: Sequence[float], steps: Sequence[float],
 
 
 # The band: an approximate 90 % prediction interval of the steps to target, log-normal with the
-# spreads below added in quadrature (see `StepsModel.log_sd`).
+# spreads below added in quadrature (see `StepsModel.band_width`).
 BAND_LEVEL = 0.90
 BAND_Z = statistics.NormalDist().inv_cdf(0.5 + BAND_LEVEL / 2)  # 1.645
 
@@ -54,8 +54,8 @@ BAND_Z = statistics.NormalDist().inv_cdf(0.5 + BAND_LEVEL / 2)  # 1.645
 # with another data order moved its steps to target by -31 % to +40 % (B=32 without lr scaling:
 # 500 -> 348 steps; B=64 without warmup: 248 -> 346). That range is taken as the 90 % range of
 # the ratio of two runs of one configuration: in logs, (ln 1.40 - ln 0.69) / 2 = 0.354 =
-# BAND_Z x sqrt(2) x sigma, so one run's log-sd sigma = 0.152. A study of the noise floor
-# (several seeds of one configuration) replaces it by a measured value.
+# BAND_Z x sqrt(2) x sigma, so one run's log-sd sigma = 0.152. Inputs with several seeds of one
+# configuration (pilot seeds, a sweep's seeds) use their measured spread instead.
 DEFAULT_SEED_SPREAD = (-0.31, 0.40)
 DEFAULT_SEED_LOG_SD = ((math.log1p(DEFAULT_SEED_SPREAD[1]) - math.log1p(DEFAULT_SEED_SPREAD[0]))
                        / (2 * BAND_Z * math.sqrt(2)))
@@ -114,19 +114,12 @@ class StepsModel:
       return math.sqrt((len(logs) - 1) / len(logs) * sum((v - mean) ** 2 for v in logs))
     return statistics.stdev(logs)
 
-  def log_sd(self, batch: float, runs: float = 1) -> float:
-    """The log-sd of the steps to target that ``runs`` new runs at ``batch`` average.
-
-    B_noise's uncertainty, the anchor's seed noise (its runs averaged) and the new runs' seed
-    noise, added in quadrature: sqrt(noise_log_sd² + seed_log_sd² (1/anchor_runs + 1/runs)).
-    """
-    seed = self.seed_log_sd ** 2 * (1 / self.anchor_runs + 1 / runs)
-    return math.sqrt(self.noise_log_sd(batch) ** 2 + seed)
-
   def band_width(self, batch: float, runs: float = 1, extra_log_var: float = 0.0) -> float:
     """Half the width of the `BAND_LEVEL` band of log steps, with ``extra_log_var`` (another
     independent uncertainty, e.g. a penalty's) added.
 
+    The variance: B_noise's uncertainty, the anchor's seed noise (its runs averaged) and the new
+    runs' seed noise, noise_log_sd² + seed_log_sd² (1/anchor_runs + 1/runs), plus the extra.
     The normal quantile, or Student's t where the seed spread was measured from few seeds: its
     degrees of freedom, carried to the sum by Welch-Satterthwaite (the other parts counted as
     known), ν = σ_total⁴ / (σ_seed_part⁴ / seed_dof).

@@ -99,8 +99,8 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
   """Predicted steps and time to target of one configuration (ValueError if it cannot run).
 
   Steps: the steps model at the batch of one update, times the convergence penalty (asynchrony:
-  its mean staleness; local SGD on more than one node: H − 1). The band combines the steps
-  model's (`StepsModel.log_sd`) and the penalty's range in quadrature.
+  its mean staleness; local SGD on more than one node: H − 1). The band adds the penalty's
+  range to the steps model's variance (`StepsModel.band_width`).
   """
   c = cluster.resized(nodes=nodes)
   devices = c.num_devices
@@ -130,8 +130,9 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
   if pen and x > pen.measured_x[1] * (1 + 1e-9):
     what = 'mean staleness' if method in ('async', 'mixed') else 'H − 1'
     extrapolated.append(f'{what} {x:.3g} beyond the measured {pen.measured_x[1]:g}')
-  if model.extrapolation(update_batch):
-    extrapolated.insert(0, model.extrapolation(update_batch))
+  outside = model.extrapolation(update_batch)
+  if outside:
+    extrapolated.insert(0, outside)
   central = model.central(update_batch) * factor[0]
   width = model.band_width(update_batch, extra_log_var=_log_sd_of_range(factor) ** 2)
   steps = (central, central * math.exp(-width), central * math.exp(width))
