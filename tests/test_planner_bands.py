@@ -142,12 +142,29 @@ def test_configurations_late_in_their_budget_are_flagged_and_never_the_fastest(t
   assert 'Faster, not recommended' in text and 'never within it' in text
   assert 'deep in the decay' in text
   assert 'peak lr 0.2 x B / 256 (linear rule), warmup 1 epochs, cosine schedule over 10 epochs' \
-         ' of 6,000 examples' in text
+         ' of 6,000 examples' in text and "(the input's, carried to batch B" in text
   # A target no configuration reaches before 60 % of its budget: no pick, and it says why.
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro', nodes=[16],
                       batches=[1024], workload='resnet20')
   assert p.fastest is None and p.cheapest is None
   assert 'Fastest: none' in plan.format_plan(p)
+
+
+def test_a_sweep_kept_without_its_runs_takes_its_budget_from_its_rows_and_preset(tmp_path):
+  """The committed sweep results have no run directories: the budget comes from a row's sizes
+  (8,000 examples, 10 epochs, its warmup and rule) and the preset's schedule (cosine), so the
+  measured late crossing of B=1024 (step 56 of 79) is predicted late too."""
+  import shutil
+  from conftest import ROOT
+  for name in ('results.json', 'sweep.json'):
+    shutil.copy(f'{ROOT}/experiments/results/bs_sweep_cpu/{name}', tmp_path / name)
+  model = plan.load_sweep(str(tmp_path), rule='linear', warmup='on')
+  assert model.budget.train_size == 8000 and model.budget.schedule == 'cosine'
+  assert (model.budget.steps(1024), model.budget.warmup_epochs) == (79, 1.0)
+  assert model.budget.feasibility(model.central(1024), 1024)[1] == 'late'
+  assert plan.load_sweep(str(tmp_path), rule='linear', warmup='off').budget.warmup_epochs == 0
+  (tmp_path / 'sweep.json').unlink()
+  assert plan.load_sweep(str(tmp_path), rule='linear', warmup='on').budget is None
 
 
 def test_rows_beyond_the_inputs_are_marked_extrapolated_and_so_is_a_pick_resting_on_one(

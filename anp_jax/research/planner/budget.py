@@ -70,7 +70,7 @@ class Budget:
     length = (f'{self.num_train_steps} steps at every batch size' if self.num_train_steps > 0
               else f'{self.num_epochs:g} epochs of {self.train_size:,} examples = '
                    f'ceil({self.num_epochs:g} x {self.train_size} / B) steps')
-    return (f'Budget and schedule (the pilot\'s, carried to batch B as the trainer does): peak '
+    return (f'Budget and schedule (the input\'s, carried to batch B as the trainer does): peak '
             f'lr {self.base_lr:g} x {rule} ({self.lr_scaling} rule), warmup '
             f'{self.warmup_epochs:g} epochs, {self.schedule} schedule over {length}. A target '
             f'predicted after {100 * DEEP_DECAY_FRACTION:.0f} % of the budget is flagged '

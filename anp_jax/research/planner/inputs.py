@@ -8,14 +8,14 @@ import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from anp_jax import noise_scale
+from anp_jax import cli, noise_scale
 from anp_jax.configs import default as default_config
 from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.budget import Budget
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.steps_model import (StepsModel, log_sd_over_seeds, pilot_model,
-                                                  sweep_model, sweep_points)
+                                                  sweep_arm, sweep_model, sweep_points)
 
 
 # Config fields in which the seeds of one pilot may differ: the seeds, and what never changes
@@ -202,6 +202,8 @@ def resolve_target(config, metric: Optional[str], target: Optional[float]
   return recorded[0], recorded[1], "the pilot's recorded target"
 
 
+# The preset config files (a sweep's preset: sweep_<name>.py).
+CONFIGS_DIR = os.path.dirname(os.path.abspath(default_config.__file__))
 # A sweep or study run's record of its sizes, next to its config.json.
 RUN_RECORD_FILE = 'sweep_run.json'
 
@@ -290,20 +292,40 @@ def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] =
   model = sweep_model(sweep_points(rows, rule, warmup), use=use)
   model.notes.update(metric=DEFAULT_METRIC, target=rows[0]['target_top1'] if rows else target,
                      target_source="the sweep's target")
-  model.budget = sweep_budget(out_dir, rows)
+  arm = sweep_arm(rows, rule, warmup)
+  model.budget = sweep_budget(out_dir, [r for r in rows if (r['rule'], r['warmup']) == arm])
   return model
 
 
 def sweep_budget(out_dir: str, rows: Sequence[Dict]) -> Optional[Budget]:
-  """The budget and schedule of a sweep's runs (the first run directory with its config.json;
-  the sweep gives every batch size the same epochs and schedule), or None."""
+  """The budget and schedule of a sweep arm's runs (the sweep gives every batch size the same
+  epochs and schedule), or None.
+
+  From the first run directory with its config.json; for results kept without their run
+  directories (the committed ones), from a row's own sizes (training split, epochs, warmup,
+  rule, base lr) and the schedule of the sweep's preset (``sweep.json``'s ``preset``).
+  """
   for r in rows:
     run_dir = os.path.join(out_dir, 'runs', str(r.get('name', '')))
     if r.get('name') and os.path.exists(os.path.join(run_dir, 'config.json')):
       config = default_config.read_run_config(run_dir)
       train_size = pilot_train_size(run_dir, config, [])
       return Budget.from_config(config, train_size) if train_size else None
-  return None
+  settings_path = os.path.join(out_dir, 'sweep.json')
+  if not rows or not os.path.exists(settings_path):
+    return None
+  with open(settings_path) as f:
+    preset = json.load(f).get('preset')
+  preset_file = os.path.join(CONFIGS_DIR, f'sweep_{preset}.py')
+  row = rows[0]
+  if not preset or not os.path.exists(preset_file) or 'steps_per_epoch' not in row:
+    return None
+  config = cli.load_config_file(preset_file)
+  config.update(num_epochs=float(row['epochs']), warmup_epochs=float(row['warmup_epochs']),
+                lr_scaling=str(row['rule']), base_lr=float(row['base_lr']),
+                num_train_steps=-1)
+  return Budget.from_config(config, round(row.get('train_size')
+                                          or row['steps_per_epoch'] * row['batch']))
 
 
 def pilot_classes(pilot: str, config) -> int:

@@ -178,6 +178,17 @@ def pilot_model(batch: int, steps: float, b_noise: float,
                     **fields)
 
 
+def sweep_arm(rows: Sequence[Dict], rule: Optional[str] = None,
+              warmup: Optional[str] = None) -> Tuple[str, str]:
+  """The one (rule, warmup) arm of a sweep's rows that ``rule`` and ``warmup`` select."""
+  arms = sorted({(r['rule'], r['warmup']) for r in rows})
+  chosen = [a for a in arms if (rule is None or a[0] == rule) and (warmup is None or a[1] == warmup)]
+  if len(chosen) != 1:
+    raise PlanError(f'The sweep has the arms {arms} (rule, warmup); choose one with --rule and '
+                    '--warmup.')
+  return chosen[0]
+
+
 def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
                  warmup: Optional[str] = None) -> Dict[int, Dict]:
   """Per batch: mean steps to target over its finished seeds, and their median B_simple.
@@ -190,14 +201,10 @@ def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
   report (`sweep_report.aggregate`): the mean over the seeds that got there would flatter it
   (only the lucky ones count) and pull the fit towards perfect scaling.
   """
-  arms = sorted({(r['rule'], r['warmup']) for r in rows})
-  chosen = [a for a in arms if (rule is None or a[0] == rule) and (warmup is None or a[1] == warmup)]
-  if len(chosen) != 1:
-    raise PlanError(f'The sweep has the arms {arms} (rule, warmup); choose one with --rule and '
-                    '--warmup.')
+  arm = sweep_arm(rows, rule, warmup)
   points = {}
   for r in rows:
-    if (r['rule'], r['warmup']) != chosen[0] or not r.get('best_lr', True):
+    if (r['rule'], r['warmup']) != arm or not r.get('best_lr', True):
       continue
     outcome = study_results.outcome_of(r)
     if outcome == 'unfinished':
