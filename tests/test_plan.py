@@ -34,7 +34,7 @@ def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=Tru
   from anp_jax.configs import default
   path.mkdir(parents=True, exist_ok=True)
   recorded = default.get_config().to_dict()  # A config.json as the trainer writes it.
-  recorded.update({'batch_size': batch, 'stop_at_metric': '', 'image_size': 16, **config})
+  recorded.update({'batch_size': batch, 'image_size': 16, **config})
   recorded['model'].update(name='resnet8', width=0.5)
   (path / 'config.json').write_text(json.dumps(recorded))
   lines = []

@@ -57,8 +57,8 @@ def test_pilots_of_different_configurations_are_refused(tmp_path):
   b = _write_pilot(tmp_path / 'b', seed=1, base_lr=0.4)
   with pytest.raises(plan.PlanError, match=r"differ in \['base_lr'\].*seeds of one configuration"):
     plan.load_pilot([a, b], target=0.3)
-  c = _write_pilot(tmp_path / 'c', seed=2, stop_at_metric='eval/anp_top1', stop_at_value=0.3)
-  d = _write_pilot(tmp_path / 'd', seed=3, stop_at_metric='eval/anp_top1', stop_at_value=0.2)
+  c = _write_pilot(tmp_path / 'c', seed=2, target_metric='eval/anp_top1', target_value=0.3)
+  d = _write_pilot(tmp_path / 'd', seed=3, target_metric='eval/anp_top1', target_value=0.2)
   with pytest.raises(plan.PlanError, match='different targets'):
     plan.load_pilot([c, d])
 

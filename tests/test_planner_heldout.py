@@ -80,7 +80,7 @@ def test_missed_points_are_counted_with_the_budget_flags_not_scored(tmp_path):
   for seed, reach in ((0, 40), (1, 50)):
     name = f'pilot_b00064-lrx1-s{seed}'
     _write_pilot(study / 'runs' / name, batch=64, trace=64.0, steps=60, reach_step=reach,
-                 seed=seed, num_epochs=0.5, stop_at_metric='eval/anp_top1', stop_at_value=0.3)
+                 seed=seed, num_epochs=0.5, target_metric='eval/anp_top1', target_value=0.3)
     names[seed] = name
   points = [{'point': 'b00032', 'fields': {'batch_size': 32}, 'lr_mult': 1.0,
              'steps_to_target': _summary([60.0, 70.0])},

@@ -35,8 +35,8 @@ def _pilot_with_top5(path, **config):
   """A pilot whose evaluations log top-1 (0.1, then 0.5 from step 40) and top-5 (0.1, then 0.5
   from step 20) and whose config recorded the target eval/anp_top1 >= 0.3."""
   evals = {s: 0.5 if s >= 40 else 0.1 for s in range(10, 61, 10)}
-  p = _write_pilot(path, steps=60, evals=evals, **{'stop_at_metric': 'eval/anp_top1',
-                                                   'stop_at_value': 0.3, **config})
+  p = _write_pilot(path, steps=60, evals=evals, **{'target_metric': 'eval/anp_top1',
+                                                   'target_value': 0.3, **config})
   with open(f'{p}/metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
   for r in records:

@@ -162,23 +162,16 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   return model
 
 
-# The metric a target means when none is named (what the trainer's target meant before
-# config.target_metric existed; its default since).
-DEFAULT_METRIC = 'eval/anp_top1'
+# The metric a target means when none is named (the trainer's config.target_metric default).
+DEFAULT_METRIC = default_config.DEFAULT_TARGET_METRIC
 
 
 def recorded_target(config) -> Optional[Tuple[str, float]]:
-  """The (metric, value) target a run's config recorded, or None if it had none.
-
-  The trainer's fields are ``target_metric`` / ``target_value`` (0: no target); a config.json
-  written before they existed has ``stop_at_metric`` / ``stop_at_value`` ('' : no target).
-  """
-  if config.get('target_value') is not None and 'target_metric' in config:
-    value = float(config.target_value)
-    return (str(config.target_metric), value) if value else None
-  if config.get('stop_at_metric'):
-    return str(config.stop_at_metric), float(config.stop_at_value)
-  return None
+  """The (metric, value) target a run's config recorded (``target_metric`` / ``target_value``;
+  `default_config.read_run_config` maps an older config.json's ``stop_at_metric`` /
+  ``stop_at_value`` to them), or None if it had none (``target_value`` 0)."""
+  value = float(config.get('target_value') or 0.0)
+  return (str(config.target_metric), value) if value else None
 
 
 def resolve_target(config, metric: Optional[str], target: Optional[float]
