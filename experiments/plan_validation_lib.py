@@ -5,13 +5,26 @@
   any steps model), against a sweep's measured steps;
 * `validate_leave_one_out`: each batch predicted by the S_min, B_crit fit to the other batches;
 * `validate_methods`: each arm of the sync/async/mixed experiment predicted from the sync arm and
-  the convergence penalty fitted without that arm (leave one out).
+  the convergence penalty fitted without that arm (leave one out);
+* `seed_paper_rows`: the seed paper's set-up on the MinoTauro preset for assumed inputs;
+* `trainer_mismatch`: whether a committed pilot's recorded sizes are what today's trainer
+  computes for its config (a pilot of an earlier trainer is no evidence about this one);
+* `heldout_task`, `pooled_score`, `feasibility_check`: the held-out tasks' studies (preset
+  ``study_plan_validation``) scored: errors out of sample, band coverage, budget flags.
 """
 
+import json
+import os
+import statistics
 from typing import Dict, List, Sequence
 
+from anp_jax.configs import default as default_config
+from anp_jax.metrics_io import read_metrics
+from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
-                                      fit_steps_to_target, penalty_kind, pilot_model)
+                                      feasibility, fit_steps_to_target, load_pilot,
+                                      penalty_kind, pilot_model, pilot_train_size, plan_row,
+                                      run_record, score_predictions)
 
 
 def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
@@ -79,3 +92,140 @@ def validate_methods(results: Sequence[Dict], level_frac: float = 0.5) -> List[D
                  'measured_h': measured * epoch_h if measured is not None else None,
                  'predicted_h': e_sync * factor * epoch_h if factor is not None else None})
   return rows
+
+
+# The sizes a run records that follow from its config and the trainer's rules.
+SETUP_FIELDS = ('steps_per_epoch', 'total_steps', 'eval_every_steps')
+
+
+def trainer_mismatch(workdir: str) -> List[str]:
+  """How the sizes a pilot recorded differ from what today's trainer computes for its config.
+
+  Recorded: its run record's ``steps_per_epoch``, ``total_steps`` and ``eval_every_steps``
+  (``sweep_run.json``), else the steps per epoch its training log implies (step / ``train/epoch``).
+  Computed: `anp_jax.setup.resolve_setup` on the recorded config, its devices and the training
+  split's size. [] when they agree; one line per field that differs (or saying why nothing
+  could be checked).
+  """
+  from anp_jax import setup  # Imports JAX: only when a pilot is checked.
+  config = default_config.read_run_config(workdir)
+  records = read_metrics(workdir)
+  recorded = {k: v for k, v in run_record(workdir).items() if k in SETUP_FIELDS + ('devices',)}
+  if 'steps_per_epoch' not in recorded:
+    logged = next((r for r in records if r.get('train/epoch')), None)
+    if logged is None:
+      return [f'{workdir}: no run record and no train/epoch in its log: its sizes cannot be '
+              'checked against the current trainer']
+    recorded['steps_per_epoch'] = logged['step'] / logged['train/epoch']
+  train_size = pilot_train_size(workdir, config, records)
+  if train_size is None:
+    return [f'{workdir}: the size of its training split is unknown: its sizes cannot be checked']
+  devices = int(recorded.get('devices', 1))
+  # The evaluation split's size only sets the number of evaluation batches, not compared here.
+  now = setup.resolve_setup(config, train_size, eval_size=train_size, devices=devices,
+                            local_devices=devices, process_count=1)
+  return [f'{name}: recorded {recorded[name]:g}, the current trainer computes '
+          f'{getattr(now, name):g}' for name in SETUP_FIELDS
+          if name in recorded and abs(recorded[name] - getattr(now, name)) > 1e-9]
+
+
+def seed_paper_rows(penalties: Dict, b_noise: float, b_noise_range: Sequence[float],
+                    epochs: float, train_images: int, batch: int = 128,
+                    nodes: Sequence[int] = (1, 2, 4, 8, 16)) -> Dict:
+  """The seed paper's set-up on the `minotauro` preset: {(nodes, method): Row}.
+
+  The recipe is assumed to reach its accuracy after ``epochs`` epochs of ``train_images`` at
+  batch ``batch`` on one node (S0 = epochs x train_images / batch), with ``b_noise`` (the range
+  ``b_noise_range`` through the same anchor). Sync keeps ``batch`` per node (global batch x
+  nodes, the paper's weak scaling); mixed-asynchronous sends one node's ``batch`` per update.
+  """
+  model = pilot_model(batch, epochs * train_images / batch, b_noise, list(b_noise_range),
+                      source='assumed')
+  workload = pm.resnet50(train_images)
+  cluster = pm.minotauro(nodes=max(nodes))
+  return {(n, m): plan_row(model, penalties, cluster, workload, n, batch * n, m)
+          for n in nodes for m in ('sync', 'mixed')}
+
+
+# ----------------------------------------------------------------------------------------------
+# Held-out tasks: a study of the `plan_validation` preset per task (one pilot point, its seeds).
+
+PILOT_PREFIX = 'pilot_'  # The study's point whose seeds are the planner's pilot.
+
+
+def heldout_task(study_dir: str, metric=None, target=None) -> Dict:
+  """The planner's predictions for one held-out task's study against its measured points.
+
+  The pilot is the point named ``pilot_...`` (all its seeds; the first seed alone as the
+  one-run pilot too); every point's steps to the target are predicted at its batch with the
+  band for the mean of its seeds, and scored out of sample (the pilot's batch not counted, up
+  to 8x it). A point whose seeds did not all reach the target has no measured mean: it is
+  listed with its counts beside the prediction's share of its budget and flag.
+  """
+  with open(os.path.join(study_dir, 'points.json')) as f:
+    points = json.load(f)
+  with open(os.path.join(study_dir, 'results.json')) as f:
+    rows = json.load(f)
+  pilots = [p for p in points if p['point'].startswith(PILOT_PREFIX)]
+  if len(pilots) != 1:
+    raise ValueError(f'{study_dir}: expected one point named {PILOT_PREFIX}..., the pilot, got '
+                     f'{[p["point"] for p in pilots]}: is it a study of the plan_validation '
+                     'preset?')
+  pilot = pilots[0]
+  runs = sorted((r for r in rows if r['point'] == pilot['point']
+                 and r['lr_mult'] == pilot['lr_mult']), key=lambda r: r['seed'])
+  dirs = [os.path.join(study_dir, 'runs', r['name']) for r in runs]
+  b0 = int(pilot['fields']['batch_size'])
+  out = {'study': study_dir, 'pilot_batch': b0, 'pilot_runs': [r['name'] for r in runs]}
+  for label, model in (('seeds', load_pilot(dirs, metric, target)),
+                       ('one_seed', load_pilot(dirs[:1], metric, target))):
+    predicted = []
+    for p in points:
+      batch, s = int(p['fields']['batch_size']), p['steps_to_target']
+      central, low, high = model.steps(batch, runs=max(1, s['n']))
+      _, share, flag = feasibility(model.budget, central, batch)
+      predicted.append({
+          'batch': batch, 'ratio': batch / b0, 'predicted': central, 'low': low, 'high': high,
+          'measured': s['mean'] if s['kind'] == 'complete' else None,
+          'measured_low': s.get('low'), 'measured_high': s.get('high'), 'seeds': s['n'],
+          'reached': s['reached'], 'missed': s['missed'], 'diverged': s['diverged'],
+          'lower_bound': s.get('lower_bound'), 'late_crossings': p.get('late_crossings', 0),
+          'budget_share': share, 'feasibility': flag,
+          'extrapolated': model.extrapolation(batch)})
+    out[label] = {'model': {'s_min': model.s_min, 'b_noise': model.b_noise,
+                            'seed_log_sd': model.seed_log_sd, 'seed_source': model.seed_source,
+                            'target': model.notes['target'], 'metric': model.notes['metric'],
+                            'b_simple_late': model.notes.get('b_simple_late')},
+                  'score': score_predictions(predicted, in_sample=[b0], max_batch=8 * b0)}
+  return out
+
+
+def feasibility_check(rows: Sequence[Dict]) -> Dict:
+  """How the budget flags fared, out of sample (the pilot's own batch not counted): points whose
+  seeds missed the target, flagged or not; points flagged late or unreachable whose seeds all
+  reached it."""
+  rows = [r for r in rows if not r.get('in_sample')]
+  missed = [r for r in rows if r['missed'] or r['diverged']]
+  return {'missed': len(missed),
+          'missed_flagged': sum(r['feasibility'] in ('late', 'unreachable') for r in missed),
+          'flagged_but_reached': sum(r['feasibility'] in ('late', 'unreachable')
+                                     and not (r['missed'] or r['diverged']) for r in rows)}
+
+
+# The held-out validation's targets (issue: the planner on tasks it has not seen).
+HELDOUT_TARGETS = {'median_abs_error': 0.15, 'max_abs_error': 0.30, 'coverage': 0.80}
+
+
+def pooled_score(tasks: Sequence[Dict], label: str = 'seeds') -> Dict:
+  """The counted (out-of-sample) points of every task together: errors, coverage, targets met."""
+  counted = [r for t in tasks for r in t[label]['score']['rows'] if r['counted']]
+  errors = sorted(abs(r['error']) for r in counted)
+  banded = [r for r in counted if r['inside'] is not None]
+  out = {'n': len(counted),
+         'median_abs_error': statistics.median(errors) if errors else None,
+         'max_abs_error': max(errors) if errors else None,
+         'coverage': sum(r['inside'] for r in banded) / len(banded) if banded else None,
+         'feasibility': feasibility_check([r for t in tasks for r in t[label]['score']['rows']])}
+  out['targets_met'] = {k: out[k] is not None and (out[k] >= v if k == 'coverage' else out[k] <= v)
+                        for k, v in HELDOUT_TARGETS.items()}
+  return out

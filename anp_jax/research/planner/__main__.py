@@ -2,6 +2,7 @@
 
   python -m anp_jax.research.planner --pilot=workdirs/pilot --target=0.25 --cluster=minotauro \
       --out=plan/
+  python -m anp_jax.research.planner --pilot=runs/b128-s0,runs/b128-s1,runs/b128-s2 --out=plan/
   python -m anp_jax.research.planner --sweep=workdirs/bs_sweep --cluster=my_cluster.yaml --out=plan/
 
 The command line only: the planner is this package (`build_plan`, `write_plan`). Prints the plan;
@@ -22,11 +23,15 @@ from anp_jax.research import planner
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with noise-scale logs).")
+flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with noise-scale logs), "
+                    'or several seeds of one configuration, comma-separated (their spread is '
+                    "the band's run-to-run part).")
 flags.DEFINE_string('sweep', None, 'A finished batch_size_sweep.py directory (results.json).')
-flags.DEFINE_string('metric', 'eval/anp_top1', 'The metric whose target is planned for.')
-flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's "
-                   "config.target_value, or the sweep's target).")
+flags.DEFINE_string('metric', None, "The metric whose target is planned for (default: the "
+                    "pilot's recorded target metric; with --target: eval/anp_top1). Without "
+                    "--target it must be the pilot's recorded target metric.")
+flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's recorded "
+                   "target, or the sweep's target).")
 flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
 flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
 flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '
@@ -34,9 +39,11 @@ flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_c
 flags.DEFINE_string('cluster', 'minotauro', 'Preset or JSON/YAML cluster file.')
 cli.define_positive_ints('nodes', None, 'Node counts (default 1, 2, 4, ... up to the cluster).')
 cli.define_positive_ints('batches', None, 'Global batch sizes (default: the pilot batch x 1/4 '
-                         "... 32, or the batch sizes of the sweep's fit, i.e. those where every "
-                         'seed reached the target; a default size that splits over none of the '
-                         "node counts' devices is left out, a given one is an error).")
+                         "... 8, the validated range, or the batch sizes of the sweep's fit, "
+                         'i.e. those where every seed reached the target; a default size that '
+                         "splits over none of the node counts' devices is left out, a given one "
+                         'is an error; rows beyond the validated range are flagged '
+                         'extrapolated).')
 flags.DEFINE_string('methods', 'sync,mixed', f'Comma-separated, of {planner.PLAN_METHODS}.')
 cli.define_positive_ints('sync_periods', [4], 'H for local_sgd.')
 flags.DEFINE_string('penalty_results',

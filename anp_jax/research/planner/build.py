@@ -1,32 +1,38 @@
 """From run directories to a plan: what ``python -m anp_jax.research.planner`` computes."""
 
+import math
 import os
 from typing import Optional, Sequence
 
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
-from anp_jax.research.planner.inputs import load_pilot, load_sweep, read_rows, workload_for
+from anp_jax.research.planner.inputs import (DEFAULT_METRIC, load_pilot, load_sweep, pilot_dirs,
+                                             read_rows, workload_for)
 from anp_jax.research.planner.penalty import convergence_penalty
+from anp_jax.research.planner.steps_model import VALIDATED_RATIOS
 from anp_jax.research.planner.time_to_target import Plan, make_plan
 
 
-def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
-               metric: str = 'eval/anp_top1', target: Optional[float] = None,
+def build_plan(*, pilot=None, sweep: Optional[str] = None,
+               metric: Optional[str] = None, target: Optional[float] = None,
                rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
                sync_periods: Sequence[int] = (4,), penalty_results: Optional[str] = None,
                workload: str = 'resnet50', dataset_size: int = pm.MUSA2_TRAIN_IMAGES,
                sprint_batch: Optional[int] = None) -> Plan:
-  """The plan from a pilot run or a sweep directory (one of them); arguments as the CLI's flags.
+  """The plan from a pilot or a sweep directory (one of them); arguments as the CLI's flags.
+
+  ``pilot``: a pilot run's workdir, or several seeds of one configuration (a list, or
+  comma-separated in one string).
 
   ``penalty_results``: the sync/async/mixed results.json the asynchrony penalty is fitted to
   (needed when ``methods`` names anything but sync). Raises `PlanError` on bad input.
   """
   if (pilot is None) == (sweep is None):
     raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
-  if sweep is not None and metric != 'eval/anp_top1':
+  if sweep is not None and metric not in (None, DEFAULT_METRIC):
     raise PlanError(f'--metric {metric}: a sweep records steps to its ANP top-1 target only '
                     '(eval/anp_top1); drop --metric, or plan from a --pilot run for another '
                     'metric.')
@@ -52,15 +58,20 @@ def build_plan(*, pilot: Optional[str] = None, sweep: Optional[str] = None,
   counts = nodes or counts
   if any(n > the_cluster.nodes or n < 1 for n in counts):
     raise PlanError(f'--nodes {counts}: the cluster has 1..{the_cluster.nodes} nodes.')
-  # Default batch sizes: around what was measured, where the model is best. A pilot's batch
-  # B0 x 1/4 ... 32; a sweep's own batch sizes (those of its fit). Sizes the user did not choose
-  # that split over none of the node counts' devices are dropped, not refused (`make_plan`).
+  # Default batch sizes: what the inputs cover, where the model has been checked. A pilot's
+  # batch B0 x 1/4 ... 8 (`steps_model.VALIDATED_RATIOS`); a sweep's own batch sizes (those of
+  # its fit). Sizes the user did not choose that split over none of the node counts' devices
+  # are dropped, not refused (`make_plan`). Batches the user gives beyond are planned, marked
+  # extrapolated.
   default = not batches
   if default and 'fit_batches' in model.notes:
     batches = list(model.notes['fit_batches'])
   elif default:
     b0 = int(model.notes.get('pilot_batch', 128))
-    batches = [b0 * k // 4 for k in (1, 2, 4, 8, 16, 32, 64, 128) if b0 * k % 4 == 0]
-  return make_plan(model, the_cluster, workload_for(workload, dataset_size, pilot), counts,
+    lo, hi = VALIDATED_RATIOS
+    factors = [lo * 2 ** k for k in range(round(math.log2(hi / lo)) + 1)]  # 1/4, 1/2, ... 8.
+    batches = [round(b0 * f) for f in factors if (b0 * f).is_integer()]
+  first_pilot = pilot_dirs(pilot)[0] if pilot else None
+  return make_plan(model, the_cluster, workload_for(workload, dataset_size, first_pilot), counts,
                    batches, method_list, penalties, sync_periods, sprint_batch,
                    drop_unfit=default)

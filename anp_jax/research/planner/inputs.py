@@ -2,34 +2,53 @@
 batch-size sweep (`load_sweep`), the results.json of either experiment (`check_rows`,
 `read_rows`), and the workload of the pilot's own model (`workload_for`)."""
 
+import dataclasses
 import json
+import math
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from anp_jax import noise_scale
+from anp_jax import cli, noise_scale
 from anp_jax.configs import default as default_config
 from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import perfmodel as pm
+from anp_jax.research.planner.budget import Budget
 from anp_jax.research.planner.errors import PlanError
-from anp_jax.research.planner.steps_model import StepsModel, pilot_model, sweep_model, sweep_points
+from anp_jax.research.planner.steps_model import (StepsModel, log_sd_over_seeds, pilot_model,
+                                                  sweep_arm, sweep_model, sweep_points)
 
 
-def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[float] = None,
-               windows: int = 4) -> StepsModel:
-  """The steps model of a pilot run's workdir (``metrics.jsonl`` + ``config.json``).
+# Config fields in which the seeds of one pilot may differ: the seeds, and what never changes
+# the training (where files go, how often they are written, the progress bar).
+PILOT_SEED_FIELDS = ('seed', 'data_dir', 'progress_bar', 'checkpoint_every_steps',
+                     'checkpoint_every_minutes', 'async_checkpointing', 'keep_checkpoints',
+                     'log_every_steps')
 
-  S0 is the pilot's steps to target as the sweep counts them (`metrics_io.target_crossing`:
-  interpolated between the evaluations around the crossing), so one run gives the same S0 as a
-  pilot and as a sweep row. B_noise is `noise_scale.window_b_simple` over the second half of
-  the steps the pilot trained (as the sweep reports it), its range the `b_simple_windows` of
-  ``windows`` sub-windows. The pilot must be synchronous (``config.method`` 'sync'; runs
-  recorded before the field existed were): the model's steps are synchronous updates, to which
-  the plan adds the asynchrony penalty itself.
-  """
+
+@dataclasses.dataclass
+class PilotRun:
+  """What the planner reads from one pilot run: its steps to target and noise scale."""
+  workdir: str
+  config: object
+  records: List[Dict]
+  crossing: float  # Steps to target (interpolated between evaluations).
+  b_noise: float  # B_simple over the window up to the crossing.
+  windows: List[float]  # B_simple of sub-windows of that window.
+  late: Optional[float]  # B_simple over the second half of the run (as the sweep reports it).
+
+
+def pilot_dirs(pilot) -> List[str]:
+  """One pilot workdir, several (a list, or one string of comma-separated paths: the seeds of
+  one configuration, e.g. a sweep point's runs)."""
+  dirs = [d for d in (pilot.split(',') if isinstance(pilot, str) else pilot) if d]
+  if not dirs:
+    raise PlanError('--pilot is empty: give a pilot run\'s workdir (or several, comma-separated).')
+  return dirs
+
+
+def read_pilot(workdir: str, metric: str, target: float, windows: int) -> PilotRun:
+  """One pilot run's `PilotRun` for the target ``metric`` >= ``target``."""
   records = read_metrics(workdir)
-  cfg_path = os.path.join(workdir, 'config.json')
-  if not records or not os.path.exists(cfg_path):
-    raise PlanError(f'{workdir!r} is not a trainer workdir (no metrics.jsonl / config.json).')
   config = default_config.read_run_config(workdir)
   if config.method != 'sync':
     # Its steps to target already include the cost of stale (async, mixed) or averaged
@@ -38,30 +57,181 @@ def load_pilot(workdir: str, metric: str = 'eval/anp_top1', target: Optional[flo
     raise PlanError(f"The pilot in {workdir!r} trained with method {config.method!r}: a pilot "
                     "must be a synchronous run (config.method='sync'), whose steps measure the "
                     'batch size alone. Use a synchronous run of the same model as the pilot.')
-  if target is None:
-    if not float(config.target_value):
-      raise PlanError('Give --target (the pilot has no config.target_value to take it from).')
-    metric, target = config.target_metric, float(config.target_value)
   crossing = target_crossing(records, target, metric)
   if crossing is None:
     best = max((r[metric] for r in records if metric in r), default=None)
-    raise PlanError(f'The pilot never reached {metric} >= {target} (best: {best}). Lower '
-                    '--target, or train the pilot longer.')
-  last = max(r['step'] for r in records)
-  b_noise = noise_scale.window_b_simple(records, last / 2, last)
+    raise PlanError(f'The pilot {workdir!r} never reached {metric} >= {target} (best: {best}). '
+                    'Lower --target, or train the pilot longer.')
+  # B_noise as it was while the pilot trained towards the target: the noise scale grows during
+  # training (a later window measures a later, larger B_simple), and what sets the steps to
+  # the target is the stretch of training before it.
+  end = crossing['step']
+  b_noise = noise_scale.window_b_simple(records, -math.inf, end)
   if b_noise is None:
     has_fields = any(noise_scale.G2_FIELD in r for r in records)
     raise PlanError(
-        f'The pilot in {workdir!r} has no usable noise-scale logs '
-        f'({noise_scale.G2_FIELD} / {noise_scale.TRACE_FIELD}'
-        + (': the mean |G|² of its second half is not positive' if has_fields else
-           ' missing') + '). Train it with config.noise_scale=True, more than one device (or '
-        "grad_accum_steps > 1) and bn_mode='ghost' or 'per_device'.")
-  samples = noise_scale.b_simple_windows(records, windows, last / 2, last)
-  model = pilot_model(int(config['batch_size']), crossing['step'], b_noise, samples,
-                      source=f'pilot {os.path.basename(os.path.normpath(workdir))}')
-  model.notes.update(target=target)
+        f'The pilot in {workdir!r} has no usable noise-scale logs before its target crossing at '
+        f'step {end:.0f} ({noise_scale.G2_FIELD} / {noise_scale.TRACE_FIELD}'
+        + (': the mean |G|² of that window is not positive' if has_fields else ' missing')
+        + '). Train it with config.noise_scale=True, more than one device (or '
+        "grad_accum_steps > 1) and bn_mode='ghost' or 'per_device', logging often enough "
+        '(config.log_every_steps) to have records before the target.')
+  last = max(r['step'] for r in records)
+  return PilotRun(workdir, config, records, end, b_noise,
+                  [b for b in noise_scale.b_simple_windows(records, windows, -math.inf, end) if b],
+                  noise_scale.window_b_simple(records, last / 2, last))
+
+
+def flat_config(config) -> Dict[str, object]:
+  """A config as {dotted field: value}."""
+  out = {}
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      if isinstance(value, dict):
+        walk(value, f'{prefix}{key}.')
+      else:
+        out[f'{prefix}{key}'] = value
+  walk(config.to_dict(), '')
+  return out
+
+
+def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
+  """Several pilots must be seeds of one configuration: configs equal but for the seeds."""
+  first = flat_config(runs[0].config)
+  for run in runs[1:]:
+    other = flat_config(run.config)
+    differ = sorted(k for k in set(first) | set(other)
+                    if k not in PILOT_SEED_FIELDS and first.get(k) != other.get(k))
+    if differ:
+      raise PlanError(f'The pilots {runs[0].workdir!r} and {run.workdir!r} differ in '
+                      f'{differ[:6]}: several pilots must be seeds of one configuration (they '
+                      f'may differ only in {list(PILOT_SEED_FIELDS)}).')
+
+
+def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = None,
+               windows: int = 4) -> StepsModel:
+  """The steps model of one pilot run's workdir, or of several seeds of one configuration.
+
+  ``pilot``: a workdir (``metrics.jsonl`` + ``config.json``), a list of them or a string of
+  comma-separated ones. S0 is the steps to target as the sweep counts them
+  (`metrics_io.target_crossing`: interpolated between the evaluations around the crossing), the
+  mean over the seeds. B_noise is `noise_scale.window_b_simple` over the window up to each
+  seed's crossing (their mean over seeds); the `b_simple_windows` of ``windows`` sub-windows
+  of each give B_noise's uncertainty, and the late window (the second half of the run, as the
+  sweep reports B_simple) is noted beside it. Several seeds measure the run-to-run spread of
+  S0 (else `steps_model.DEFAULT_SEED_LOG_SD`). The pilot's budget and schedule come with the
+  model when its training split's size is known. Every pilot must be synchronous
+  (``config.method`` 'sync'; runs recorded before the field existed were): the model's steps
+  are synchronous updates, to which the plan adds the asynchrony penalty itself.
+  """
+  dirs = pilot_dirs(pilot)
+  for workdir in dirs:
+    if not read_metrics(workdir) or not os.path.exists(os.path.join(workdir, 'config.json')):
+      raise PlanError(f'{workdir!r} is not a trainer workdir (no metrics.jsonl / config.json).')
+  targets = {resolve_target(default_config.read_run_config(d), metric, target) for d in dirs}
+  if len(targets) > 1:
+    raise PlanError(f'The pilots recorded different targets {sorted(targets)}: give --metric and '
+                    '--target.')
+  ((metric, target, target_source),) = targets
+  runs = [read_pilot(d, metric, target, windows) for d in dirs]
+  _check_same_configuration(runs)
+  crossings = [r.crossing for r in runs]
+  config = runs[0].config
+  batch = int(config.batch_size)
+  fields = {'anchor_runs': len(runs)}
+  if len(runs) > 1:
+    sd, dof = log_sd_over_seeds([crossings])
+    fields.update(seed_log_sd=sd, seed_dof=dof,
+                  seed_source=f'measured over the {len(runs)} pilot seeds ({dof} degree(s) of '
+                              f'freedom: Student\'s t quantile), log-sd {sd:.3f}')
+  train_size = pilot_train_size(dirs[0], config, runs[0].records)
+  if train_size:
+    fields['budget'] = Budget.from_config(config, train_size)
+  names = ', '.join(os.path.basename(os.path.normpath(d)) for d in dirs)
+  model = pilot_model(batch, sum(crossings) / len(runs),
+                      sum(r.b_noise for r in runs) / len(runs),
+                      [b for r in runs for b in r.windows], source=f'pilot {names}', **fields)
+  late = [r.late for r in runs if r.late]
+  model.notes.update(metric=metric, target=target, target_source=target_source,
+                     b_simple_window=f'steps up to the target crossing')
+  if late:
+    model.notes['b_simple_late'] = sum(late) / len(late)
+  if len(runs) > 1:
+    model.notes['pilot_steps_each'] = [round(c, 1) for c in crossings]
   return model
+
+
+# The metric a target means when none is named (the trainer's config.target_metric default).
+DEFAULT_METRIC = default_config.DEFAULT_TARGET_METRIC
+
+
+def recorded_target(config) -> Optional[Tuple[str, float]]:
+  """The (metric, value) target a run's config recorded (``target_metric`` / ``target_value``;
+  `default_config.read_run_config` maps an older config.json's ``stop_at_metric`` /
+  ``stop_at_value`` to them), or None if it had none (``target_value`` 0)."""
+  value = float(config.get('target_value') or 0.0)
+  return (str(config.target_metric), value) if value else None
+
+
+def resolve_target(config, metric: Optional[str], target: Optional[float]
+                   ) -> Tuple[str, float, str]:
+  """(metric, value, where it came from): the one given, else the pilot's recorded target.
+
+  A ``metric`` without a ``target`` is taken only when it is the recorded target's metric:
+  another metric's value is not the recorded one, and guessing it would plan for a target
+  nobody chose.
+  """
+  if target is not None:
+    return metric or DEFAULT_METRIC, float(target), 'given'
+  recorded = recorded_target(config)
+  if recorded is None:
+    raise PlanError('Give --target (and --metric, default eval/anp_top1): the pilot recorded no '
+                    'target to take it from.')
+  if metric is not None and metric != recorded[0]:
+    raise PlanError(f'--metric {metric} without --target: the pilot recorded the target '
+                    f'{recorded[0]} >= {recorded[1]:g}, for another metric. Give --target for '
+                    f'{metric}, or drop --metric.')
+  return recorded[0], recorded[1], "the pilot's recorded target"
+
+
+# The preset config files (a sweep's preset: sweep_<name>.py).
+CONFIGS_DIR = os.path.dirname(os.path.abspath(default_config.__file__))
+# A sweep or study run's record of its sizes, next to its config.json.
+RUN_RECORD_FILE = 'sweep_run.json'
+
+
+def run_record(workdir: str) -> Dict:
+  """The sizes a sweep or study run recorded (``sweep_run.json``), or {} for a plain trainer
+  workdir."""
+  path = os.path.join(workdir, RUN_RECORD_FILE)
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise PlanError(f'{path}: unreadable ({e}).') from None
+
+
+def pilot_train_size(workdir: Optional[str], config, records: List[Dict]) -> Optional[int]:
+  """The examples of one epoch of the pilot's training split, or None if nothing says.
+
+  ``workdir`` None: a config not yet run (no run record, no log).
+
+  In order: the size its run record holds; the generated dataset's (``synthetic.num_pairs`` x
+  ``train_per_class``); what its training log implies (``train/examples_seen`` over
+  ``train/passes``). A prepared folder's size is in none of its config's fields.
+  """
+  recorded = run_record(workdir).get('train_size') if workdir else None
+  if recorded:
+    return int(recorded)
+  if config.dataset == 'synthetic_anp':
+    return int(config.synthetic.num_pairs) * int(config.synthetic.train_per_class)
+  for r in records:
+    if r.get('train/passes') and r.get('train/examples_seen'):
+      return int(round(r['train/examples_seen'] / r['train/passes']))
+  return None
 
 
 # The fields each experiment's results.json rows have (both write DIR/results.json).
@@ -113,8 +283,42 @@ def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] =
                     'recompute them with `python experiments/batch_size_sweep.py ... '
                     f'--target_top1 {target}` (no retraining), then plan again.')
   model = sweep_model(sweep_points(rows, rule, warmup), use=use)
-  model.notes.update(target=rows[0]['target_top1'] if rows else target)
+  model.notes.update(metric=DEFAULT_METRIC, target=rows[0]['target_top1'] if rows else target,
+                     target_source="the sweep's target")
+  arm = sweep_arm(rows, rule, warmup)
+  model.budget = sweep_budget(out_dir, [r for r in rows if (r['rule'], r['warmup']) == arm])
   return model
+
+
+def sweep_budget(out_dir: str, rows: Sequence[Dict]) -> Optional[Budget]:
+  """The budget and schedule of a sweep arm's runs (the sweep gives every batch size the same
+  epochs and schedule), or None.
+
+  From the first run directory with its config.json; for results kept without their run
+  directories (the committed ones), from a row's own sizes (training split, epochs, warmup,
+  rule, base lr) and the schedule of the sweep's preset (``sweep.json``'s ``preset``).
+  """
+  for r in rows:
+    run_dir = os.path.join(out_dir, 'runs', str(r.get('name', '')))
+    if r.get('name') and os.path.exists(os.path.join(run_dir, 'config.json')):
+      config = default_config.read_run_config(run_dir)
+      train_size = pilot_train_size(run_dir, config, [])
+      return Budget.from_config(config, train_size) if train_size else None
+  settings_path = os.path.join(out_dir, 'sweep.json')
+  if not rows or not os.path.exists(settings_path):
+    return None
+  with open(settings_path) as f:
+    preset = json.load(f).get('preset')
+  preset_file = os.path.join(CONFIGS_DIR, f'sweep_{preset}.py')
+  row = rows[0]
+  if not preset or not os.path.exists(preset_file) or 'steps_per_epoch' not in row:
+    return None
+  config = cli.load_config_file(preset_file)
+  config.update(num_epochs=float(row['epochs']), warmup_epochs=float(row['warmup_epochs']),
+                lr_scaling=str(row['rule']), base_lr=float(row['base_lr']),
+                num_train_steps=-1)
+  return Budget.from_config(config, round(row.get('train_size')
+                                          or row['steps_per_epoch'] * row['batch']))
 
 
 def pilot_classes(pilot: str, config) -> int:

@@ -5,10 +5,12 @@ import dataclasses
 import json
 import math
 import os
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from anp_jax.research.planner.budget import DEEP_DECAY_FRACTION
+from anp_jax.research.planner.steps_model import BAND_LEVEL
 from anp_jax.research.planner.time_to_target import Plan, Row
 
 
@@ -17,39 +19,120 @@ def _hours(seconds: float) -> str:
   return f'{h:.3g} h' if h >= 0.1 else f'{seconds / 60:.3g} min'
 
 
-def format_plan(plan: Plan) -> str:
-  """The plan as markdown: model, penalties, the table, the three picks."""
+def _pct(x: float) -> str:
+  return f'{100 * x:+.0f} %'
+
+
+def describe_model(plan: Plan) -> List[str]:
+  """The plan's inputs in words: target, steps model, band, coverage, budget, penalties."""
   m = plan.model
-  lines = [f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_noise:.4g} / B), '
-           f'E_min = {m.e_min:.4g} examples'
-           + (f'; B_noise range {min(b for _, b in m.alternatives):.4g}-'
-              f'{max(b for _, b in m.alternatives):.4g}' if m.alternatives else '') + '.']
-  if m.notes:
+  lines = [f'Target: {m.notes["metric"]} >= {m.notes["target"]:g} ({m.notes["target_source"]}).'
+           ] if 'metric' in m.notes else []
+  spread = ''
+  if m.alternatives:
+    b = [b for _, b in m.alternatives]
+    spread = (f'; sub-windows {min(b):.4g}-{max(b):.4g}' if m.spread == 'windows' else
+              f'; leave-one-batch-out fits {min(b):.4g}-{max(b):.4g}')
+  window = m.notes.get('b_simple_window')
+  late = m.notes.get('b_simple_late')
+  lines.append(f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_noise:.4g} / B), '
+               f'E_min = {m.e_min:.4g} examples; B_noise {m.b_noise:.4g}'
+               + (f' over the {window}' if window else '') + spread
+               + (f'; the late window (second half of the run) gives {late:.4g}' if late else '')
+               + '.')
+  shown = {k: v for k, v in m.notes.items()
+           if k not in ('metric', 'target', 'target_source', 'b_simple_window')}
+  if shown:
     lines.append('Estimates: ' + ', '.join(f'{k} = {v:.4g}' if isinstance(v, float) else
-                                            f'{k} = {v}' for k, v in m.notes.items()) + '.')
+                                            f'{k} = {v}' for k, v in shown.items()) + '.')
+  lines.append(
+      f'Band: an approximate {100 * BAND_LEVEL:.0f} % prediction interval of one run\'s steps '
+      f'(log-normal): B_noise\'s uncertainty ('
+      + ('the sub-windows\' spread' if m.spread == 'windows' else 'the jackknife of the fit')
+      + f'), the run-to-run spread ({m.seed_source})'
+      + (f' of the run and of the {m.anchor_runs:g} pilot run(s) it is anchored on'
+         if math.isfinite(m.anchor_runs) else ' of the run') + ' and, on asynchronous and '
+      'local-SGD rows, the penalty\'s range, added in quadrature.')
+  if m.covered is not None:
+    lo, hi = m.covered
+    cover = f'batch {lo:g}' if lo == hi else f'batches {lo:g}-{hi:g}'
+    pens = '; '.join(f'{"mean staleness" if k == "async" else "local SGD H − 1"} '
+                     f'{p.measured_x[0]:g}-{p.measured_x[1]:g}'
+                     for k, p in plan.penalties.items())
+    lines.append(f'Inputs cover: {cover} ({m.source})'
+                 + (f'; predictions validated for {m.validated[0]:g}-{m.validated[1]:g}'
+                    if m.validated and m.validated != m.covered else '')
+                 + (f'; the penalties were measured at {pens}' if pens else '')
+                 + '. Rows beyond are flagged "extrapolated".')
+  lines.append(m.budget.describe() if m.budget is not None else
+               'Budget: unknown (the size of the input\'s training split is not recorded): '
+               'whether each configuration reaches the target within its run is not checked.')
   for kind, p in plan.penalties.items():
     x = 'mean staleness' if kind == 'async' else '(H - 1)'
-    lines.append(f'Convergence penalty {kind}: updates x (1 + {p.slope:.3g} {x}), slope range '
-                 f'{p.low:.3g}-{p.high:.3g} ({len(p.points)} measured factors, '
-                 f'{len(p.bounds)} lower bounds).')
+    loo = {}
+    for r in p.leave_one_out:
+      if not r['censored']:
+        loo.setdefault(r['x'], []).append(_pct(r['error']))
+    lines.append(f'Convergence penalty {kind}: updates x (1 + {p.slope:.3g} {x}), censored fit, '
+                 f'slope range {p.low:.3g}-{p.high:.3g} ({len(p.points)} measured factors, '
+                 f'{len(p.bounds)} lower bounds from arms that missed a level'
+                 + (f', {len(p.inconsistent_bounds)} of them above the fit'
+                    if p.inconsistent_bounds else '') + ')'
+                 + ('; leave-one-x-out errors (per level) ' + ', '.join(
+                     f'x={x:g}: {" / ".join(e)}' for x, e in sorted(loo.items()))
+                    if loo else '') + '.')
+  return lines
+
+
+def _flags(r: Row) -> str:
+  flags = [] if r.feasibility in ('ok', 'unknown') else [r.feasibility]
+  return ', '.join(flags + (['extrapolated'] if r.extrapolated else []))
+
+
+def _pick(title: str, r: Optional[Row]) -> str:
+  text = f'* {title}: {r.label()}: {_hours(r.time)}, {r.device_hours:.3g} device-hours'
+  if r.extrapolated:
+    text += f' — extrapolated: {"; ".join(r.extrapolated)}'
+  return text + '.'
+
+
+def format_plan(plan: Plan) -> str:
+  """The plan as markdown: its inputs (`describe_model`), the table, the picks."""
+  lines = describe_model(plan)
   lines += ['', '| nodes | devices | global batch | method | update batch | staleness | steps '
-            '(range) | step time | time to target (range) | device-hours |',
-            '|---|---|---|---|---|---|---|---|---|---|']
+            f'({100 * BAND_LEVEL:.0f} % band) | budget (share) | step time | time to target '
+            f'({100 * BAND_LEVEL:.0f} % band) | device-hours | flags |',
+            '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for r in sorted(plan.rows, key=lambda r: (r.global_batch, r.method, r.nodes)):
     method = r.method + (f' H={r.sync_period}' if r.method == 'local_sgd' else '')
+    budget = ('—' if r.budget_steps is None else
+              f'{r.budget_steps} ({100 * r.budget_fraction:.0f} %)')
     lines.append(f'| {r.nodes} | {r.devices} | {r.global_batch} | {method} | {r.update_batch} | '
                  f'{r.mean_staleness:.2g} | {r.steps:.0f} ({r.steps_range[0]:.0f}-'
-                 f'{r.steps_range[1]:.0f}) | {1e3 * r.step_time:.4g} ms | {_hours(r.time)} '
-                 f'({_hours(r.time_range[0])}-{_hours(r.time_range[1])}) | '
-                 f'{r.device_hours:.3g} |')
-  lines += ['', f'* Fastest: {plan.fastest.label()}: {_hours(plan.fastest.time)}, '
-            f'{plan.fastest.device_hours:.3g} device-hours.',
-            f'* Cheapest within 10 % of the fastest: {plan.cheapest.label()}: '
-            f'{_hours(plan.cheapest.time)}, {plan.cheapest.device_hours:.3g} device-hours.']
+                 f'{r.steps_range[1]:.0f}) | {budget} | {1e3 * r.step_time:.4g} ms | '
+                 f'{_hours(r.time)} ({_hours(r.time_range[0])}-{_hours(r.time_range[1])}) | '
+                 f'{r.device_hours:.3g} | {_flags(r)} |')
+  lines.append('')
+  if plan.fastest is None:
+    lines.append(f'* Fastest: none. Every configuration is predicted to cross the target after '
+                 f'{100 * DEEP_DECAY_FRACTION:.0f} % of its budget or never: lower the target, '
+                 'or give the runs a longer budget.')
+  else:
+    lines += [_pick('Fastest', plan.fastest),
+              _pick('Cheapest within 10 % of the fastest', plan.cheapest)]
+  if plan.passed_over:
+    shown = plan.passed_over[:5]
+    more = len(plan.passed_over) - len(shown)
+    lines.append('* Faster, not recommended: ' + '; '.join(
+        f'{r.label()} ({_hours(r.time)}): {why}' for r, why in shown)
+        + (f'; and {more} more' if more > 0 else '') + '.')
   if plan.sprint is not None:
+    s = plan.sprint
     lines.append(f'* SPRINT\'s criterion (fastest epoch, sync, global batch >= {plan.sprint_batch}):'
-                 f' {plan.sprint.label()}: {_hours(plan.sprint.time)} to target, '
-                 f'{plan.sprint.device_hours:.3g} device-hours.')
+                 f' {s.label()}: {_hours(s.time)} to target, {s.device_hours:.3g} device-hours'
+                 + (f' — {s.why_not()}' if not s.eligible else '')
+                 + (f' — extrapolated: {"; ".join(s.extrapolated)}' if s.extrapolated else '')
+                 + '.')
   return '\n'.join(lines)
 
 
@@ -106,12 +189,14 @@ def pareto_front(rows: Sequence[Row]) -> List[Row]:
 
 
 def plan_to_json(plan: Plan) -> Dict:
-  return {'model': dataclasses.asdict(plan.model),
+  label = lambda r: r.label() if r is not None else None
+  return {'model': dataclasses.asdict(plan.model), 'band_level': BAND_LEVEL,
           'penalties': {k: dataclasses.asdict(v) for k, v in plan.penalties.items()},
           'rows': [dataclasses.asdict(r) for r in plan.rows],
-          'fastest': plan.fastest.label(), 'cheapest_within_10pct': plan.cheapest.label(),
-          'sprint': plan.sprint.label() if plan.sprint else None,
-          'sprint_batch': plan.sprint_batch, 'skipped': plan.skipped}
+          'fastest': label(plan.fastest), 'cheapest_within_10pct': label(plan.cheapest),
+          'passed_over': [{'row': r.label(), 'why': why} for r, why in plan.passed_over],
+          'sprint': label(plan.sprint), 'sprint_batch': plan.sprint_batch,
+          'skipped': plan.skipped}
 
 
 def write_plan(plan: Plan, out_dir: str) -> List[str]:

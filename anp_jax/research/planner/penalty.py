@@ -2,13 +2,13 @@
 
 Extra updates to the target, a factor 1 + alpha·(mean staleness) for asynchronous SGD and
 1 + beta·(H − 1) for local SGD averaging every H steps, fitted to the epochs each arm of the
-sync/async/mixed experiment needed to reach accuracy levels the synchronous arm reached.
+sync/async/mixed experiment needed to reach accuracy levels the synchronous arm reached. An arm
+that never reached a level is censored: its factor is only bounded from below, and the fit
+treats it so (`censored_slope`).
 """
 
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
-
-import numpy as np
 
 from anp_jax.research.planner.errors import PlanError
 
@@ -28,35 +28,94 @@ def epochs_to_level(curve: Sequence[Dict], level: float) -> Optional[float]:
 class Penalty:
   """Extra updates to target: factor 1 + slope · x, x = mean staleness (async) or H − 1 (local).
 
-  ``low``/``high`` bound the slope; ``points`` are the measured (x, factor, level) triples and
-  ``bounds`` (x, minimum factor) for arms that never reached a level in their budget.
+  ``points`` are the measured (x, factor, level) triples, ``bounds`` the (x, minimum factor,
+  level) of arms that never reached a level in their budget (censored: the factor is at least
+  the budget over sync's epochs). ``low``/``high`` bound the slope: the fits per level and the
+  leave-one-x-out fits. ``leave_one_out``: per measured factor or bound, the factor the fit
+  without its x predicts (``error`` = predicted / measured − 1 for a factor; for a bound,
+  ``consistent``: the prediction is at least the bound). ``inconsistent_bounds``: the bounds the
+  fit on everything predicts below (the fit compromises between them and the measured factors).
   """
   slope: float
   low: float
   high: float
   points: List[Tuple[float, float, float]]
   bounds: List[Tuple[float, float, float]]
+  leave_one_out: List[Dict] = dataclasses.field(default_factory=list)
+  inconsistent_bounds: List[Tuple[float, float, float]] = dataclasses.field(default_factory=list)
 
   def factor(self, x: float) -> Tuple[float, float, float]:
     return 1 + self.slope * x, 1 + self.low * x, 1 + self.high * x
 
+  @property
+  def measured_x(self) -> Tuple[float, float]:
+    """The range of x the experiment measured (factors or bounds): beyond it, extrapolation."""
+    xs = [p[0] for p in self.points + self.bounds]
+    return (min(xs), max(xs)) if xs else (0.0, 0.0)
 
-def _fit_slope(points, bounds, levels):
-  """Slope of factor − 1 = slope·x through the origin, per level; the range over levels."""
-  def slope(pts):
-    xs = np.array([p[0] for p in pts])
-    ys = np.array([p[1] - 1 for p in pts])
-    return float(np.sum(xs * ys) / np.sum(xs * xs)) if np.sum(xs * xs) > 0 else 0.0
-  valid = [p for p in points if p[0] > 0]
-  # An arm that never reached a level needed at least budget/sync epochs: a lower bound.
-  floor = max([(b[1] - 1) / b[0] for b in bounds if b[0] > 0], default=0.0)
-  if not valid:  # Only lower bounds: the least slope they allow (an optimistic estimate).
-    return Penalty(floor, floor, floor, points, bounds)
-  per_level = [slope([p for p in valid if p[2] == lv]) for lv in levels
-               if any(p[2] == lv for p in valid)]
-  central = max(slope(valid), 0.0)
-  return Penalty(max(central, floor), max(min(per_level), 0.0), max(max(per_level), floor),
-                 points, bounds)
+
+def censored_slope(points: Sequence[Tuple[float, float, float]],
+                   bounds: Sequence[Tuple[float, float, float]]) -> float:
+  """Least-squares slope of factor − 1 = slope · x through the origin, a bound counting as a
+  residual only where the fit predicts less than it (censored least squares).
+
+  Minimises sum (f_i − 1 − s x_i)² over the measured factors plus sum max(0, L_j − 1 − s x_j)²
+  over the lower bounds, s >= 0: convex and piecewise quadratic, so its derivative is monotone
+  and bisection finds the minimum. A bound the fit already meets adds nothing; one it does not
+  meet pulls the slope up as a measured factor at the bound would. With bounds only it is the
+  least slope meeting them all (the optimistic end); with neither, 0. Points at x = 0 carry no
+  information on a slope through the origin.
+  """
+  pts = [(x, f - 1) for x, f, *_ in points if x > 0]
+  bnd = [(x, b - 1) for x, b, *_ in bounds if x > 0]
+  if not pts and not bnd:
+    return 0.0
+
+  def gradient(s):
+    return (-sum(x * (y - s * x) for x, y in pts)
+            - sum(x * max(0.0, y - s * x) for x, y in bnd))
+
+  lo, hi = 0.0, max([y / x for x, y in pts + bnd] + [0.0]) + 1.0
+  if gradient(lo) >= 0:
+    return 0.0
+  for _ in range(200):  # The interval shrinks 2^200-fold: far below float resolution.
+    mid = (lo + hi) / 2
+    if gradient(mid) < 0:
+      lo = mid
+    else:
+      hi = mid
+  return hi
+
+
+def fit_penalty(points: Sequence[Tuple[float, float, float]],
+                bounds: Sequence[Tuple[float, float, float]],
+                levels: Sequence[float]) -> Penalty:
+  """`censored_slope` on everything, its range (per level, leaving each x out) and the
+  leave-one-x-out predictions of every measured factor and bound."""
+  points, bounds = list(points), list(bounds)
+  slope = censored_slope(points, bounds)
+  alternatives = [censored_slope([p for p in points if p[2] == lv],
+                                 [b for b in bounds if b[2] == lv])
+                  for lv in levels if any(p[2] == lv and p[0] > 0 for p in points + bounds)]
+  loo = []
+  for x in sorted({p[0] for p in points + bounds if p[0] > 0}):
+    rest_p = [p for p in points if p[0] != x]
+    rest_b = [b for b in bounds if b[0] != x]
+    if not any(p[0] > 0 for p in rest_p + rest_b):
+      continue  # Nothing else to predict it from.
+    s = censored_slope(rest_p, rest_b)
+    alternatives.append(s)
+    for px, f, lv in points:
+      if px == x:
+        loo.append({'x': x, 'level': lv, 'measured': f, 'predicted': 1 + s * x,
+                    'error': (1 + s * x) / f - 1, 'censored': False})
+    for bx, b, lv in bounds:
+      if bx == x:
+        loo.append({'x': x, 'level': lv, 'measured': b, 'predicted': 1 + s * x, 'error': None,
+                    'censored': True, 'consistent': 1 + s * x >= b})
+  inconsistent = [b for b in bounds if 1 + slope * b[0] < b[1] - 1e-12]
+  return Penalty(slope, min(alternatives + [slope]), max(alternatives + [slope]), points,
+                 bounds, leave_one_out=loo, inconsistent_bounds=inconsistent)
 
 
 def penalty_kind(method: str) -> Optional[str]:
@@ -75,8 +134,9 @@ def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3,
   of a synchronous group) has mean staleness N − 1 (the event simulation's mean), a local-SGD arm
   x = H − 1. Of the arms per x (plain and staleness-aware lr, async and mixed) the best counts,
   as a planner would configure it. The
-  slope is a least-squares fit through (0, 1); its range is the spread of per-level fits, raised
-  to what the arms that never reached a level imply.
+  slope is a censored least-squares fit through (0, 1) (`censored_slope`: a missed level is a
+  lower bound, not a measured factor); its range spans the per-level and leave-one-x-out fits
+  (`fit_penalty`).
   """
   sync = next((r for r in results if r['method'] == 'sync'), None)
   if sync is None:
@@ -102,5 +162,5 @@ def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3,
         else:
           bounds.append((float(x), budget / e_sync, frac))
     if arms:
-      out[kind] = _fit_slope(points, bounds, levels)
+      out[kind] = fit_penalty(points, bounds, levels)
   return out

@@ -7,10 +7,13 @@ target, B_noise its measured noise scale) or fitted to a sweep (`fit_steps_to_ta
 
 import dataclasses
 import math
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from anp_jax.research import stats, study_results
+from anp_jax.research.planner.budget import Budget
 from anp_jax.research.planner.errors import PlanError
 
 
@@ -41,24 +44,110 @@ def fit_steps_to_target(batch: Sequence[float], steps: Sequence[float],
   return float(a), float(b_crit)
 
 
+# The band: an approximate 90 % prediction interval of the steps to target, log-normal with the
+# spreads below added in quadrature (see `StepsModel.band_width`).
+BAND_LEVEL = 0.90
+BAND_Z = statistics.NormalDist().inv_cdf(0.5 + BAND_LEVEL / 2)  # 1.645
+
+# Run-to-run spread of steps to target when the input measures none (one pilot seed): re-running
+# a configuration of the committed cpu batch-size sweep (`experiments/results/bs_sweep_cpu/`)
+# with another data order moved its steps to target by -31 % to +40 % (B=32 without lr scaling:
+# 500 -> 348 steps; B=64 without warmup: 248 -> 346). That range is taken as the 90 % range of
+# the ratio of two runs of one configuration: in logs, (ln 1.40 - ln 0.69) / 2 = 0.354 =
+# BAND_Z x sqrt(2) x sigma, so one run's log-sd sigma = 0.152. Inputs with several seeds of one
+# configuration (pilot seeds, a sweep's seeds) use their measured spread instead.
+DEFAULT_SEED_SPREAD = (-0.31, 0.40)
+DEFAULT_SEED_LOG_SD = ((math.log1p(DEFAULT_SEED_SPREAD[1]) - math.log1p(DEFAULT_SEED_SPREAD[0]))
+                       / (2 * BAND_Z * math.sqrt(2)))
+
+# How far from the pilot's batch size B0 the pilot's predictions have been validated:
+# B0 / 4 ... 8 B0 (`experiments/plan_validation.py`, report in
+# experiments/results/plan_validation/). The planner's default batch sizes stay inside; rows
+# beyond are marked extrapolated.
+VALIDATED_RATIOS = (0.25, 8.0)
+
+
 @dataclasses.dataclass
 class StepsModel:
-  """S(B) = s_min (1 + b_noise / B), with alternative (s_min, b_noise) pairs for its range.
+  """S(B) = s_min (1 + b_noise / B), with the uncertainty of each prediction.
 
-  ``source`` says where it comes from; ``notes`` are the estimates shown next to it (e.g. the
-  fitted B_crit and the measured B_simple of a sweep) and what they rest on (a sweep's
-  ``fit_batches``, and the batch sizes ``excluded`` from its fit with the reason).
+  ``alternatives``: other (s_min, b_noise) pairs the input allows: B_noise of sub-windows of a
+  pilot's log through the same anchor (``spread='windows'``: their standard deviation is the
+  uncertainty), or the leave-one-batch-out fits of a sweep (``spread='jackknife'``: the
+  jackknife standard deviation). ``seed_log_sd``: the run-to-run spread (log-sd) of one run's
+  steps to target (``seed_source`` says whence: measured over seeds, or `DEFAULT_SEED_LOG_SD`);
+  ``anchor_runs``: how many runs the model's anchor averages (a pilot's seeds; inf for a fit,
+  whose jackknife already holds its points' noise). ``covered``: the batch sizes the input
+  measured; ``validated``: how far predictions have been checked (a pilot: `VALIDATED_RATIOS`
+  of its batch). ``budget``: the input's training budget and schedule, carried to other batch
+  sizes (None: not known). ``source`` says where the model comes from; ``notes`` are the
+  estimates shown next to it (e.g. a sweep's fitted B_crit and measured B_simple, its
+  ``fit_batches`` and the batch sizes ``excluded`` from its fit with the reason).
   """
   s_min: float
   b_noise: float
   alternatives: List[Tuple[float, float]]
   source: str
   notes: Dict[str, object] = dataclasses.field(default_factory=dict)
+  spread: str = 'windows'
+  seed_log_sd: float = DEFAULT_SEED_LOG_SD
+  seed_dof: Optional[float] = None  # Degrees of freedom of a measured seed_log_sd.
+  seed_source: str = (f'default: one run\'s log-sd {DEFAULT_SEED_LOG_SD:.3f}, from re-runs that '
+                      f'moved steps to target by {100 * DEFAULT_SEED_SPREAD[0]:+.0f} % to '
+                      f'{100 * DEFAULT_SEED_SPREAD[1]:+.0f} %')
+  anchor_runs: float = 1.0
+  covered: Optional[Tuple[float, float]] = None
+  validated: Optional[Tuple[float, float]] = None
+  budget: Optional[Budget] = None
 
-  def steps(self, batch: float) -> Tuple[float, float, float]:
-    """(central, low, high) steps to target at global batch ``batch`` (per update)."""
-    values = [s * (1 + b / batch) for s, b in [(self.s_min, self.b_noise)] + self.alternatives]
-    return values[0], min(values), max(values)
+  def central(self, batch: float) -> float:
+    """Steps to target at global batch ``batch`` (per update)."""
+    return self.s_min * (1 + self.b_noise / batch)
+
+  def noise_log_sd(self, batch: float) -> float:
+    """The uncertainty of log S(batch) from B_noise (and S_min): the alternatives' spread."""
+    logs = [math.log(s * (1 + b / batch)) for s, b in self.alternatives]
+    if len(logs) < 2:
+      return 0.0
+    if self.spread == 'jackknife':
+      mean = sum(logs) / len(logs)
+      return math.sqrt((len(logs) - 1) / len(logs) * sum((v - mean) ** 2 for v in logs))
+    return statistics.stdev(logs)
+
+  def band_width(self, batch: float, runs: float = 1, extra_log_var: float = 0.0) -> float:
+    """Half the width of the `BAND_LEVEL` band of log steps, with ``extra_log_var`` (another
+    independent uncertainty, e.g. a penalty's) added.
+
+    The variance: B_noise's uncertainty, the anchor's seed noise (its runs averaged) and the new
+    runs' seed noise, noise_log_sd² + seed_log_sd² (1/anchor_runs + 1/runs), plus the extra.
+    The normal quantile, or Student's t where the seed spread was measured from few seeds: its
+    degrees of freedom, carried to the sum by Welch-Satterthwaite (the other parts counted as
+    known), ν = σ_total⁴ / (σ_seed_part⁴ / seed_dof).
+    """
+    seed_var = self.seed_log_sd ** 2 * (1 / self.anchor_runs + 1 / runs)
+    total_var = self.noise_log_sd(batch) ** 2 + seed_var + extra_log_var
+    quantile = BAND_Z
+    if self.seed_dof and seed_var > 0:
+      dof = total_var ** 2 / (seed_var ** 2 / self.seed_dof)
+      quantile = stats.t_quantile(0.5 + BAND_LEVEL / 2, dof)
+    return quantile * math.sqrt(total_var)
+
+  def steps(self, batch: float, runs: float = 1) -> Tuple[float, float, float]:
+    """(central, low, high) steps to target at global batch ``batch`` (per update): the band is
+    an approximate `BAND_LEVEL` prediction interval of the mean of ``runs`` runs."""
+    central, width = self.central(batch), self.band_width(batch, runs)
+    return central, central * math.exp(-width), central * math.exp(width)
+
+  def extrapolation(self, batch: float) -> str:
+    """'' inside the validated batch sizes, else why the prediction at ``batch`` is outside."""
+    if self.validated is None:
+      return ''
+    lo, hi = self.validated
+    if lo * (1 - 1e-9) <= batch <= hi * (1 + 1e-9):
+      return ''
+    pilot = self.notes.get('pilot_batch')
+    ratio = f' ({batch / pilot:g}x the pilot\'s {pilot})' if pilot else ''
+    return f'batch {batch:g}{ratio} outside the validated {lo:g}-{hi:g}'
 
   @property
   def e_min(self) -> float:
@@ -67,11 +156,14 @@ class StepsModel:
 
 
 def pilot_model(batch: int, steps: float, b_noise: float,
-                b_noise_samples: Sequence[float] = (), source: str = 'pilot') -> StepsModel:
+                b_noise_samples: Sequence[float] = (), source: str = 'pilot',
+                **fields) -> StepsModel:
   """One run at batch B0 reaching the target after S0 steps: S_min = S0 / (1 + B_noise / B0).
 
   Each of ``b_noise_samples`` (B_noise of sub-windows) gives an alternative (S_min, B_noise)
-  through the same anchor, so the range is 0 at B0 and widens away from it.
+  through the same anchor, so B_noise's part of the band is 0 at B0 and widens away from it.
+  It covers B0 and is validated over `VALIDATED_RATIOS` of it; ``fields`` set the other
+  `StepsModel` fields (seed spread, anchor runs, budget).
   """
   if not (b_noise > 0 and math.isfinite(b_noise)):
     raise PlanError(f'The measured noise scale is {b_noise!r}: it must be positive. The pilot '
@@ -79,8 +171,22 @@ def pilot_model(batch: int, steps: float, b_noise: float,
                     'later window.')
   anchor = lambda b: (steps / (1 + b / batch), b)
   alts = [anchor(b) for b in b_noise_samples if b is not None and b > 0]
+  fields.setdefault('covered', (batch, batch))
+  fields.setdefault('validated', (batch * VALIDATED_RATIOS[0], batch * VALIDATED_RATIOS[1]))
   return StepsModel(*anchor(b_noise), alternatives=alts, source=source,
-                    notes={'pilot_batch': batch, 'pilot_steps': steps, 'b_simple': b_noise})
+                    notes={'pilot_batch': batch, 'pilot_steps': steps, 'b_simple': b_noise},
+                    **fields)
+
+
+def sweep_arm(rows: Sequence[Dict], rule: Optional[str] = None,
+              warmup: Optional[str] = None) -> Tuple[str, str]:
+  """The one (rule, warmup) arm of a sweep's rows that ``rule`` and ``warmup`` select."""
+  arms = sorted({(r['rule'], r['warmup']) for r in rows})
+  chosen = [a for a in arms if (rule is None or a[0] == rule) and (warmup is None or a[1] == warmup)]
+  if len(chosen) != 1:
+    raise PlanError(f'The sweep has the arms {arms} (rule, warmup); choose one with --rule and '
+                    '--warmup.')
+  return chosen[0]
 
 
 def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
@@ -89,30 +195,29 @@ def sweep_points(rows: Sequence[Dict], rule: Optional[str] = None,
 
   ``rows`` are a sweep's ``results.json`` records; only the selected learning rate of each
   batch (``best_lr``) and one (rule, warmup) arm count. Each point: ``steps`` (None unless every
-  finished seed reached the target), ``b_simple``, ``seeds`` (finished) and ``missed`` (how many
-  of them never reached it). A batch size that some seeds miss gets no steps, as in the sweep
+  finished seed reached the target), ``steps_each`` (of the seeds that reached it),
+  ``b_simple``, ``seeds`` (finished, diverged included) and ``missed`` (how many of them never
+  reached it: missed or diverged, `study_results.outcome_of`). A batch size that some seeds miss gets no steps, as in the sweep
   report (`sweep_report.aggregate`): the mean over the seeds that got there would flatter it
   (only the lucky ones count) and pull the fit towards perfect scaling.
   """
-  arms = sorted({(r['rule'], r['warmup']) for r in rows})
-  chosen = [a for a in arms if (rule is None or a[0] == rule) and (warmup is None or a[1] == warmup)]
-  if len(chosen) != 1:
-    raise PlanError(f'The sweep has the arms {arms} (rule, warmup); choose one with --rule and '
-                    '--warmup.')
+  arm = sweep_arm(rows, rule, warmup)
   points = {}
   for r in rows:
-    if (r['rule'], r['warmup']) != chosen[0] or not r.get('best_lr', True):
+    if (r['rule'], r['warmup']) != arm or not r.get('best_lr', True):
       continue
-    if r['status'] != 'finished':
+    outcome = study_results.outcome_of(r)
+    if outcome == 'unfinished':
       continue
     p = points.setdefault(int(r['batch']), {'steps': [], 'b_simple': [], 'missed': 0})
-    if r['steps_to_target'] is None:
-      p['missed'] += 1
-    else:
+    if outcome == 'reached':
       p['steps'].append(float(r['steps_to_target']))
+    else:  # Missed, or diverged: it never reached the target either.
+      p['missed'] += 1
     if r.get('b_simple') is not None:
       p['b_simple'].append(float(r['b_simple']))
   return {b: {'steps': float(np.mean(p['steps'])) if p['steps'] and not p['missed'] else None,
+              'steps_each': p['steps'],
               'b_simple': float(np.median(p['b_simple'])) if p['b_simple'] else None,
               'seeds': len(p['steps']) + p['missed'], 'missed': p['missed']}
           for b, p in sorted(points.items())}
@@ -172,4 +277,33 @@ def sweep_model(points: Dict[int, Dict], use: str = 'fit') -> StepsModel:
           if s > 0 and 0 < b < math.inf:
             alts.append((s, b))
     source = 'sweep fit'
-  return StepsModel(central[0], central[1], alts, source=source, notes=notes)
+  batches = sorted(reached)
+  return StepsModel(central[0], central[1], alts, source=source, notes=notes,
+                    spread='windows' if use == 'b_simple' else 'jackknife',
+                    anchor_runs=math.inf, covered=(batches[0], batches[-1]),
+                    validated=(batches[0], batches[-1]), **seed_spread(points))
+
+
+def log_sd_over_seeds(groups: Sequence[Sequence[float]]) -> Tuple[Optional[float], int]:
+  """The pooled within-group standard deviation of log steps to target, and its degrees of
+  freedom: the run-to-run spread of one configuration (groups: the seeds of one configuration
+  each). (None, 0) when no group has two values."""
+  squares, dof = 0.0, 0
+  for values in groups:
+    logs = [math.log(v) for v in values]
+    if len(logs) >= 2:
+      mean = sum(logs) / len(logs)
+      squares += sum((v - mean) ** 2 for v in logs)
+      dof += len(logs) - 1
+  return (math.sqrt(squares / dof), dof) if dof else (None, 0)
+
+
+def seed_spread(points: Dict[int, Dict]) -> Dict[str, object]:
+  """`StepsModel`'s seed fields from a sweep's seeds: measured where a batch size has two or
+  more seeds that reached the target (pooled over batch sizes), else the default."""
+  sd, dof = log_sd_over_seeds([p.get('steps_each', []) for p in points.values()])
+  if sd is None:
+    return {}
+  return {'seed_log_sd': sd, 'seed_dof': dof,
+          'seed_source': f'measured: pooled over the seeds of the sweep\'s batch sizes ({dof} '
+                         f'degree(s) of freedom: Student\'s t quantile), log-sd {sd:.3f}'}

@@ -1,0 +1,91 @@
+"""Study preset: the planner's steps-to-target predictions on held-out tasks (variants a, b, c).
+
+  .venv/bin/python experiments/study.py --preset plan_validation:a --out workdirs/plan_heldout/a \
+      --stop_at_target --dry_run                                          # runs + estimate
+  .venv/bin/python experiments/study.py --preset plan_validation:a --out workdirs/plan_heldout/a \
+      --stop_at_target                                                    # then :b and :c
+  .venv/bin/python experiments/plan_validation_heldout.py --studies workdirs/plan_heldout/a,\
+workdirs/plan_heldout/b,workdirs/plan_heldout/c --out experiments/results/plan_validation/heldout
+
+Question: does a pilot at B0 = 128 predict the steps to a target at 1/4 ... 8x its batch on a
+task the planner was not tuned on? Each variant is one generated task that differs from the one
+the planner was developed on (the `cpu` sweep preset: 32 ANPs, no label noise, 16 px, ResNet-20
+at width 0.5, dataset seed 0):
+
+* ``a``: 48 ANPs, 10 % label noise, dataset seed 1; target 25 % ANP top-1 (chance 2.1 %);
+* ``b``: 16 ANPs, 20 % label noise, 24 px images, dataset seed 2; target 40 % (chance 6.3 %);
+* ``c``: 32 ANPs, 5 % label noise, ResNet-20 at width 1.0, dataset seed 3; target 30 %.
+
+Points: the global batch 32, 64, 128 (the pilot: point ``pilot_b00128``), 256, 512, 1024, each at
+3 seeds, at the pilot's schedule carried by the linear rule (base lr 0.2 per 256, 1 warmup
+epoch, cosine over 10 epochs: the planner's premise, so one rate, no grid), stopping at the
+target (``--stop_at_target``). The pilot's seeds are the planner's input; every other point is
+predicted from them and scored out of sample (`experiments/plan_validation_heldout.py`).
+
+Time (``--dry_run`` prints the bound for any overrides): 18 runs per task, each to its target
+or its 10-epoch budget; at the sweep's ~800 img/s (width 1.0: ~300, 24 px: ~400) a run that
+trains its whole budget takes 100-270 s, one stopped at a target after ~3 epochs about a third
+of that, plus ~20 s of set-up; about 20-40 min per task on 2 free cores. ``:tiny`` is the tests'
+variant: the tests' 8-class dataset, batches 16, 32 (the pilot) and 64, 2 seeds, 2 epochs.
+"""
+
+from anp_jax.configs import sweep_cpu, sweep_tiny
+
+PILOT_BATCH = 128
+# Variant: (config fields of the task, its target, the --dry_run estimate's images/s).
+TASKS = {
+    'a': ({'synthetic.num_pairs': 48, 'synthetic.label_noise': 0.1, 'synthetic.seed': 1},
+          0.25, 800.0),
+    'b': ({'synthetic.num_pairs': 16, 'synthetic.label_noise': 0.2, 'synthetic.seed': 2,
+           'synthetic.image_size': 24, 'image_size': 24, 'crop_padding': 3}, 0.40, 400.0),
+    'c': ({'synthetic.num_pairs': 32, 'synthetic.label_noise': 0.05, 'synthetic.seed': 3,
+           'model.width': 1.0}, 0.30, 300.0),
+}
+TINY_PILOT_BATCH = 32
+
+
+def _check(variant: str) -> None:
+  if variant not in (*TASKS, 'tiny'):
+    raise ValueError(f'Unknown variant {variant!r} of study_plan_validation: use one of '
+                     f'{sorted(TASKS)} or tiny.')
+
+
+def get_config(variant: str = 'a'):
+  """The task's run config at the pilot's batch; ``variant`` a, b, c (tasks) or tiny (tests)."""
+  _check(variant)
+  if variant == 'tiny':
+    c = sweep_tiny.get_config()
+    c.batch_size = TINY_PILOT_BATCH
+    c.num_epochs = 2.0
+    c.eval_every_epochs = 0.25
+    c.target_value = 0.25  # Crossed after a few evaluations (chance: 12.5 %), or missed.
+  else:
+    c = sweep_cpu.get_config()
+    fields, target, _ = TASKS[variant]
+    c.update_from_flattened_dict(fields)
+    c.batch_size = PILOT_BATCH
+    c.target_value = target
+  c.lr_scaling = 'linear'
+  c.target_metric = 'eval/anp_top1'
+  c.noise_scale = True  # The pilot's B_noise; the other points log it too (one config).
+  return c
+
+
+def get_sweep(variant: str = 'a'):
+  """Points over the global batch (the pilot's named ``pilot_b<B0>``), seeds, one rate."""
+  _check(variant)
+  if variant == 'tiny':
+    return dict(points=_points(TINY_PILOT_BATCH, (0.5, 1, 2)), seeds=(0, 1), lr_grid=(1.0,),
+                lr_extensions=0, cpu_devices=2, checkpoint_every_epochs=0.5,
+                images_per_s=2000.0, overhead_s=10.0,
+                title='Planner validation on a held-out task (tiny test variant)')
+  return dict(points=_points(PILOT_BATCH, (0.25, 0.5, 1, 2, 4, 8)), seeds=(0, 1, 2),
+              lr_grid=(1.0,), lr_extensions=0, cpu_devices=2, checkpoint_every_epochs=1.0,
+              images_per_s=TASKS[variant][2], overhead_s=20.0,
+              title=f'Planner validation on held-out task {variant}: steps to target vs batch')
+
+
+def _points(pilot_batch: int, ratios):
+  """(name, {'batch_size': B}) for B = pilot_batch x ratio; the pilot's name starts 'pilot_'."""
+  return [(f'{"pilot_" if r == 1 else ""}b{int(pilot_batch * r):05d}',
+           {'batch_size': int(pilot_batch * r)}) for r in ratios]

@@ -1,0 +1,105 @@
+"""The planner's held-out validation: a study of the `plan_validation` preset, then
+experiments/plan_validation_heldout.py on it, end to end with the preset's tiny variant
+(correctness only: the tiny task's errors are whatever they are). The preset's studies run on 2
+simulated devices (the pilot's noise scale needs two; the tiny batches fit no more)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_experiment, subprocess_env
+
+
+def test_the_real_tasks_dry_run_lists_the_pilot_and_its_multiples(tmp_path):
+  for variant in ('a', 'b', 'c'):
+    r = subprocess.run([sys.executable, 'experiments/study.py', '--preset',
+                        f'plan_validation:{variant}', '--out', str(tmp_path / variant),
+                        '--stop_at_target', '--dry_run'], env=subprocess_env(2), cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert '18 runs' in r.stdout and 'pilot_b00128-lrx1-s2' in r.stdout
+    for batch in (32, 64, 256, 512, 1024):
+      assert f'b{batch:05d}-lrx1-s0' in r.stdout
+    assert not (tmp_path / variant).exists()
+
+
+@pytest.mark.slow(150)
+def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
+  study = tmp_path / 'task'
+  r = subprocess.run([sys.executable, 'experiments/study.py', '--preset', 'plan_validation:tiny',
+                      '--out', str(study), '--stop_at_target', f'--config.data_dir={data_dir}'],
+                     env=subprocess_env(2), cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  out = tmp_path / 'scored'
+  r = run_experiment('plan_validation_heldout.py', '--studies', str(study), '--out', str(out))
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((out / 'results.json').read_text())
+  (task,) = results['tasks']
+  assert task['pilot_batch'] == 32 and len(task['pilot_runs']) == 2
+  for label in ('seeds', 'one_seed'):
+    rows = {row['batch']: row for row in task[label]['score']['rows']}
+    assert sorted(rows) == [16, 32, 64]
+    assert rows[32]['in_sample'] and not rows[32]['counted']
+    for row in rows.values():
+      assert row['low'] <= row['predicted'] <= row['high']
+      assert row['feasibility'] in ('ok', 'late', 'unreachable')
+      if row['counted']:  # Every seed reached the target: a mean, an error, inside or not.
+        assert row['error'] == pytest.approx(row['predicted'] / row['measured'] - 1)
+        assert row['inside'] == (row['low'] <= row['measured'] <= row['high'])
+      elif not row['in_sample']:  # A seed missed: no mean, the counts instead.
+        assert row['measured'] is None and row['reached'] < row['seeds']
+  pooled = results['pooled']['seeds']
+  assert pooled['n'] == sum(r['counted'] for r in task['seeds']['score']['rows'])
+  assert set(pooled['targets_met']) == {'median_abs_error', 'max_abs_error', 'coverage'}
+  text = (out / 'report.md').read_text()
+  assert 'out of sample (the pilot batch not counted)' in text and 'Targets' in text
+  assert (out / 'steps_heldout.png').stat().st_size > 500
+  # Not a study of this preset: refused with a line.
+  r = run_experiment('plan_validation_heldout.py', '--studies', str(tmp_path), '--out',
+                     str(tmp_path / 'x'))
+  assert r.returncode == 2 and 'Traceback' not in r.stderr
+
+
+def _summary(values, budget=50):
+  """The runner's censored steps-to-target summary of seeds (None: missed)."""
+  from anp_jax.research import stats
+  outcomes = ['reached' if v is not None else 'missed' for v in values]
+  return stats.censored_summary(values, outcomes, [budget] * len(values))
+
+
+def test_missed_points_are_counted_with_the_budget_flags_not_scored(tmp_path):
+  """A point whose seeds did not all reach the target has no mean: it is never scored, and the
+  feasibility tally says whether the planner flagged it (here B=256 is predicted past its
+  budget and its seeds missed; B=64 flagged nothing and reached)."""
+  from experiments import plan_validation_lib as validation
+  from test_plan import _write_pilot
+  study = tmp_path / 'study'
+  names = {}
+  for seed, reach in ((0, 40), (1, 50)):
+    name = f'pilot_b00064-lrx1-s{seed}'
+    _write_pilot(study / 'runs' / name, batch=64, trace=64.0, steps=60, reach_step=reach,
+                 seed=seed, num_epochs=0.5, target_metric='eval/anp_top1', target_value=0.3)
+    names[seed] = name
+  points = [{'point': 'b00032', 'fields': {'batch_size': 32}, 'lr_mult': 1.0,
+             'steps_to_target': _summary([60.0, 70.0])},
+            {'point': 'pilot_b00064', 'fields': {'batch_size': 64}, 'lr_mult': 1.0,
+             'steps_to_target': _summary([35.0, 45.0])},
+            {'point': 'b00256', 'fields': {'batch_size': 256}, 'lr_mult': 1.0,
+             'steps_to_target': _summary([None, 15.0], budget=16)}]
+  (study / 'points.json').write_text(json.dumps(points))
+  rows = [{'point': 'pilot_b00064', 'name': n, 'seed': s, 'lr_mult': 1.0}
+          for s, n in names.items()]
+  (study / 'results.json').write_text(json.dumps(rows))
+  task = validation.heldout_task(str(study))
+  rows = {r['batch']: r for r in task['seeds']['score']['rows']}
+  assert rows[256]['measured'] is None and not rows[256]['counted']
+  assert (rows[256]['reached'], rows[256]['missed']) == (1, 1)
+  # S0 = 40 at B0 = 64, B_noise 64: S(256) = 20 (1 + 64 / 256) = 25 steps, beyond the 16 of half
+  # an epoch of 32 x 250 examples at B=256.
+  assert rows[256]['feasibility'] == 'unreachable'
+  assert rows[32]['counted'] and rows[32]['error'] == pytest.approx(rows[32]['predicted'] / 65 - 1)
+  pooled = validation.pooled_score([task])
+  assert pooled['n'] == 1
+  assert pooled['feasibility'] == {'missed': 1, 'missed_flagged': 1, 'flagged_but_reached': 0}
