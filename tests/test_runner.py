@@ -12,6 +12,7 @@
   failed the job).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -406,3 +407,86 @@ def test_a_slow_report_at_the_end_of_a_multiprocess_sweep_does_not_fail_the_job(
   assert 'waiting (at most 240 s, ANP_BARRIER_TIMEOUT) for process 0 to write the results and ' \
          'the report' in logs[1]
   assert (out / 'report.md').exists() and len(json.load(open(out / 'results.json'))) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# --stop_at_target stops at the later of the validation and test crossings, for real.
+
+
+def _crossing_study(data_dir, out, stop: bool):
+  """One tiny point, one seed, evaluated every 0.25 epoch for 2 epochs: its 'eval' evaluator on
+  the training split (high accuracy: crosses first), 'test' on the test split (crosses later)."""
+  from anp_jax.configs import study_ghost_bn
+  base = study_ghost_bn.get_config('tiny')
+  base.data_dir = str(data_dir)
+  base.num_epochs, base.eval_every_epochs = 2.0, 0.25
+  base.evals = {'eval': {'kind': 'classification', 'split': 'train'},
+                'test': {'kind': 'classification', 'split': 'test'}}
+  study = Study(kind='crossing', points=(('g0002', {'bn_group_size': 2}),), target_value=0.5,
+                seeds=(0,), checkpoint_every_epochs=0.25)
+  return study, base, runner.Options(out=str(out), stop_at_target=stop, report=False)
+
+
+@pytest.mark.slow(120)
+def test_stop_at_target_waits_for_the_test_crossing_and_equals_the_uninterrupted_run(
+    data_dir, tmp_path):
+  """Without stopping, the run's two curves give a target the training split crosses before the
+  test split: with --stop_at_target the run stops at the test crossing's evaluation (not at the
+  validation one: published steps are on test) and every evaluation up to it equals the
+  uninterrupted run's (the continuation is the same run). A rerun trains nothing."""
+  study, base, opts = _crossing_study(data_dir, tmp_path / 'full', stop=False)
+  runner.run_study(study, base, opts)
+  records = [r for r in metrics_io_read(tmp_path / 'full' / 'runs' / 'g0002-lrx1-s0')
+             if 'test/anp_top1' in r]
+  # A target strictly between the two splits' first crossings, before the end of the run.
+  target = None
+  for r in records[:-1]:
+    if r['test/anp_top1'] < r['eval/anp_top1']:
+      target = (r['test/anp_top1'] + r['eval/anp_top1']) / 2
+      later = [s for s in records if s['test/anp_top1'] >= target]
+      earlier = [s for s in records if s['eval/anp_top1'] >= target]
+      if later and earlier and earlier[0]['step'] < later[0]['step'] < records[-1]['step']:
+        break
+      target = None
+  assert target is not None, [(r['step'], r['eval/anp_top1'], r['test/anp_top1'])
+                              for r in records]
+  stop_study, base, opts = _crossing_study(data_dir, tmp_path / 'stop', stop=True)
+  stop_study = dataclasses.replace(stop_study, target_value=target)
+  rows = runner.run_study(stop_study, base, opts)
+  run_dir = tmp_path / 'stop' / 'runs' / 'g0002-lrx1-s0'
+  stopped = [r for r in metrics_io_read(run_dir) if 'test/anp_top1' in r]
+  test_cross = next(r['step'] for r in records if r['test/anp_top1'] >= target)
+  assert stopped[-1]['step'] == test_cross  # Not the earlier validation crossing.
+  flat = lambda rs: [v for r in rs for v in (r['step'], r['eval/anp_top1'], r['test/anp_top1'])]
+  assert flat(stopped) == pytest.approx(flat(r for r in records if r['step'] <= test_cross),
+                                        rel=1e-6)
+  final = json.load(open(run_dir / 'final_metrics.json'))
+  assert final['stopped_at_target'] and final['step'] == test_cross
+  (row,) = rows
+  assert row['outcome'] == 'reached' and row['test_outcome'] == 'reached'
+  assert row['steps_to_target'] < row['test_steps_to_target'] <= test_cross
+  recorded = row_config(run_dir)
+  assert recorded.target_metric == 'test/anp_top1'  # Continued to the test crossing.
+  recorded.target_metric = 'eval/anp_top1'  # As planned: nothing left to continue.
+  assert runner.test_continuation(recorded, str(run_dir)) is None
+  # The rerun: the continued run is recognised as this study's run and not trained again.
+  again = runner.run_study(stop_study, base, opts)
+  assert [r['test_steps_to_target'] for r in again] == [row['test_steps_to_target']]
+  assert json.load(open(run_dir / 'final_metrics.json')) == final
+
+
+def metrics_io_read(run_dir):
+  from anp_jax import metrics_io
+  return metrics_io.read_metrics(str(run_dir))
+
+
+def row_config(run_dir):
+  from anp_jax.configs import default
+  return default.read_run_config(str(run_dir))
+
+
+def test_a_recorded_test_target_is_the_continuation_of_the_planned_validation_target():
+  assert runner.is_test_continuation('test/anp_top1', 'eval/anp_top1')
+  assert not runner.is_test_continuation('eval/anp_top1', 'eval/anp_top1')
+  assert not runner.is_test_continuation('test/anp_top5', 'eval/anp_top1')
+  assert not runner.is_test_continuation(None, 'eval/anp_top1')

@@ -118,3 +118,60 @@ def test_a_final_metric_has_no_mean_when_a_seed_diverged():
   s = stats.value_summary([0.30, None], ['missed', 'missed'])  # Never evaluated.
   assert s['kind'] == 'missing' and s['mean'] is None
   assert stats.format_summary(stats.value_summary([0.3], ['missed']), '.1f', 100) == '30.0 (1 seed)'
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparisons of two points and the noise floor of one.
+
+
+def test_welch_difference_matches_scipy_and_covers_the_true_difference():
+  a, b = [10.0, 12.0, 17.0], [20.0, 21.0, 25.0, 30.0]
+  d = stats.difference_interval(a, b)
+  ref = scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+  assert d['diff'] == pytest.approx(13.0 - 24.0)
+  assert (d['low'], d['high']) == pytest.approx((ref.low, ref.high), rel=1e-9)
+  one = stats.difference_interval([1.0], [2.0, 3.0])
+  assert one['diff'] == -1.5 and one['low'] is None
+  # Coverage: 2,000 experiments of 3 vs 3 normal draws with unequal spreads.
+  rng = np.random.default_rng(0)
+  hits = 0
+  for _ in range(2000):
+    d = stats.difference_interval(rng.normal(5.0, 1.0, 3), rng.normal(3.0, 3.0, 3))
+    hits += d['low'] <= 2.0 <= d['high']
+  assert 0.94 <= hits / 2000 <= 0.985  # Welch is slightly conservative at n = 3.
+
+
+def test_ratio_of_means_by_hand():
+  a, b = [200.0, 220.0, 240.0], [100.0, 100.0, 130.0]
+  r = stats.ratio_interval(a, b)
+  ma, mb = 220.0, 110.0
+  va = np.var(a, ddof=1) / 3 / ma ** 2
+  vb = np.var(b, ddof=1) / 3 / mb ** 2
+  df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+  half = scipy.stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+  assert r['ratio'] == pytest.approx(2.0) and r['df'] == pytest.approx(df)
+  assert (r['low'], r['high']) == pytest.approx((2 * math.exp(-half), 2 * math.exp(half)))
+  with pytest.raises(ValueError, match='positive'):
+    stats.ratio_interval([1.0, -1.0], [1.0, 2.0])
+
+
+def test_spread_of_ten_seeds_by_hand():
+  values = [100.0, 110.0, 95.0, 130.0, 105.0, 90.0, 120.0, 100.0, 115.0, 85.0]
+  s = stats.spread(values)
+  mean, sd = np.mean(values), np.std(values, ddof=1)
+  t9 = scipy.stats.t.ppf(0.975, 9)
+  assert (s['n'], s['min'], s['max']) == (10, 85.0, 130.0)
+  assert (s['mean'], s['sd'], s['cv']) == pytest.approx((mean, sd, sd / mean))
+  assert (s['q_low'], s['q_high']) == pytest.approx(tuple(np.quantile(values, [0.025, 0.975])))
+  assert (s['run_low'], s['run_high']) == pytest.approx(
+      (mean - t9 * sd * math.sqrt(1.1), mean + t9 * sd * math.sqrt(1.1)))
+  assert s['mean_high'] - s['mean'] == pytest.approx(t9 * sd / math.sqrt(10))
+  with pytest.raises(ValueError, match='at least 2'):
+    stats.spread([1.0])
+
+
+def test_detectable_difference_is_the_pooled_t_half_width():
+  assert stats.detectable_difference(10.0, 3, 3) == pytest.approx(
+      scipy.stats.t.ppf(0.975, 4) * 10.0 * math.sqrt(2 / 3))
+  with pytest.raises(ValueError):
+    stats.detectable_difference(1.0, 1, 1)

@@ -261,8 +261,9 @@ def _run_config(base, batch, rule, warmup, seed, lr_mult):
 @pytest.mark.parametrize('rule', ['linear', 'sqrt', 'none'])
 @pytest.mark.parametrize('warmup', [True, False])
 def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
-  base = sweep.preset_config('cpu')  # base_lr 0.2 per 256, 1 warmup epoch, cosine, 10 epochs.
+  base = sweep.preset_config('cpu')  # base_lr 0.4 per 256, 1 warmup epoch, cosine.
   base.num_epochs = 10.0
+  lr = base.base_lr
   peaks = {}
   for batch in (32, 64, 128, 256, 512, 1024):
     c = _run_config(base, batch, rule, warmup, seed=3, lr_mult=1.0)
@@ -270,8 +271,8 @@ def test_sweep_run_configs_scale_lr_and_warm_up(rule, warmup):
     setup = resolve_setup(c, 8000, 1696, devices=2, local_devices=2, process_count=1)
     assert setup.steps_per_epoch == pytest.approx(8000 / batch)  # An epoch is 8,000 examples.
     schedule = optim.create_lr_schedule(c, setup.steps_per_epoch, setup.total_steps)
-    expected = {'linear': 0.2 * batch / 256, 'sqrt': 0.2 * math.sqrt(batch / 256),
-                'none': 0.2}[rule]
+    expected = {'linear': lr * batch / 256, 'sqrt': lr * math.sqrt(batch / 256),
+                'none': lr}[rule]
     peak = optim.scaled_lr(c)
     assert peak == pytest.approx(expected)
     peaks[batch] = peak
@@ -627,7 +628,7 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
   assert sorted(invocation['args']) == sorted(
       ['preset', 'out', 'batch_sizes', 'rules', 'warmup', 'seeds', 'epochs', 'target_top1',
        'lr_search', 'lr_extensions', 'max_per_device_batch', 'checkpoint_every_epochs',
-       'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci'])
+       'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci', 'lr_from'])
   assert invocation['overrides'] == [f'--config.data_dir={data_dir}']
 
 

@@ -68,8 +68,51 @@ def config_diff(old: Dict, config) -> Dict[str, Tuple]:
   neutral = set(NEUTRAL_FIELDS)
   if not (old.get('stop_at_target') or new.get('stop_at_target')):
     neutral |= set(eval_seam.TARGET_FIELDS)
+  elif is_test_continuation(old.get('target_metric'), new.get('target_metric')):
+    neutral.add('target_metric')  # The same run, continued to its test crossing.
   return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
           if k not in neutral and old.get(k) != new.get(k)}
+
+
+def is_test_continuation(recorded: Optional[str], planned: Optional[str]) -> bool:
+  """Whether a run recorded with target `recorded` is the run planned with target `planned`
+  continued past its validation crossing to its test crossing (`test_continuation`)."""
+  if not (isinstance(recorded, str) and isinstance(planned, str)):
+    return False
+  return (planned.startswith(eval_seam.VALIDATION_PREFIX)
+          and recorded == eval_seam.TEST_PREFIX + planned[len(eval_seam.VALIDATION_PREFIX):])
+
+
+def test_continuation(config, run_dir: str):
+  """The config that continues a run stopped at its validation crossing to its test crossing, or
+  None when the run needs no more training.
+
+  With ``stop_at_target``, published steps to the target are on the test split, so a run must
+  not stop before both splits crossed. The trainer stops at ``config.target_metric`` (the
+  validation metric: choices are made on it). When it stopped there (``stopped_at_target``)
+  before the budget's end and its finite evaluations up to that step never reached the target
+  on the test split, the run continues from its stopping checkpoint with the test metric as its
+  target: the same run (batches and schedule are functions of the step), stopped at the later of
+  the two crossings. The test split crossing first needs nothing: the validation crossing is the
+  later one. None too for a run without a test evaluation, one that diverged, missed or ended at
+  its budget, and one already continued.
+  """
+  if not eval_seam.stops_at_target(config):
+    return None
+  metric = eval_seam.test_metric(str(config.target_metric))
+  prefix = metric.split('/', 1)[0]
+  final_path = os.path.join(run_dir, study_results.FINAL_FILE)
+  if prefix not in config.evals or not os.path.exists(final_path):
+    return None
+  final = study_results.read_json(final_path)
+  if final.get('diverged') or not final.get('stopped_at_target'):
+    return None
+  evals = study_results.finite_evals(metrics_io.read_metrics(run_dir))
+  if metrics_io.target_crossing(evals, float(config.target_value), metric) is not None:
+    return None
+  continued = ml_collections.ConfigDict(config.to_dict())
+  continued.target_metric = metric
+  return continued
 
 
 def check_existing(run_dir: str, config):
@@ -311,43 +354,62 @@ def run_grid(runs: Sequence[Run], out: str, is_main: bool):
 
   Finished runs are skipped; an interrupted one continues from its checkpoints. A NaN/Inf loss
   is recorded as the run's outcome (``final_metrics.json`` with ``diverged``) and not retried.
-  Preemption (`errors.Preempted`, or a signal between runs) propagates: exit 75.
+  Preemption (`errors.Preempted`, or a signal between runs) propagates: exit 75. With
+  ``stop_at_target``, a run that stopped at its validation crossing before its test split
+  crossed continues to the test crossing (`test_continuation`): it stops at the later of both.
   """
   count = len(runs)
   for i, run in enumerate(runs, 1):
     tag = f'[{i}/{count}] {run.name}'
     run_dir = os.path.join(out, 'runs', run.name)
+    config = run.config
     if is_finished(run_dir):
-      if is_main:
-        print(f'{tag}: finished earlier, skipped.', flush=True)
-      continue
-    # A signal that came after the previous run's last step check (its final evaluation, its
-    # plots, this loop) is still pending: stop before starting another run.
-    preemption.exit_if_requested(tag)
+      # A run stopped at its validation crossing (in this invocation or an interrupted earlier
+      # one) continues to its test crossing; every process reads the same files here (written
+      # by process 0 before the trainer's final barrier).
+      config = test_continuation(run.config, run_dir)
+      if config is None:
+        if is_main:
+          print(f'{tag}: finished earlier, skipped.', flush=True)
+        continue
+    while config is not None:
+      if not _train_one(tag, run, config, run_dir, is_main):
+        break
+      config = test_continuation(run.config, run_dir)
+
+
+def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
+  """Trains (or resumes) one run with `config`; False when it diverged (recorded as such)."""
+  # A signal that came after the previous run's last step check (its final evaluation, its
+  # plots, this loop) is still pending: stop before starting another run.
+  preemption.exit_if_requested(tag)
+  continuing = config.target_metric != run.config.target_metric
+  if is_main:
+    os.makedirs(run_dir, exist_ok=True)
+    reporting.write_json_atomic(os.path.join(run_dir, study_results.RECORD_FILE), run.record)
+    resuming = checkpointing.has_checkpoint(run_dir)
+    what = ('continuing to the test crossing' if continuing else
+            'resuming' if resuming else 'training')
+    print(f'{tag}: {what} — {run.setup.describe()}', flush=True)
+  try:
+    result = trainer.train_and_evaluate(config, run_dir)
+  except errors.NonFiniteLossError as e:
     if is_main:
-      os.makedirs(run_dir, exist_ok=True)
-      reporting.write_json_atomic(os.path.join(run_dir, study_results.RECORD_FILE), run.record)
-      resuming = checkpointing.has_checkpoint(run_dir)
-      print(f'{tag}: {"resuming" if resuming else "training"} — {run.setup.describe()}',
-            flush=True)
-    try:
-      result = trainer.train_and_evaluate(run.config, run_dir)
-    except errors.NonFiniteLossError as e:
-      if is_main:
-        step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
-        reporting.write_json_atomic(os.path.join(run_dir, study_results.FINAL_FILE),
-                                    {'diverged': True, 'step': step, 'error': str(e)})
-        print(f'{tag}: diverged ({e})', flush=True)
-      continue
-    except errors.Preempted:
-      if is_main:
-        print(f'{tag}: preempted; rerun the same command to continue.', flush=True)
-      raise
+      step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
+      reporting.write_json_atomic(os.path.join(run_dir, study_results.FINAL_FILE),
+                                  {'diverged': True, 'step': step, 'error': str(e)})
+      print(f'{tag}: diverged ({e})', flush=True)
+    return False
+  except errors.Preempted:
     if is_main:
-      metric = eval_seam.target(run.config)[0]
-      value = result.final_eval.get(metric)
-      shown = f', {metric} {100 * value:.2f} %' if isinstance(value, float) else ''
-      print(f'{tag}: done in {result.wall_time_s:.0f} s{shown}', flush=True)
+      print(f'{tag}: preempted; rerun the same command to continue.', flush=True)
+    raise
+  if is_main:
+    metric = eval_seam.target(config)[0]
+    value = result.final_eval.get(metric)
+    shown = f', {metric} {100 * value:.2f} %' if isinstance(value, float) else ''
+    print(f'{tag}: done in {result.wall_time_s:.0f} s{shown}', flush=True)
+  return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,6 +471,7 @@ def _record_invocation(study: Study, base, opts: Options, devices: int):
                 image_size=base.image_size, dataset=base.dataset,
                 target_metric=study.target_metric, target_value=study.target_value,
                 seeds=list(study.seeds), lr_grid=list(study.lr.multipliers),
+                point_lr={point: list(mults) for point, mults in study.point_lr},
                 lr_extensions=study.lr.extensions, ci=opts.ci,
                 points={name: dict(fields) for name, fields in study.points})
   record.setdefault('invocations', []).append({'time': time.time(), **opts.invocation})
@@ -422,6 +485,9 @@ def _print_plan(study: Study, opts: Options, runs: Sequence[Run], meta) -> None:
   per_run = (estimate_seconds(runs[:1], meta.eval_size, study.images_per_s, study.overhead_s)
              if runs else 0.0)
   grid = ', '.join(f'{m:g}' for m in study.lr.multipliers)
+  if study.point_lr:
+    grid += '; per point: ' + ', '.join(f'{p} x{"/".join(f"{m:g}" for m in mults)}'
+                                       for p, mults in study.point_lr)
   estimate = (f'estimated {eta / 60:.0f} min for the rest at ~{study.images_per_s:.0f} img/s'
               if study.images_per_s > 0 else 'no time estimate (the preset gives no images_per_s)')
   print(f'Study {study.kind} in {opts.out}: {len(runs)} runs ({len(done)} finished earlier) = '
@@ -451,7 +517,7 @@ def pending_extensions(study: Study, opts: Options, runs: Sequence[Run]) -> Dict
   choices = {p: c for p, c in choices_of(study, rows).items()
              if p in planned and p not in unfinished}
   return study_results.extensions(choices, study.lr.multipliers, study.lr.extensions,
-                                  study.lr.factor)
+                                  study.lr.factor, study.grid_of)
 
 
 def run_study(study: Study, base, opts: Options) -> List[Dict]:
@@ -485,7 +551,7 @@ def run_study(study: Study, base, opts: Options) -> List[Dict]:
     choices = {p: c for p, c in choices_of(study, collect(study, opts.out, runs)).items()
                if p in planned_points}
     more = study_results.extensions(choices, study.lr.multipliers, study.lr.extensions,
-                                    study.lr.factor)
+                                    study.lr.factor, study.grid_of)
     if not more:
       break
     for point, mult in more.items():

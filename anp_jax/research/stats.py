@@ -18,6 +18,10 @@ that the runner, the reports and the planner share one definition and tests chec
   summary is censored: how many reached it ("2 / 3"), a lower bound of the mean (each miss
   counted at its budget: it needed at least that), and the median when more than half reached
   it (a miss sorts above every reached value, so the median is then a reached value).
+* `difference_interval` / `ratio_interval`: two points compared (Welch's t; a ratio of means
+  on the log scale by the delta method); `spread`: the noise floor of one configuration (SD,
+  empirical and predicted 95 % ranges of a single run); `detectable_difference`: the smallest
+  difference of two n-seed means outside that noise.
 * `value_summary`: a final metric (accuracy, loss) over seeds; a diverged seed has no finite
   final state, so the point has no mean: the summary counts the diverged seeds and gives the
   range of the others.
@@ -129,6 +133,91 @@ def mean_interval(values: Sequence[float], level: float = LEVEL, method: str = '
     low, high = np.quantile(draws, [(1.0 - level) / 2.0, 1.0 - (1.0 - level) / 2.0])
     out['low'], out['high'] = float(low), float(high)
   return out
+
+
+def _welch(a: Sequence[float], b: Sequence[float], scale_a: float = 1.0, scale_b: float = 1.0):
+  """(standard error, Welch-Satterthwaite degrees of freedom) of mean(a)/scale_a - mean(b)/
+  scale_b; (None, None) when a group has fewer than 2 values or both have no spread."""
+  if len(a) < 2 or len(b) < 2:
+    return None, None
+  va = statistics.variance(a) / len(a) / scale_a ** 2
+  vb = statistics.variance(b) / len(b) / scale_b ** 2
+  if va + vb <= 0:
+    return 0.0, float(len(a) + len(b) - 2)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return math.sqrt(va + vb), df
+
+
+def difference_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Dict:
+  """mean(a) - mean(b) with Welch's t interval (unequal variances): {'diff', 'low', 'high',
+  'df', 'n_a', 'n_b'}; low / high None when a group has fewer than 2 values."""
+  a, b = [float(v) for v in a], [float(v) for v in b]
+  if not a or not b:
+    raise ValueError('difference_interval needs values in both groups.')
+  diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
+  se, df = _welch(a, b)
+  out = {'diff': diff, 'low': None, 'high': None, 'df': df, 'n_a': len(a), 'n_b': len(b),
+         'level': level}
+  if se is not None:
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se if se > 0 else 0.0
+    out['low'], out['high'] = diff - half, diff + half
+  return out
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Dict:
+  """mean(a) / mean(b) of positive values with an interval from the delta method on the log
+  scale and Welch's degrees of freedom: log(ratio) ± t · sqrt(s_a²/(n_a m_a²) + s_b²/(n_b m_b²))
+  (the relative standard errors of the two means): {'ratio', 'low', 'high', 'df', 'n_a',
+  'n_b'}; low / high None when a group has fewer than 2 values."""
+  a, b = [float(v) for v in a], [float(v) for v in b]
+  if not a or not b or min(a + b) <= 0:
+    raise ValueError('ratio_interval needs positive values in both groups.')
+  ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
+  out = {'ratio': ma / mb, 'low': None, 'high': None, 'df': None, 'n_a': len(a),
+         'n_b': len(b), 'level': level}
+  se, df = _welch(a, b, ma, mb)
+  if se is not None:
+    half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se if se > 0 else 0.0
+    out.update(low=ma / mb * math.exp(-half), high=ma / mb * math.exp(half), df=df)
+  return out
+
+
+def spread(values: Sequence[float], level: float = LEVEL) -> Dict:
+  """How much one configuration varies from seed to seed (the noise floor): {'n', 'mean', 'sd',
+  'cv' (sd / mean), 'min', 'max', 'q_low', 'q_high' (the empirical (1 - level)/2 and
+  1 - (1 - level)/2 quantiles, linear interpolation), 'run_low', 'run_high' (the range a single
+  new run falls in with probability `level` under a normal model: mean ± t · sd · sqrt(1 +
+  1/n)), 'mean_low', 'mean_high' (the t interval of the mean)}. Needs >= 2 finite values."""
+  values = sorted(float(v) for v in values)
+  if len(values) < 2 or not all(math.isfinite(v) for v in values):
+    raise ValueError(f'spread needs at least 2 finite values, got {values}.')
+  n = len(values)
+  mean = math.fsum(values) / n
+  sd = statistics.stdev(values)
+  t = t_quantile(1.0 - (1.0 - level) / 2.0, n - 1)
+
+  def quantile(q):
+    pos = q * (n - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, n - 1)
+    return values[lo] + (pos - lo) * (values[hi] - values[lo])
+  return {'n': n, 'mean': mean, 'sd': sd, 'cv': sd / mean if mean else None,
+          'min': values[0], 'max': values[-1], 'q_low': quantile((1.0 - level) / 2.0),
+          'q_high': quantile(1.0 - (1.0 - level) / 2.0),
+          'run_low': mean - t * sd * math.sqrt(1.0 + 1.0 / n),
+          'run_high': mean + t * sd * math.sqrt(1.0 + 1.0 / n),
+          'mean_low': mean - t * sd / math.sqrt(n), 'mean_high': mean + t * sd / math.sqrt(n),
+          'level': level}
+
+
+def detectable_difference(sd: float, n_a: int, n_b: int, level: float = LEVEL) -> float:
+  """Half-width of the `level` interval of the difference of two means of n_a and n_b runs
+  whose seed-to-seed standard deviation is `sd` (pooled t, n_a + n_b - 2 degrees of freedom):
+  a measured difference smaller than this is within the noise floor."""
+  if n_a < 1 or n_b < 1 or n_a + n_b < 3:
+    raise ValueError(f'detectable_difference needs n_a + n_b >= 3, got {n_a} and {n_b}.')
+  return t_quantile(1.0 - (1.0 - level) / 2.0, n_a + n_b - 2) * sd * math.sqrt(
+      1.0 / n_a + 1.0 / n_b)
 
 
 def censored_summary(values: Sequence[Optional[float]], outcomes: Sequence[str],

@@ -104,6 +104,8 @@ class Study:
   seeds: Tuple[int, ...] = (0,)
   lr: LrGrid = LrGrid()
   tune: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()  # Fields chosen with the rate, per point.
+  # Per point, multipliers that replace `lr`'s grid (e.g. the rate another study chose for it).
+  point_lr: Tuple[Tuple[str, Tuple[float, ...]], ...] = ()
   metrics: Tuple[str, ...] = ('anp_top1',)
   run_name: Callable[[str, float, int], str] = default_run_name
   checkpoint_every_epochs: float = 1.0
@@ -136,6 +138,13 @@ class Study:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
       raise StudyError(f'Point names must be unique, got {repeated} more than once.')
+    point_lr = tuple((str(k), LrGrid(tuple(v)).multipliers) for k, v in (
+        self.point_lr.items() if isinstance(self.point_lr, Mapping) else self.point_lr))
+    object.__setattr__(self, 'point_lr', point_lr)
+    unknown = sorted({k for k, _ in point_lr} - set(names))
+    if unknown:
+      raise StudyError(f'Learning rates are given for {unknown}, which are not points of the '
+                       f'study ({names}).')
     tune = tuple((str(k), tuple(v)) for k, v in (self.tune.items() if isinstance(
         self.tune, Mapping) else self.tune))
     object.__setattr__(self, 'tune', tune)
@@ -166,6 +175,10 @@ class Study:
   def point_fields(self) -> Dict[str, Mapping[str, Any]]:
     return dict(self.points)
 
+  def grid_of(self, point: str) -> Tuple[float, ...]:
+    """The multipliers a point starts from: its own (`point_lr`) or the study's grid."""
+    return dict(self.point_lr).get(point, self.lr.multipliers)
+
   def settings(self) -> List[Dict[str, Any]]:
     """Every combination of the tuned fields' values ([{}] when nothing is tuned)."""
     fields = [f for f, _ in self.tune]
@@ -177,8 +190,8 @@ class Study:
     extended = extended or {}
     keys = []
     for point, fields in self.points:
-      mults = list(self.lr.multipliers) + [m for m in extended.get(point, ())
-                                           if m not in self.lr.multipliers]
+      grid = self.grid_of(point)
+      mults = list(grid) + [m for m in extended.get(point, ()) if m not in grid]
       for tune in self.settings():
         label = '-'.join(filter(None, (point, tune_label(tune))))
         for mult in mults:

@@ -166,7 +166,8 @@ def define_runner_flags(fv, lr_flag: str = 'lr_grid'):
                     "Student's t, or a percentile bootstrap.", flag_values=fv)
   define('integer', 'cpu_devices', 'Simulated CPU devices (XLA flag, set before JAX starts); '
          '0: none.')
-  define('bool', 'stop_at_target', 'Stop each run at the first evaluation reaching the target '
+  define('bool', 'stop_at_target', 'Stop each run at the first evaluation where the target is '
+         'reached on validation and, when the runs evaluate the test split, on test too '
          '(time-to-accuracy; the budget becomes a cap).')
   define('bool', 'dry_run', 'Validate, print the runs and the time estimate; train nothing.')
   define('bool', 'no_report', 'Write the results but not the report.')

@@ -249,16 +249,18 @@ def is_chosen(row: Mapping[str, Any], choice: Mapping[str, Any]) -> bool:
 
 
 def extensions(choices: Mapping[Any, Mapping[str, Any]], base: Sequence[float], limit: int,
-               factor: float = 2.0) -> Dict[Any, float]:
+               factor: float = 2.0,
+               base_of: Optional[Callable[[Any], Sequence[float]]] = None) -> Dict[Any, float]:
   """Per point whose choice is at an edge, the next multiplier: `factor` beyond that edge.
 
-  A point already extended `limit` times beyond `base` (multipliers outside [min, max] of the
-  base grid) gets none, nor does one whose choice is pending: the report then says the rate is
-  still at the edge.
+  A point already extended `limit` times beyond its base grid (`base_of(point)`, default
+  `base`; multipliers outside its [min, max]) gets none, nor does one whose choice is pending:
+  the report then says the rate is still at the edge.
   """
-  lo, hi = min(base), max(base)
   out = {}
   for key, c in choices.items():
+    grid = base if base_of is None else base_of(key)
+    lo, hi = min(grid), max(grid)
     done = sum(1 for m in c['tried'] if m < lo or m > hi)
     if c['edge'] is None or c['pending'] or done >= limit:
       continue

@@ -19,6 +19,7 @@ invocation; the report is `anp_jax.research.sweep_report`.
 
 import dataclasses
 import itertools
+import math
 import os
 import sys
 import types
@@ -114,6 +115,7 @@ class Sweep:
   checkpoint_every_epochs: float
   user_fields: frozenset  # Config fields the user set with --config (not recomputed per run).
   stop_at_target: bool = False
+  lr_from: str = ''  # Another sweep's directory whose chosen rates the points run at.
 
 
 def define_sweep_flags(fv):
@@ -130,6 +132,8 @@ def define_sweep_flags(fv):
   define('integer', 'max_per_device_batch',
          'Largest per-device micro-batch; above it, gradient accumulation.')
   define('float', 'checkpoint_every_epochs', 'Checkpoint cadence of every run.')
+  define('string', 'lr_from', 'Another sweep\'s directory: each point runs at the rate chosen '
+         'there (its points.json; same point names and base lr), instead of --lr_search.')
 
 
 def parse_args(argv: Sequence[str], doc: str = __doc__):
@@ -148,6 +152,7 @@ def parse_args(argv: Sequence[str], doc: str = __doc__):
       lr_search=study_cli.list_flag(fv, 'lr_search', float), lr_extensions=fv.lr_extensions,
       max_per_device_batch=fv.max_per_device_batch,
       checkpoint_every_epochs=fv.checkpoint_every_epochs, cpu_devices=fv.cpu_devices,
+      lr_from=fv.lr_from,
       stop_at_target=fv.stop_at_target, dry_run=fv.dry_run, no_report=fv.no_report, ci=fv.ci)
   return args, config, overrides
 
@@ -185,6 +190,12 @@ def resolve(args, base, overrides) -> Sweep:
   seeds = preset.seeds if args.seeds is None else args.seeds
   mults = preset.lr_search if args.lr_search is None else args.lr_search
   extensions = preset.lr_extensions if args.lr_extensions is None else args.lr_extensions
+  if getattr(args, 'lr_from', None):
+    if args.lr_search is not None:
+      raise SweepError('--lr_from takes each point\'s rate from another sweep; --lr_search '
+                       'would be ignored: give one of the two.')
+    mults = (1.0,)  # Unused: every point has its own rate.
+    extensions = 0 if args.lr_extensions is None else args.lr_extensions
   bad_batch = [b for b in batch_sizes if b <= 0]
   if bad_batch:
     raise SweepError(f'Batch sizes must be positive, got {bad_batch}.')
@@ -220,7 +231,9 @@ def resolve(args, base, overrides) -> Sweep:
                lr=LrGrid(tuple(mults), int(extensions)), target_top1=float(target),
                max_per_device_batch=max_pd, checkpoint_every_epochs=ckpt,
                user_fields=frozenset(k for k, _ in overrides),
-               stop_at_target=bool(args.stop_at_target))
+               stop_at_target=bool(args.stop_at_target),
+               lr_from=os.path.abspath(os.path.expanduser(args.lr_from)) if getattr(
+                   args, 'lr_from', None) else '')
 
 
 def choose_accum(per_device: int, max_micro: int, group: int) -> Optional[int]:
@@ -325,6 +338,43 @@ def write_results(out: str, rows: List[Dict], points: List[Dict]) -> List[str]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Rates chosen by another sweep.
+
+
+def rates_from(source: str, points: Sequence[Tuple[str, Dict]], base) -> Dict[str, Tuple[float]]:
+  """Per point, the multiplier another sweep (directory `source`) chose for the point of the same
+  name on validation: e.g. the Goyal curve at a fixed example budget, each batch size at the rate
+  the Shallue sweep tuned. SweepError listing every point `source` has no settled choice for, and
+  every point whose peak rate would differ from the one trained there (another base lr or rule:
+  a multiplier means nothing across them)."""
+  path = os.path.join(source, 'points.json')
+  if not os.path.exists(path):
+    raise SweepError(f'--lr_from={source}: {path} does not exist (the directory of a finished '
+                     'sweep whose rates to reuse).')
+  chosen = {p['point']: p for p in study_results.read_json(path)}
+  problems, out = [], {}
+  for name, fields in points:
+    p = chosen.get(name)
+    if p is None or not p.get('lr_chosen') or p.get('lr_pending'):
+      why = 'not a point there' if p is None else (
+          'its choice is provisional' if p and p.get('lr_pending') else 'no rate chosen there')
+      problems.append(f'{name} ({why})')
+      continue
+    config = ml_collections.ConfigDict(base.to_dict())
+    runner.apply_fields(config, dict(fields), f'Point {name!r}')
+    config.base_lr = float(base.base_lr) * float(p['lr_mult'])
+    peak = optim.scaled_lr(config)
+    if not math.isclose(peak, float(p['lr']), rel_tol=1e-9):
+      problems.append(f'{name} (peak lr {peak:.6g} here vs {float(p["lr"]):.6g} there: another '
+                      'base_lr or scaling rule)')
+      continue
+    out[name] = (float(p['lr_mult']),)
+  if problems:
+    raise SweepError(f'--lr_from={source} gives no usable rate for: {"; ".join(problems)}.')
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
 # The study and the command.
 
 
@@ -354,8 +404,10 @@ def build_study(sw: Sweep, devices: int, preset: SweepPreset,
     return point_fields(base, int(record['batch']), record['rule'],
                         record['warmup'] in ('on', True), int(config.get('grad_accum_steps', 1)))
 
+  point_lr = rates_from(sw.lr_from, points, base) if sw.lr_from else {}
   return Study(kind=KIND, points=tuple(points), target_value=sw.target_top1, seeds=sw.seeds,
-               lr=sw.lr, metrics=METRICS, checkpoint_every_epochs=sw.checkpoint_every_epochs,
+               lr=sw.lr, point_lr=point_lr, metrics=METRICS,
+               checkpoint_every_epochs=sw.checkpoint_every_epochs,
                # ~10 logs per epoch: enough B_simple samples in the second half of short runs.
                log_every_epochs=0.1, images_per_s=preset.throughput(devices),
                overhead_s=preset.overhead_s, title='Batch-size sweep',

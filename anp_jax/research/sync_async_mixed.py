@@ -37,6 +37,7 @@ training ResNet-50 on the MUSA2 ANP training split; `predicted_epoch` gives its 
 
 import dataclasses
 import os
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import ml_collections
@@ -72,6 +73,12 @@ class Preset:
   target_top1: float = 0.25
   images_per_s: float = 400.0
   overhead_s: float = 20.0
+  # Momentum of the async arms: plain, and/or compensated for asynchrony's implicit momentum.
+  compensate: Sequence[bool] = (False,)
+  # Images per device of the mapped cluster: > 0 trains every arm with the examples per update
+  # it has there (`RunSpec.batch`), 0 every arm at config.batch_size (an unmapped proxy).
+  device_batch: int = 0
+  sync_devices: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +89,17 @@ class RunSpec:
   aware: bool = False
   nodes: int = 0
   sync_every: int = 1
+  compensate: bool = False  # async_sgd.momentum='compensate' (Mitliagkas et al. 2016).
 
   @property
   def name(self) -> str:
     if self.method == 'sync':
       return 'sync'
+    suffix = ('-aware' if self.aware else '') + ('-comp' if self.compensate else '')
     if self.method == 'async':
-      return f'async-{self.workers:02d}' + ('-aware' if self.aware else '')
+      return f'async-{self.workers:02d}' + suffix
     if self.method == 'mixed':
-      return f'mixed-n{self.workers:02d}' + ('-aware' if self.aware else '')
+      return f'mixed-n{self.workers:02d}' + suffix
     return f'local-n{self.nodes}-h{self.sync_every:02d}'
 
   @property
@@ -100,11 +109,47 @@ class RunSpec:
     if self.method in ('async', 'mixed'):
       return {'method': 'async', 'async_sgd.staleness': 'simulated',
               'async_sgd.workers': self.workers, 'async_sgd.max_tau': 2 * self.workers,
-              'async_sgd.staleness_aware_lr': self.aware}
+              'async_sgd.staleness_aware_lr': self.aware,
+              'async_sgd.momentum': 'compensate' if self.compensate else 'keep'}
     if self.method == 'local_sgd':
       return {'method': 'local_sgd', 'local_sgd.nodes': self.nodes,
               'local_sgd.sync_every': self.sync_every}
     return {'method': 'sync'}
+
+  def batch(self, device_batch: int, sync_devices: int) -> int:
+    """Examples per update on the mapped cluster (`device_batch` images per device): sync
+    all-reduces `sync_devices` devices' batches; an async worker is one device; a mixed worker
+    one node of sync_devices / N devices; a local-SGD step is every node's step (each node
+    DEVICES_PER_NODE devices)."""
+    if self.method == 'sync':
+      return sync_devices * device_batch
+    if self.method == 'async':
+      return device_batch
+    if self.method == 'mixed':
+      return mixed_worker_devices(self.workers, sync_devices) * device_batch
+    return self.nodes * DEVICES_PER_NODE * device_batch
+
+  def staleness(self) -> float:
+    """Mean staleness in updates (N - 1 for N asynchronous workers; 0 otherwise)."""
+    return float(self.workers - 1) if self.method in ('async', 'mixed') else 0.0
+
+
+_ARM = re.compile(r'^(?:(sync)|(async|mixed)-n?(\d+)((?:-aware)?)((?:-comp)?)|'
+                  r'local-n(\d+)-h(\d+))$')
+
+
+def parse_arm(name: str) -> Optional[RunSpec]:
+  """The arm of a point name (`RunSpec.name`), or None: runs of other invocations in the same
+  directory are read back with their arm."""
+  m = _ARM.match(name)
+  if m is None:
+    return None
+  if m.group(1):
+    return RunSpec('sync')
+  if m.group(2):
+    return RunSpec(m.group(2), workers=int(m.group(3)), aware=bool(m.group(4)),
+                   compensate=bool(m.group(5)))
+  return RunSpec('local_sgd', nodes=int(m.group(6)), sync_every=int(m.group(7)))
 
   def devices(self, sync_devices: int) -> int:
     """Devices of the predicted cluster: what "the same cluster size" compares."""
@@ -115,9 +160,11 @@ class RunSpec:
     return self.nodes * DEVICES_PER_NODE
 
 
-def grid(workers, aware, nodes, sync_every, mixed=(), mixed_aware=(False,)) -> List[RunSpec]:
+def grid(workers, aware, nodes, sync_every, mixed=(), mixed_aware=(False,),
+         compensate=(False,)) -> List[RunSpec]:
   runs = [RunSpec('sync')]
-  runs += [RunSpec('async', workers=n, aware=a) for n in workers for a in aware]
+  runs += [RunSpec('async', workers=n, aware=a, compensate=c) for n in workers for a in aware
+           for c in compensate]
   runs += [RunSpec('mixed', workers=n, aware=a) for n in mixed for a in mixed_aware]
   runs += [RunSpec('local_sgd', nodes=k, sync_every=h) for k in nodes for h in sync_every]
   return runs
@@ -184,7 +231,12 @@ def define_flags(fv):
          'N workers of sync_devices / N devices).')
   flags.DEFINE_enum('aware', None, ['both', 'on', 'off'],
                     'Staleness-aware lr arms of the async and mixed runs.', flag_values=fv)
-  define('integer', 'sync_devices', 16, 'Devices of the predicted synchronous cluster.')
+  flags.DEFINE_enum('compensate', None, ['both', 'on', 'off'],
+                    'Async arms with momentum compensated for asynchrony (Mitliagkas et al. '
+                    '2016).', flag_values=fv)
+  define('integer', 'sync_devices', None, 'Devices of the predicted synchronous cluster.')
+  define('integer', 'device_batch', None, 'Images per device of the mapped cluster: each arm '
+         'trains with its examples per update there; 0: every arm at config.batch_size.')
   define('float', 'target_top1', None, 'ANP top-1 fraction (validation): the lr choice is the '
          'fewest examples to it.')
 
@@ -201,6 +253,14 @@ class Experiment:
   sync_devices: int
   cpu_devices: int
   opts: runner.Options
+  device_batch: int = 0
+
+  def fields(self, spec: RunSpec) -> Dict[str, Any]:
+    """The config fields of an arm's runs: its method's, and its examples per update on the
+    mapped cluster (`RunSpec.batch`) unless the proxy is unmapped (``device_batch`` 0)."""
+    if not self.device_batch:
+      return spec.fields
+    return {**spec.fields, 'batch_size': spec.batch(self.device_batch, self.sync_devices)}
 
   @property
   def out(self) -> str:
@@ -233,18 +293,24 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   nodes = preset.nodes if given('nodes') is None else given('nodes')
   every = preset.sync_every if given('sync_every') is None else given('sync_every')
   mixed = preset.mixed if given('mixed') is None else given('mixed')
-  choice = None if fv.aware is None else {
-      'both': (False, True), 'on': (True,), 'off': (False,)}[fv.aware]
+  both = {'both': (False, True), 'on': (True,), 'off': (False,)}
+  choice = None if fv.aware is None else both[fv.aware]
   aware = preset.aware if choice is None else choice
   mixed_aware = preset.mixed_aware if choice is None else choice
+  compensate = preset.compensate if fv.compensate is None else both[fv.compensate]
+  sync_devices = preset.sync_devices if fv.sync_devices is None else fv.sync_devices
+  device_batch = preset.device_batch if fv.device_batch is None else fv.device_batch
   if (any(n < 1 for n in workers) or any(k < 1 for k in nodes) or any(h < 1 for h in every)
       or any(n < 1 for n in mixed)):
     raise ExperimentError(f'--workers, --nodes, --sync_every and --mixed must be >= 1, got '
                           f'{workers}, {nodes}, {every}, {mixed}.')
-  if fv.sync_devices < 1:
-    raise ExperimentError(f'--sync_devices must be >= 1, got {fv.sync_devices}.')
+  if sync_devices < 1:
+    raise ExperimentError(f'--sync_devices must be >= 1, got {sync_devices}.')
+  if device_batch < 0:
+    raise ExperimentError(f'--device_batch must be >= 0 (0: every arm at config.batch_size), '
+                          f'got {device_batch}.')
   for n in mixed:
-    mixed_worker_devices(n, fv.sync_devices)
+    mixed_worker_devices(n, sync_devices)
   extensions = preset.lr_extensions if fv.lr_extensions is None else fv.lr_extensions
   mults = study_cli.list_flag(fv, 'lr_grid', float)
   lr = LrGrid(tuple(preset.lr_grid if mults is None else mults), int(extensions))
@@ -260,24 +326,25 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
                         invocation={'argv': list(argv),
                                     'overrides': study_cli.override_args(overrides)})
   return Experiment(preset=preset, base=base,
-                    arms=grid(workers, aware, nodes, every, mixed, mixed_aware), lr=lr,
-                    seeds=list(preset.seeds if seeds is None else seeds),
-                    target_top1=float(target), sync_devices=fv.sync_devices,
+                    arms=grid(workers, aware, nodes, every, mixed, mixed_aware, compensate),
+                    lr=lr, seeds=list(preset.seeds if seeds is None else seeds),
+                    target_top1=float(target), sync_devices=sync_devices,
                     cpu_devices=preset.cpu_devices if fv.cpu_devices is None else fv.cpu_devices,
-                    opts=opts)
+                    opts=opts, device_batch=device_batch)
 
 
 def study(ex: Experiment) -> Study:
-  """The experiment as a runner study: one point per arm."""
-  return Study(kind=PREFIX, points=tuple((a.name, a.fields) for a in ex.arms),
+  """The experiment as a runner study: one point per arm. Its results read every run in the
+  directory (arms trained by other invocations too, e.g. the local-SGD arms on other devices:
+  the runner refuses runs there trained with other settings)."""
+  return Study(kind=PREFIX, points=tuple((a.name, ex.fields(a)) for a in ex.arms),
                target_value=ex.target_top1, seeds=tuple(ex.seeds), lr=ex.lr,
                metrics=('anp_top1', 'loss'), run_name=run_name, checkpoint_every_epochs=1.0,
                # At least 4 training-log records per epoch.
                log_every_epochs=0.25, images_per_s=ex.preset.images_per_s,
                overhead_s=ex.preset.overhead_s, cpu_devices=ex.cpu_devices,
                title='Sync vs simulated async and mixed-asynchronous vs local SGD',
-               read_other_runs=False, summarize=lambda run_dir, record: summarize(ex, run_dir,
-                                                                                  record),
+               summarize=lambda run_dir, record: summarize(ex, run_dir, record),
                write=lambda out, rows, points: write_results(ex, rows, points),
                report=lambda out: write_summary(ex))
 
@@ -300,7 +367,10 @@ def summarize(ex: Experiment, run_dir: str, record: Optional[Dict]) -> Optional[
                                     ('anp_top1', 'loss'))
   if row is None:
     return None
-  spec = ex.arm[row['point']]
+  spec = ex.arm.get(row['point']) or parse_arm(row['point'])
+  if spec is None:
+    raise ExperimentError(f'{run_dir} is not a run of this experiment (point '
+                          f'{row["point"]!r} names no arm).')
   epoch_s, cluster = predicted_epoch(spec, ex.sync_devices)
   evals = [r for r in study_results.finite_evals(metrics_io.read_metrics(run_dir))
            if 'eval/anp_top1' in r]
