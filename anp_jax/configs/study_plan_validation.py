@@ -65,6 +65,11 @@ def get_config(variant: str = 'a'):
     c.update_from_flattened_dict(fields)
     c.batch_size = PILOT_BATCH
     c.target_value = target
+  # The pilot's schedule, pinned here (not inherited from the sweep preset, whose tuned
+  # protocol may change): linear rule from 0.2 per 256, 1 warmup epoch, cosine over 10 epochs.
+  if variant != 'tiny':
+    c.base_lr, c.base_batch_size, c.warmup_epochs = 0.2, 256, 1.0
+    c.schedule, c.num_epochs, c.eval_every_epochs = 'cosine', 10.0, 0.5
   c.lr_scaling = 'linear'
   c.target_metric = 'eval/anp_top1'
   c.noise_scale = True  # The pilot's B_noise; the other points log it too (one config).
