@@ -46,14 +46,14 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
 # What the data is, past its position: a resume that changed one of these would continue on other
 # data (another example order, other augmentations, another generated dataset) after a checkpoint
 # of this one. Only the fields of the config's augmentation and dataset count (`_data_fields`).
-DATA_FIELDS = ('shuffle_buffer', 'augment')
+DATA_FIELDS = ('augment',)
 DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fraction',)},
                   'dataset': {'synthetic_anp': ('synthetic.*',), 'anp': ('anp.config_name',)}}
 # Fields an evaluation (config.eval_only) of a checkpoint may set for itself: those that only
 # shape the training (the data position and order, the initialisation, the updates) and the
 # evaluation's own preprocessing (augment / crop_fraction: the centre crop).
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
-                          'backbone_lr_multiplier', 'seed', 'shuffle_buffer', 'augment',
+                          'backbone_lr_multiplier', 'seed', 'augment',
                           'crop_padding', 'crop_fraction')
 
 

@@ -178,7 +178,6 @@ _RANGES = {
                          'preempted run could not resume'),
     'checkpoint_every_steps': (0, None, True, None, '0 disables step-based saves'),
     'checkpoint_every_minutes': (0.0, None, True, None, '0 disables time-based saves'),
-    'shuffle_buffer': (1, None, True, None, ''),
 }
 
 

@@ -66,7 +66,6 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
     ('crop_fraction', 1.2, 'crop_fraction'),
     ('log_every_steps', 0, 'log_every_steps'),
     ('keep_checkpoints', 0, r'keep_checkpoints=0 .* could not resume'),
-    ('shuffle_buffer', 0, 'shuffle_buffer'),
     ('bn_group_size', 0, r"bn_group_size=0 must be >= 1 with bn_mode='ghost'"),
     ('crop_padding', 16, r'crop_padding=16 must be in \[0, image_size\) = \[0, 16\)'),
     ('crop_padding', -1, 'crop_padding'),
@@ -86,7 +85,7 @@ def test_unknown_enumerated_value_names_field_and_choices(field):
 ])
 def test_out_of_range_numbers_fail_before_anything_runs(field, value, message):
   # Before: a negative clip norm trained uphill, keep_checkpoints=0 deleted every checkpoint,
-  # log_every_steps=0 / bn_group_size=0 / shuffle_buffer=0 / bad crops failed with a traceback
+  # log_every_steps=0 / bn_group_size=0 / bad crops failed with a traceback
   # after the workdir was written, a mistyped keep_best_metric kept nothing, silently.
   config = tiny_config('/nonexistent', augment='cifar')
   if field == 'model.adjective_head':

@@ -64,16 +64,17 @@ def test_generated_dataset_has_a_held_out_test_split(data_dir):
 
 
 def test_the_test_split_size_is_an_option_of_its_own(data_dir):
-  """test_per_class sets the test split alone; None (the default) means eval_per_class, under
-  the same config name."""
+  """test_per_class sets the test split alone; None or 0 (config.synthetic's default) mean
+  eval_per_class, under the same config name."""
   from anp_jax.data import synthetic
   same = synthetic.make_config(**TINY_SYNTHETIC)
   assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=None) == same
+  assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=0) == same
   assert synthetic.make_config(**TINY_SYNTHETIC, test_per_class=13).name == same.name
   other = synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=5))
   assert other.name != same.name and other.test_per_class == 5
   with pytest.raises(ValueError, match='test_per_class must be >= 1'):
-    synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=0))
+    synthetic.make_config(**dict(TINY_SYNTHETIC, test_per_class=-1))
 
 
 def test_train_batches_shard_on_the_data_axis(data_dir):

@@ -48,7 +48,8 @@ def test_read_run_config_fills_the_fields_added_since_and_keeps_the_recorded_one
      dict(target_metric='eval/anp_top5', target_value=0.3, stop_at_target=True,
           evals={'eval': {'kind': 'classification', 'split': 'test'}})),
     # '' was "no target": the run trained its whole budget.
-    (dict(stop_at_metric='', stop_at_value=0.0, eval_split='validation'),
+    # shuffle_buffer is read by no version since the global example order: dropped.
+    (dict(stop_at_metric='', stop_at_value=0.0, eval_split='validation', shuffle_buffer=16384),
      dict(target_metric='eval/anp_top1', target_value=0.0, stop_at_target=False,
           evals={'eval': {'kind': 'classification', 'split': 'validation'}})),
 ])
@@ -75,7 +76,8 @@ def test_a_recorded_config_with_the_new_fields_is_read_as_it_is(tmp_path):
 def test_a_replaced_field_is_refused_naming_its_replacement(field):
   message = cli.unknown_field_message(field, cli.config_fields(default.get_config()))
   assert f'config.{field} no longer exists' in message
-  assert ('config.evals' if field == 'eval_split' else 'config.target_value') in message
+  replacement = {'eval_split': 'config.evals', 'shuffle_buffer': 'a uniform permutation'}
+  assert replacement.get(field, 'config.target_value') in message
   config = default.get_config()
   config[field] = 'eval/anp_top1' if field == 'stop_at_metric' else 0.5
   with pytest.raises(ConfigError, match=f'config.{field} no longer exists'):

@@ -49,6 +49,8 @@ REPLACED_FIELDS = {
                      'config.stop_at_target=True)',
     'eval_split': "config.evals, a metric prefix per evaluation, e.g. "
                   "--config.evals.eval.split=test",
+    'shuffle_buffer': 'nothing: every epoch is a uniform permutation of the whole training split '
+                      '(docs/data.md)',
 }
 
 
@@ -68,6 +70,7 @@ def replaced_field_message(field: str) -> str:
 
 def _replace_old_fields(recorded: dict) -> None:
   """A recorded config's `REPLACED_FIELDS` as the fields that replaced them (in place)."""
+  recorded.pop('shuffle_buffer', None)  # Read by no version since the global example order.
   split = recorded.pop('eval_split', None)
   if split and 'evals' not in recorded:
     recorded['evals'] = {'eval': {'kind': 'classification', 'split': split}}
@@ -106,7 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.data_dir = default_data_dir()
   c.synthetic = ml_collections.ConfigDict(dict(
       num_adjectives=8, num_nouns=8, num_pairs=32, image_size=32,
-      train_per_class=250, eval_per_class=53, label_noise=0.0, seed=0))
+      train_per_class=250, eval_per_class=53, label_noise=0.0, seed=0,
+      test_per_class=0))  # 0: as many test images per ANP as eval_per_class.
   c.anp = ml_collections.ConfigDict(dict(config_name=''))  # Used with dataset='anp'.
   c.image_size = 32
   # 'cifar' (pad + crop + flip), 'inception' (random-resized crop + flip, any image encoding),
@@ -118,8 +122,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Who finishes the images (anp_jax/data/windows.py): 'tf' (the host), 'tf_device' (the host
   # decodes the crop window, the device resizes, flips, normalises), 'dali' / 'dali_cpu' (DALI).
   c.input_backend = 'tf'
-  c.shuffle_buffer = 16384  # A device shard larger than this is also read in a new file order
-  # every epoch (see pipeline._epoch_reader).
 
   # Model.
   c.model = ml_collections.ConfigDict(dict(

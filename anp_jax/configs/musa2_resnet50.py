@@ -3,8 +3,7 @@
 553 ANPs (117 adjectives, 167 nouns), SGD momentum 0.9, batch 128, lr 0.01, weight decay 1e-4,
 224 px crops and flips. Published: 23.4 % top-1 / 48.2 % top-5 on ANPs, fine-tuned from ImageNet
 weights: download torchvision's ResNet-50 file yourself (nothing is downloaded at run time) and
-pass it as ``init_from`` (.pth needs PyTorch; .safetensors does not; see the README section
-"Fine-tuning from ImageNet weights"). The ANP head (553 vs 1000 classes) and the adjective/noun
+pass it as ``init_from`` (.pth needs PyTorch; .safetensors does not; see docs/fine-tuning.md). The ANP head (553 vs 1000 classes) and the adjective/noun
 heads are re-initialised automatically. A GPU-node run:
 
   ./run.sh --config=anp_jax/configs/musa2_resnet50.py --config.data_dir=/path/to/prepared \
@@ -21,6 +20,11 @@ def get_config():
   c.dataset = 'anp'
   c.image_size = 224
   c.augment = 'inception'
+  # ~300k photos: each process reads its own examples from the files rather than holding the
+  # whole encoded split in memory (docs/data.md).
+  c.cache = False
+  # Choices (learning rate, stopping) on validation, published figures on the held-out test split.
+  c.evals.test = dict(kind='classification', split='test')
   c.model.name = 'resnet50'
   c.model.dtype = 'bfloat16'
   c.model.zero_init_last_bn = True

@@ -58,7 +58,7 @@ class SyntheticAnpConfig(tfds.core.BuilderConfig):
   image_size: int = 32
   train_per_class: int = 300
   eval_per_class: int = 50
-  test_per_class: Optional[int] = None  # None: eval_per_class.
+  test_per_class: Optional[int] = None  # None or 0: eval_per_class.
   label_noise: float = 0.0  # Fraction of training labels replaced by a random other ANP.
   seed: int = 0
 
@@ -66,8 +66,9 @@ class SyntheticAnpConfig(tfds.core.BuilderConfig):
 def make_config(**kwargs) -> SyntheticAnpConfig:
   """Builds a config whose name encodes every option, so option sets never collide on disk.
 
-  ``test_per_class=None`` becomes ``eval_per_class`` first: the same dataset has one name."""
-  if kwargs.get('test_per_class') is None:
+  ``test_per_class=None`` (or 0, the config's default) becomes ``eval_per_class`` first: the same
+  dataset has one name."""
+  if not kwargs.get('test_per_class'):
     kwargs['test_per_class'] = kwargs.get('eval_per_class',
                                           SyntheticAnpConfig.eval_per_class)
   probe = SyntheticAnpConfig(name='probe', **kwargs)
