@@ -362,11 +362,11 @@ def test_ghost_bn_cpu_preset_dry_run_prints_the_runs_and_the_cost(data_dir, tmp_
   r = run_experiment('study.py', '--preset', 'ghost_bn', '--out', str(out), '--dry_run',
                      f'--config.data_dir={data_dir}', devices=2)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert ('36 runs (0 finished earlier) = 4 points x 3 seed(s) x lr multipliers [0.5, 1, 2], '
+  assert ('27 runs (0 finished earlier) = 3 points x 3 seed(s) x lr multipliers [0.5, 1, 2], '
           '2 device(s)' in r.stdout)
-  assert 'up to 24 more runs' in r.stdout and 'estimated' in r.stdout
-  assert 'g0016-lrx0.5-s0: lr 0.8, 125 steps' in r.stdout
-  assert 'global-lrx2-s2: lr 3.2, 125 steps' in r.stdout
+  assert 'up to 9 more runs' in r.stdout and 'estimated' in r.stdout
+  assert 'g0016-lrx0.5-s0: lr 0.2828, 94 steps' in r.stdout  # sqrt rule: 0.4 x sqrt(2) x 0.5.
+  assert 'global-lrx2-s2: lr 1.131, 94 steps' in r.stdout
   assert not out.exists()
 
 

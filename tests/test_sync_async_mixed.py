@@ -58,10 +58,11 @@ def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_di
   log = capsys.readouterr().out
   assert log.count('finished earlier, skipped') == 2 and 'sync-lrx0.5: training' in log
   grid = json.load(open(out / 'grid.json'))
-  assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'sync',
-                                            'sync-lrx0.5']
+  assert sorted(r['run'] for r in grid) == ['async-04', 'async-04-lrx0.5', 'local-n2-h02',
+                                            'sync', 'sync-lrx0.5']
   rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
-  assert list(rows) == ['sync', 'async-04']
+  # The arms of this invocation, then the local-SGD arm the first part trained in DIR.
+  assert list(rows) == ['sync', 'async-04', 'local-n2-h02']
   assert rows['async-04']['lr_mult'] == 1.0 and rows['async-04']['run'] == 'async-04'
   assert not rows['async-04']['diverged']
   by_mult = {g['lr_mult']: g for g in rows['async-04']['lr_grid']}
@@ -76,8 +77,10 @@ def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_di
   summary = (out / 'summary.md').read_text()
   header = next(l for l in summary.splitlines() if l.startswith('| run |'))
   assert header.split('|')[1:-1] == [
-      ' run ', ' final top-1 ', ' best top-1 ', ' predicted epoch ', ' time for the run ',
-      ' cluster ', ' chosen lr ', ' lr grid ', ' examples to target ']
+      ' run ', ' examples / update ', ' mean staleness (updates; examples) ', ' final top-1 ',
+      ' best top-1 ', ' predicted epoch ', ' time for the run ', ' cluster ', ' chosen lr ',
+      ' lr grid ', ' examples to target ']
+  assert '| async-04 | 32 | 3; 96 |' in summary  # Unmapped: every arm at the config's 32.
   assert 'x0.5: diverged' in summary and 'never chosen' in summary
   assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.
 
@@ -85,6 +88,7 @@ def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_di
   monkeypatch.setattr(trainer, 'train_and_evaluate', real)
   assert sam.main(argv) == 0
   assert capsys.readouterr().out.count('finished earlier, skipped') == 4
+  assert len(json.load(open(out / 'grid.json'))) == 5  # local-n2-h02 is read, not planned.
   # A grid point without final metrics (killed) is trained again, the others are skipped.
   os.remove(out / 'runs' / 'sync-lrx0.5' / 'final_metrics.json')
   assert sam.main(argv) == 0
@@ -166,19 +170,39 @@ def _extensions(records, limit):
 
 
 def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path, capsys):
+  """The cpu preset is mapped to 16 K80s of 32 images: each arm's examples per update and
+  staleness in examples are the cluster's (before: every arm at 128 per update, so async-16's
+  staleness was 4x the cluster's in examples)."""
   out = tmp_path / 'sam'
-  assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run',
-                   f'--config.data_dir={data_dir}']) == 0
+  assert sam.main(['--preset', 'cpu', '--out', str(out), '--dry_run', '--nodes', '4',
+                   '--config.bn_group_size=4', f'--config.data_dir={data_dir}']) == 0
   text = capsys.readouterr().out
-  assert ('24 runs (0 finished earlier) = 8 points x 1 seed(s) x lr multipliers [0.5, 1, 2]'
+  assert ('72 runs (0 finished earlier) = 8 points x 3 seed(s) x lr multipliers [0.5, 1, 2]'
           in text)
-  assert 'at most 2 time(s) each: up to 16 more runs' in text
+  assert 'at most 1 time(s) each: up to 24 more runs' in text
   assert 'estimated' in text and not out.exists()
+  for run, batch in (('sync', 512), ('async-16', 32), ('async-16-comp-s2', 32),
+                     ('mixed-n04', 128), ('mixed-n08', 64), ('local-n4-h04', 512)):
+    line = text.split(f'\n  {run}: ')[1].split('\n')[0]
+    assert line.endswith(f', {batch // 8}/device'), (run, line)  # 8 test devices.
   ex = sam.resolve(['--preset', 'cpu', '--out', str(out)])
   assert [a.name for a in ex.arms] == [
-      'sync', 'async-16', 'async-16-aware', 'mixed-n04', 'mixed-n08', 'local-n4-h01',
+      'sync', 'async-16', 'async-16-comp', 'mixed-n04', 'mixed-n08', 'local-n4-h01',
       'local-n4-h04', 'local-n4-h16']
   assert {arm.devices(ex.sync_devices) for arm in ex.arms} == {16}  # One cluster size.
+  batch = {a.name: ex.fields(a)['batch_size'] for a in ex.arms}
+  assert batch == {'sync': 512, 'async-16': 32, 'async-16-comp': 32, 'mixed-n04': 128,
+                   'mixed-n08': 64, 'local-n4-h01': 512, 'local-n4-h04': 512,
+                   'local-n4-h16': 512}
+  # Staleness in examples as on the cluster: (N - 1) updates of one worker's examples.
+  stale = {a.name: a.staleness() * batch[a.name] for a in ex.arms}
+  assert (stale['async-16'], stale['mixed-n04'], stale['mixed-n08'], stale['sync']) == (
+      480, 384, 448, 0)
+  comp = ex.fields(next(a for a in ex.arms if a.name == 'async-16-comp'))
+  assert comp['async_sgd.momentum'] == 'compensate'
+  assert ex.fields(ex.arm['async-16'])['async_sgd.momentum'] == 'keep'
+  assert all(sam.parse_arm(a.name) == a for a in ex.arms)  # Names read back as their arms.
+  assert sam.parse_arm('b00032-sqrt-warmup') is None
 
 
 @pytest.mark.parametrize('workers', [4, 8])
@@ -241,15 +265,17 @@ def test_an_edge_rate_extends_the_grid_until_interior_or_the_limit(data_dir, tmp
   edge = next(l for l in summary.splitlines() if l.startswith('Best rate still at the edge'))
   assert edge.endswith('after at most 2 factor-2 extension(s) per arm (the optimum may lie '
                        'beyond): mixed-n04 (lowest, x0.125).')
-  assert '| sync | 20.00 % |' in summary and '0.4 (x4) |' in summary
+  assert '| sync | 32 | 0; 0 | 20.00 % |' in summary and '0.4 (x4) |' in summary
   trained.clear()
   capsys.readouterr()
-  assert sam.main(argv) == 0  # Everything finished: the same extensions, nothing retrained.
-  assert trained == [] and capsys.readouterr().out.count('finished earlier, skipped') == 10
+  assert sam.main(argv) == 0  # Everything finished: nothing retrained (the choices read the
+  # extension runs too, so no extension round is planned again).
+  assert trained == [] and capsys.readouterr().out.count('finished earlier, skipped') == 6
+  assert len(json.load(open(out / 'grid.json'))) == 10
   assert sam.main(argv + ['--dry_run']) == 0
   text = capsys.readouterr().out
   assert '6 runs (6 finished earlier)' in text
-  assert 'From the finished runs, the first extension: sync x4, mixed-n04 x0.25.' in text
+  assert 'first extension' not in text  # Every extension is among the finished runs.
 
 
 def readme_row(r):
@@ -282,3 +308,40 @@ def test_the_readme_table_is_the_committed_results():
           f'(x{by["async-16"]["lr_mult"]:g}), staleness-aware {pct("async-16-aware")} '
           f'(x{by["async-16-aware"]["lr_mult"]:g})') in doc
   assert ('every chosen rate ended interior' in doc) == all(r['lr_edge'] is None for r in rows)
+
+
+@pytest.mark.slow(240)
+def test_mapped_arms_on_their_own_devices_in_two_invocations_end_to_end(data_dir, tmp_path):
+  """--device_batch maps every arm to the cluster (here 8 devices of 4 images): sync trains 32
+  per update, async-08 4 (staleness 7 updates = 28 examples), mixed-n02 16, each on one
+  simulated device; then the local-SGD arm (2 nodes of 16) on 2 devices into the same DIR. The
+  second invocation's results and summary hold every arm, with 2 seeds each, runs stopped at
+  the later of both crossings, and each arm compared with sync."""
+  from conftest import run_experiment
+  out = tmp_path / 'sam'
+  common = ('--preset', 'tiny', '--out', str(out), '--device_batch', '4', '--sync_devices', '8',
+            '--seeds', '0,1', '--target_top1', '0.1', '--stop_at_target',
+            f'--config.data_dir={data_dir}')
+  r = run_experiment('sync_async_mixed.py', *common, '--workers', '8', '--mixed', '2',
+                     '--nodes', '', devices=1)
+  assert r.returncode == 0, r.stderr[-3000:]
+  r = run_experiment('sync_async_mixed.py', *common, '--workers', '', '--nodes', '2',
+                     '--sync_every', '2', devices=2)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.count('finished earlier, skipped') == 2  # sync's seeds.
+  rows = {r['name']: r for r in json.load(open(out / 'results.json'))}
+  assert list(rows) == ['sync', 'local-n2-h02', 'async-08', 'mixed-n02']
+  assert {n: r['batch'] for n, r in rows.items()} == {
+      'sync': 32, 'local-n2-h02': 32, 'async-08': 4, 'mixed-n02': 16}
+  assert rows['async-08']['staleness_examples'] == 28
+  assert rows['mixed-n02']['staleness_examples'] == 16
+  grid = json.load(open(out / 'grid.json'))
+  assert {g['train_devices'] for g in grid if g['arm'] != 'local-n2-h02'} == {1}
+  assert {g['train_devices'] for g in grid if g['arm'] == 'local-n2-h02'} == {2}
+  for g in grid:
+    config = json.load(open(out / 'runs' / g['run'] / 'config.json'))
+    assert config['batch_size'] == g['batch'] and g['has_test']
+  summary = (out / 'summary.md').read_text()
+  assert '| async-08 | 4 | 7; 28 |' in summary and 'Published figures on the test split' in summary
+  assert '## Each arm against sync, both at their own chosen rate' in summary
+  assert '| mixed-n02 | 16 |' in summary

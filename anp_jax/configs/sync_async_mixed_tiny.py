@@ -9,7 +9,10 @@ from anp_jax.configs.sync_async_mixed_cpu import experiment_config
 
 
 def get_config():
-  return experiment_config(sweep_tiny.get_config(), 32, 0.5, 0.25)
+  c = experiment_config(sweep_tiny.get_config(), 32, 0.5, 0.25)
+  c.evals = {'eval': {'kind': 'classification', 'split': 'validation'},
+             'test': {'kind': 'classification', 'split': 'test'}}
+  return c
 
 
 def get_sweep():

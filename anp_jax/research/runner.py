@@ -431,7 +431,7 @@ def collect(study: Study, out: str, runs: Sequence[Run]) -> List[Dict]:
     planned.add(run.name)
     run_dir = os.path.join(out, 'runs', run.name)
     if os.path.isdir(run_dir):
-      rows.append(summarize(run_dir, run.record))
+      rows.append(summarize(run_dir, trained_record(run, run_dir)))
   runs_dir = os.path.join(out, 'runs')
   if study.read_other_runs and os.path.isdir(runs_dir):
     for name in sorted(set(os.listdir(runs_dir)) - planned):
@@ -439,6 +439,20 @@ def collect(study: Study, out: str, runs: Sequence[Run]) -> List[Dict]:
       if row is not None:
         rows.append(row)
   return rows
+
+
+# What a run's record says about the devices it trained on (not about what it computes).
+LAYOUT_KEYS = ('devices', 'per_device_batch', 'accum_steps')
+
+
+def trained_record(run: Run, run_dir: str) -> Dict:
+  """A planned run's record with the device layout it was trained with: a run trained by an
+  earlier invocation on other devices (same config, so the same run) keeps that layout."""
+  path = os.path.join(run_dir, study_results.RECORD_FILE)
+  if not os.path.exists(path):
+    return run.record
+  recorded = study_results.read_json(path)
+  return {**run.record, **{k: recorded[k] for k in LAYOUT_KEYS if k in recorded}}
 
 
 def choices_of(study: Study, rows: Sequence[Dict]) -> Dict[str, Dict]:

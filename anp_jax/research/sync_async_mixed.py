@@ -133,6 +133,14 @@ class RunSpec:
     """Mean staleness in updates (N - 1 for N asynchronous workers; 0 otherwise)."""
     return float(self.workers - 1) if self.method in ('async', 'mixed') else 0.0
 
+  def devices(self, sync_devices: int) -> int:
+    """Devices of the predicted cluster: what "the same cluster size" compares."""
+    if self.method in ('sync', 'mixed'):  # Mixed: the sync cluster split into workers.
+      return sync_devices
+    if self.method == 'async':
+      return self.workers
+    return self.nodes * DEVICES_PER_NODE
+
 
 _ARM = re.compile(r'^(?:(sync)|(async|mixed)-n?(\d+)((?:-aware)?)((?:-comp)?)|'
                   r'local-n(\d+)-h(\d+))$')
@@ -150,14 +158,6 @@ def parse_arm(name: str) -> Optional[RunSpec]:
     return RunSpec(m.group(2), workers=int(m.group(3)), aware=bool(m.group(4)),
                    compensate=bool(m.group(5)))
   return RunSpec('local_sgd', nodes=int(m.group(6)), sync_every=int(m.group(7)))
-
-  def devices(self, sync_devices: int) -> int:
-    """Devices of the predicted cluster: what "the same cluster size" compares."""
-    if self.method in ('sync', 'mixed'):  # Mixed: the sync cluster split into workers.
-      return sync_devices
-    if self.method == 'async':
-      return self.workers
-    return self.nodes * DEVICES_PER_NODE
 
 
 def grid(workers, aware, nodes, sync_every, mixed=(), mixed_aware=(False,),
@@ -376,18 +376,22 @@ def summarize(ex: Experiment, run_dir: str, record: Optional[Dict]) -> Optional[
            if 'eval/anp_top1' in r]
   per_epoch = row['steps_per_epoch']
   curve = [{'epoch': r['step'] / per_epoch, 'top1': r['eval/anp_top1'], 'loss': r['eval/loss'],
-            'hours': r['step'] / per_epoch * epoch_s / 3600} for r in evals]
+            'hours': r['step'] / per_epoch * epoch_s / 3600,
+            **({'test_top1': r['test/anp_top1']} if 'test/anp_top1' in r else {})}
+           for r in evals]
   row.update(dataclasses.asdict(spec), name=spec.name, run=row['name'], arm=spec.name,
              steps=row['total_steps'], final_top1=row['eval/anp_top1'],
              final_loss=row['eval/loss'], best_top1=row['best/eval/anp_top1'],
              diverged=row['status'] == 'diverged', predicted_epoch_s=epoch_s,
              predicted_cluster=cluster, curve=curve, train_devices=row['devices'],
-             devices=spec.devices(ex.sync_devices), target_top1=ex.target_top1)
+             devices=spec.devices(ex.sync_devices), target_top1=ex.target_top1,
+             staleness=spec.staleness(), staleness_examples=spec.staleness() * row['batch'])
   return row
 
 
-GRID_KEYS = ('run', 'lr_mult', 'seed', 'lr', 'status', 'final_top1', 'best_top1',
-             'steps_to_target', 'examples_to_target')
+GRID_KEYS = ('run', 'lr_mult', 'seed', 'lr', 'status', 'outcome', 'final_top1', 'best_top1',
+             'steps_to_target', 'examples_to_target', 'test_outcome', 'test_examples_to_target',
+             'test/anp_top1')
 
 
 def choose(records: List[Dict], points: Sequence[Dict] = ()) -> List[Dict]:
@@ -419,12 +423,14 @@ def plot(rows, out: str):
                              ('hours', 'predicted wall time on MinoTauro (h, ResNet-50)',
                               'accuracy_vs_time.png')):
     fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    test = all('test_top1' in c for r in rows for c in r['curve'])
     for r in rows:
       style = {'sync': '-', 'async': '--', 'mixed': '-.'}.get(r['method'], ':')
-      ax.plot([c[key] for c in r['curve']], [100 * c['top1'] for c in r['curve']], style,
+      ax.plot([c[key] for c in r['curve']],
+              [100 * c['test_top1' if test else 'top1'] for c in r['curve']], style,
               marker='o', markersize=3, label=f'{r["name"]} (lr {r["lr"]:.3g})')
     ax.set_xlabel(xlabel)
-    ax.set_ylabel('eval ANP top-1 (%)')
+    ax.set_ylabel(f'{"test" if test else "validation"} ANP top-1 (%), first seed')
     if key == 'hours':
       ax.set_xscale('log')
     ax.grid(alpha=0.3)
@@ -455,19 +461,97 @@ def _grid_cell(mult: float, cells: Sequence[Dict]) -> str:
   return f'x{mult:g}: {len(cells)} seeds, {counts}'
 
 
+def chosen_runs(arm: Dict, grid_rows: Sequence[Dict]) -> List[Dict]:
+  """The runs (grid.json rows) of an arm at its chosen rate, one per seed."""
+  if not arm['lr_chosen']:
+    return []
+  return sorted((g for g in grid_rows if g['arm'] == arm['name']
+                 and float(g['lr_mult']) == float(arm['lr_mult'])), key=lambda g: g['seed'])
+
+
+def _split(runs: Sequence[Dict]) -> str:
+  """'test_' when every run evaluated the test split (published figures), else ''."""
+  return 'test_' if runs and all(g.get('has_test') for g in runs) else ''
+
+
+def equal_examples_epoch(arms: Sequence[Dict], grid_rows: Sequence[Dict]) -> Optional[float]:
+  """The most epochs every chosen run of every arm was evaluated at (runs stopped at the target
+  end early): where all arms are compared at equal examples."""
+  ends = [max(c['epoch'] for c in g['curve']) for a in arms for g in chosen_runs(a, grid_rows)
+          if g['curve']]
+  return min(ends) if ends else None
+
+
+def top1_at(run: Dict, epoch: float) -> Optional[float]:
+  """A run's top-1 (test when evaluated) at its evaluation closest below `epoch`."""
+  before = [c for c in run['curve'] if c['epoch'] <= epoch + 1e-9]
+  if not before:
+    return None
+  c = max(before, key=lambda c: c['epoch'])
+  return c.get('test_top1', c['top1'])
+
+
+def comparisons(arms: Sequence[Dict], grid_rows: Sequence[Dict], reference: str = 'sync'
+                ) -> List[Dict]:
+  """Every arm against `reference`, each at its own chosen rate: the ratio of their mean
+  examples to the target (published split; only when every seed of both reached it: a censored
+  mean has no interval) with `stats.ratio_interval`, and the difference of their top-1 at equal
+  examples (`equal_examples_epoch`) with `stats.difference_interval`."""
+  by = {a['name']: a for a in arms}
+  if reference not in by:
+    return []
+  epoch = equal_examples_epoch(arms, grid_rows)
+  ref_runs = chosen_runs(by[reference], grid_rows)
+  key = _split(ref_runs) + 'examples_to_target'
+  out = []
+  for a in arms:
+    if a['name'] == reference:
+      continue
+    runs = chosen_runs(a, grid_rows)
+    item = {'arm': a['name'], 'staleness_examples': a.get('staleness_examples'),
+            'examples_ratio': None, 'top1_difference': None, 'epoch': epoch}
+    values = [g.get(key) for g in runs]
+    ref = [g.get(key) for g in ref_runs]
+    if runs and ref_runs and None not in values + ref:
+      item['examples_ratio'] = stats.ratio_interval(values, ref)
+    if epoch is not None and runs and ref_runs:
+      at = [top1_at(g, epoch) for g in runs]
+      at_ref = [top1_at(g, epoch) for g in ref_runs]
+      if None not in at + at_ref:
+        item['top1_difference'] = stats.difference_interval(at, at_ref)
+    out.append(item)
+  return out
+
+
+def _interval(x: Optional[Dict], key: str, spec: str, scale: float = 1.0) -> str:
+  if x is None:
+    return '—'
+  low = '' if x['low'] is None else (f' [{format(scale * x["low"], spec)}, '
+                                     f'{format(scale * x["high"], spec)}]')
+  return format(scale * x[key], spec) + low
+
+
 def write_summary(ex: Experiment) -> str:
   """``summary.md`` of the per-arm ``results.json`` (the study's report)."""
   rows = study_results.read_json(os.path.join(ex.out, 'results.json'))
+  grid_rows = study_results.read_json(os.path.join(ex.out, 'grid.json'))
   base, sync_devices = ex.base, ex.sync_devices
   grid_text = ', '.join(f'{m:g}' for m in ex.lr.multipliers)
   sizes = sorted({r['devices'] for r in rows})
   several = len(ex.seeds) > 1
+  split = 'test' if all(_split(chosen_runs(r, grid_rows)) for r in rows if r['lr_chosen']) else (
+      'validation')
+  batches = sorted({r['batch'] for r in rows})
+  per_update = (f'{batches[0]} examples per update' if len(batches) == 1 else
+                'each arm with its examples per update on the mapped cluster (' + ', '.join(
+                    f'{r["name"]} {r["batch"]}' for r in rows) + ')')
   lines = ['# Sync vs simulated async and mixed-asynchronous vs local SGD', '',
            f'Proxy: {base.model.name} width {base.model.width}, {base.image_size} px generated '
-           f'ANP data, {rows[0]["batch"] if rows else "?"} examples per update, '
-           f'{base.num_epochs:g} epochs, {base.optimizer}, base lr {base.base_lr:g} per '
-           f'{base.base_batch_size} ({base.lr_scaling}), {base.schedule} schedule; seeds '
-           f'{ex.seeds}.',
+           f'ANP data, {per_update}, {base.num_epochs:g} epochs at most, {base.optimizer}, base '
+           f'lr {base.base_lr:g} per {base.base_batch_size} ({base.lr_scaling} rule: the centre '
+           f'of the grid), {base.schedule} schedule, BN {base.bn_mode}'
+           + (f' over {base.bn_group_size}' if base.bn_mode == 'ghost' else '')
+           + f'; seeds {ex.seeds}.',
            f'Predicted time: ResNet-50 on {ANP_TRAIN_IMAGES:,} ANP training images, '
            f'{PAPER_PER_DEVICE_BATCH} images per K80 device/worker on MinoTauro; sync on '
            f'{sync_devices} devices. The accuracy curves come from the proxy, the times from '
@@ -482,22 +566,28 @@ def write_summary(ex: Experiment) -> str:
            'all reached it, else the best mean final top-1. '
            + (f'An arm whose chosen multiplier was the lowest (highest) of its grid also ran at '
               f'half (twice) that, at most {ex.lr.extensions} time(s).'
-              if ex.lr.extensions else ''), '']
+              if ex.lr.extensions else ''),
+           f'Published figures on the {split} split.'
+           + (' Runs stop at the later of their validation and test crossings of the target.'
+              if ex.opts.stop_at_target else ''), '']
   if several:
-    lines += ['With several seeds, "final top-1" and "examples to target" are over the seeds '
-              'at the chosen rate: ' + stats.describe_method(ex.opts.ci) + ' "≥ X (k/n '
-              'reached, ...)" is a lower bound where a seed missed the target or diverged.', '']
-  lines += ['| run | final top-1 | best top-1 | predicted epoch | time for the run | cluster | '
-            'chosen lr | lr grid | examples to target |',
-            '|---|---|---|---|---|---|---|---|---|']
+    lines += ['With several seeds, the figures are over the seeds at the chosen rate: '
+              + stats.describe_method(ex.opts.ci) + ' "≥ X (k/n reached, ...)" is a lower bound '
+              'where a seed missed the target or diverged.', '']
+  lines += ['| run | examples / update | mean staleness (updates; examples) | final top-1 | '
+            'best top-1 | predicted epoch | time for the run | cluster | chosen lr | lr grid | '
+            'examples to target |',
+            '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     top1 = 'diverged' if r['diverged'] else _pct(r['final_top1'])
     examples = _examples(r['examples_to_target'])
     point = r.get('statistics')
     if several and point:
-      top1 = stats.format_summary(point['final'].get('eval/anp_top1') or
-                                  point['final'].get('test/anp_top1'), '.2f', 100) + ' %'
-      examples = stats.format_summary(point['examples_to_target'], ',.0f')
+      final = point['final']
+      top1 = stats.format_summary(final.get('test/anp_top1') or final.get('eval/anp_top1'),
+                                  '.2f', 100) + ' %'
+      examples = stats.format_summary(point['test_examples_to_target'] or
+                                      point['examples_to_target'], ',.0f')
     best = '' if r['best_top1'] is None else _pct(r['best_top1'])
     by_mult = {}
     for g in r['lr_grid']:
@@ -506,9 +596,13 @@ def write_summary(ex: Experiment) -> str:
     chosen = f'{r["lr"]:.4g} (x{r["lr_mult"]:g})' if r['lr_chosen'] else 'none (diverged seeds)'
     if r['lr_chosen'] and r['lr_edge']:
       chosen += ', edge of the grid'  # The best rate may lie beyond it: widen the grid.
-    lines.append(f'| {r["name"]} | {top1} | {best} | {r["predicted_epoch_s"] / 60:.1f} min | '
+    stale = r.get('staleness', 0.0)
+    lines.append(f'| {r["name"]} | {r["batch"]} | {stale:g}; {stale * r["batch"]:,.0f} | {top1} '
+                 f'| {best} | {r["predicted_epoch_s"] / 60:.1f} min | '
                  f'{r["epochs"] * r["predicted_epoch_s"] / 3600:.2f} h | '
                  f'{r["predicted_cluster"]} | {chosen} | {"; ".join(cells)} | {examples} |')
+  lines += ['', '"final top-1": at the end of each run (its stop at the target, else its budget); '
+            '"time for the run": the whole budget at the predicted epoch time.']
   missed = [r['name'] for r in rows if r['examples_to_target'] is None]
   if missed:
     lines += ['', f'Did not reach {100 * ex.target_top1:g} % ANP top-1 at any learning rate of '
@@ -524,6 +618,23 @@ def write_summary(ex: Experiment) -> str:
   elif rows and all(len({g['lr_mult'] for g in r['lr_grid']}) > 1 for r in rows):
     lines += ['', 'Every arm\'s chosen rate is interior to its grid (a neighbour on each side was '
               'tried and did worse or diverged).']
+  compared = comparisons(rows, grid_rows) if several else []
+  if compared:
+    epoch = compared[0]['epoch']
+    lines += ['', '## Each arm against sync, both at their own chosen rate', '',
+              f'Examples to {100 * ex.target_top1:g} % top-1 ({split} split) as a ratio of the '
+              'means (arm / sync; 95 % interval by the delta method on the log scale with '
+              'Welch\'s degrees of freedom; only when every seed of both reached the target), '
+              f'and the top-1 difference at equal examples ({epoch:g} epochs, the most every '
+              'chosen run trained; Welch\'s t interval, percentage points). An interval that '
+              'contains 1 (ratio) or 0 (difference) is no measured difference.', '',
+              '| arm | staleness (examples) | examples to target / sync | top-1 − sync at '
+              f'{epoch:g} epochs (points) |', '|---|---|---|---|']
+    for c in compared:
+      ratio = c['examples_ratio']
+      lines.append(f'| {c["arm"]} | {c["staleness_examples"] or 0:,.0f} | '
+                   + (_interval(ratio, 'ratio', '.2f') if ratio else 'censored: see above')
+                   + f' | {_interval(c["top1_difference"], "diff", "+.1f", 100)} |')
   lines += ['', '![accuracy vs epochs](accuracy_vs_epochs.png)',
             '![accuracy vs predicted time](accuracy_vs_time.png)', '']
   path = os.path.join(ex.out, 'summary.md')
