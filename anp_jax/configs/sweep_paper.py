@@ -12,7 +12,9 @@ The time estimate assumes ~1,000 img/s per GPU (ResNet-50, bf16, 224 px), scaled
 """
 
 from anp_jax.configs import musa2_resnet50
-from anp_jax.configs.sweep_cpu import GOYAL_ARMS
+
+# Goyal et al.'s linear rule with warmup, against the same rule without warmup and no scaling.
+GOYAL_ARMS = (('linear', True), ('linear', False), ('none', True))
 
 
 def get_config():
