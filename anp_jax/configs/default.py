@@ -202,8 +202,9 @@ def get_config() -> ml_collections.ConfigDict:
       sync_every=1,  # H: average parameters (and BN statistics) across nodes every H steps.
       average_opt_state=False))  # Also average the optimizer state (momentum) at sync points.
 
-  # Fine-tuning (docs/fine-tuning.md; anp_jax/pretrained/, anp_jax/optim/partition.py). init_from: '' (from scratch), an anp_jax workdir/checkpoint, or a torchvision-style
-  # ResNet state dict (.safetensors / .pth); used for a fresh run only (a checkpoint in the
+  # Fine-tuning (docs/fine-tuning.md; anp_jax/pretrained/, anp_jax/optim/partition.py).
+  # init_from: '' (from scratch), an anp_jax workdir/checkpoint, or a torchvision-style ResNet
+  # state dict (.safetensors / .pth); used for a fresh run only (a checkpoint in the
   # workdir wins). init_exclude: regexes of parameter names kept at their fresh initialisation
   # (full match, e.g. 'head_.*'); heads of another shape are re-initialised anyway.
   c.init_from = ''
