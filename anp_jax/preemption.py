@@ -19,7 +19,7 @@
   step and stop at that same step. One process: no store, the stop is the step at which the
   flag is seen.
 
-Bound (stated in the README): a signal is acted on at most ``MAX_IN_FLIGHT + 1`` step times after
+Bound (docs/checkpointing.md): a signal is acted on at most ``MAX_IN_FLIGHT + 1`` step times after
 it arrives with one process, and ``STOP_MARGIN + MAX_IN_FLIGHT + 1`` with several, plus an
 evaluation that is running when it arrives, then the checkpoint is written.
 """

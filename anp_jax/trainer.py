@@ -3,7 +3,7 @@
 `build` turns a config into a `Run`: the dataset (generated on first use), the job's mesh, the
 model, the optimizer, the executor (`anp_jax.executors`) that runs the per-device step
 (`anp_jax.steps`) and the evaluators of config.evals (`anp_jax.evaluators`). A `Run` is also the
-handle for interactive use (see the README): ``run.train_step(state, batch)``,
+handle for interactive use (the README's IPython snippet): ``run.train_step(state, batch)``,
 ``run.evaluate(state)``.
 
 `train_and_evaluate` is the loop, and only the loop: accept the workdir, build the run, take the
@@ -50,7 +50,7 @@ _ALL_FINITE = jax.jit(steps.all_finite)  # Any executor's state layout; one scal
 
 @dataclasses.dataclass
 class Run:
-  """Everything a run is built from; also the handle for interactive use (see README)."""
+  """Everything a run is built from; also the handle for interactive use."""
   config: ml_collections.ConfigDict
   builder: Any
   meta: pipeline.DatasetMeta

@@ -8,7 +8,8 @@ flags have no effect. What is set and why:
   YNNPACK by default, whose filter-gradient convolution (a "kernel" as large as the image, a 3x3
   output) runs 3-4x slower than XLA's Eigen convolution. This keeps YNNPACK for dots and gives
   convolutions back to Eigen: a ResNet-20 training step (batch 128, 32 px, 2 idle cores) goes
-  from 68.5 to 106 images/s (README, "Performance"). GPU backends ignore ``xla_cpu_*`` flags.
+  from 68.5 to 106 images/s (experiments/results/benchmark_cpu/README.md). GPU backends ignore
+  ``xla_cpu_*`` flags.
 
 Rules: a flag of the same name already in ``XLA_FLAGS`` wins (yours); ``ANP_XLA_CPU_DEFAULTS=0``
 turns the defaults off (inherited by subprocesses); they are only applied for the jaxlib minor

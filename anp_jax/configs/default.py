@@ -176,7 +176,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.noise_scale = True  # Log the gradient noise scale B_simple (McCandlish et al. 2018).
   c.noise_scale_ema = 0.95
 
-  # Training method (see anp_jax/executors/ and the README section "Sync, async and mixed").
+  # Training method (docs/methods.md).
   # 'sync': synchronous data parallelism (gradients all-reduced every step).
   # 'async': simulated asynchronous SGD: each update applies a gradient computed on parameters
   #   tau steps old. The global batch of one step plays ONE worker's mini-batch: to simulate N
@@ -202,9 +202,9 @@ def get_config() -> ml_collections.ConfigDict:
       sync_every=1,  # H: average parameters (and BN statistics) across nodes every H steps.
       average_opt_state=False))  # Also average the optimizer state (momentum) at sync points.
 
-  # Fine-tuning (see anp_jax/pretrained.py and the README section "Fine-tuning from ImageNet
-  # weights"). init_from: '' (from scratch), an anp_jax workdir/checkpoint, or a torchvision-style
-  # ResNet state dict (.safetensors / .pth); used for a fresh run only (a checkpoint in the
+  # Fine-tuning (docs/fine-tuning.md; anp_jax/pretrained/, anp_jax/optim/partition.py).
+  # init_from: '' (from scratch), an anp_jax workdir/checkpoint, or a torchvision-style ResNet
+  # state dict (.safetensors / .pth); used for a fresh run only (a checkpoint in the
   # workdir wins). init_exclude: regexes of parameter names kept at their fresh initialisation
   # (full match, e.g. 'head_.*'); heads of another shape are re-initialised anyway.
   c.init_from = ''

@@ -12,7 +12,7 @@ initialisers, so checkpoints and outputs are interchangeable (tested against ``n
   forward, two backward, plus pads/slices that XLA fuses. XLA:CPU runs matrix multiplications
   through its tuned GEMM path, while the gradients of a convolution are lowered as convolutions
   with unusual dimension numbers; which wins on a given CPU is measured by
-  ``experiments/benchmark.py`` (see the README performance section).
+  ``experiments/benchmark.py`` (docs/performance.md).
 * ``'taps'``: the same sum written as kh*kw matrix multiplications of shifted windows by
   (C, F) kernel slices, accumulated; no kh*kw-times larger patch matrix in memory.
 

@@ -24,7 +24,7 @@ from anp_jax.param_names import flatten
 TORCH_EXTENSIONS = ('.pth', '.pt')
 SAFETENSORS_EXTENSIONS = ('.safetensors',)
 PIP_TORCH = ('pip install torch --index-url https://download.pytorch.org/whl/cpu  '
-             '(or convert the file once, elsewhere, to .safetensors: see the README)')
+             '(or convert the file once, elsewhere, to .safetensors: see docs/fine-tuning.md)')
 
 
 def source_kind(path: str) -> str:

@@ -41,7 +41,7 @@ SWEPT_FIELDS = {'batch_size': '--batch_sizes', 'lr_scaling': '--rules', 'seed': 
 # The final metrics of every row (validation and, when evaluated, test).
 METRICS = ('anp_top1', 'anp_top5', 'adjective_top1', 'noun_top1')
 
-# Shared with the planner's pilot (`anp_jax.research.plan.load_pilot`), so one run has the same
+# Shared with the planner's pilot (`anp_jax.research.planner.load_pilot`), so one run has the same
 # steps to target whether it is read as a sweep row or as a pilot.
 target_crossing = metrics_io.target_crossing
 preset_names = study_cli.preset_names
