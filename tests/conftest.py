@@ -138,7 +138,7 @@ BARRIER_TIMEOUT_S = 240
 
 
 def multiprocess_env(num_processes, process_id, port, devices_per_process, **extra) -> dict:
-  """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed.py)."""
+  """Explicit multi-process mode on 127.0.0.1 (see anp_jax/distributed/)."""
   env = subprocess_env(devices_per_process, **dict(dict(
       ANP_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', ANP_NUM_PROCESSES=num_processes,
       ANP_PROCESS_ID=process_id, ANP_INIT_TIMEOUT=60, ANP_HEARTBEAT_TIMEOUT=15,

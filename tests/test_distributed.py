@@ -1,4 +1,4 @@
-"""Process-topology detection (anp_jax/distributed.py) as unit tests of its pure functions:
+"""Process-topology detection (anp_jax/distributed/) as unit tests of its pure functions:
 explicit variables, SLURM (one task per node gets all of the node's GPUs), missing or malformed
 input, and the time-outs handed to `jax.distributed.initialize`."""
 
@@ -19,7 +19,7 @@ def clean_env(monkeypatch, tmp_path):
   for name in list(os.environ):
     if name.startswith(('SLURM_', 'ANP_')) or name == 'CUDA_VISIBLE_DEVICES':
       monkeypatch.delenv(name)
-  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(tmp_path / 'no_nvidia_driver'))
+  monkeypatch.setattr(distributed.topology, 'NVIDIA_GPUS_DIR', str(tmp_path / 'no_nvidia_driver'))
   return monkeypatch
 
 
@@ -97,7 +97,7 @@ def test_one_task_per_node_finds_its_nodes_gpus_without_slurm_gpu_variables(monk
   gpus = tmp_path / 'gpus'
   for bus in ('0000:17:00.0', '0000:65:00.0', '0000:ca:00.0', '0000:e3:00.0'):
     (gpus / bus).mkdir(parents=True)
-  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(gpus))
+  monkeypatch.setattr(distributed.topology, 'NVIDIA_GPUS_DIR', str(gpus))
   _slurm(monkeypatch, procid=1, ntasks=2, SLURM_TASKS_PER_NODE='1(x2)')
   assert distributed.detect_topology().local_device_ids == [0, 1, 2, 3]
   # Explicit addresses inside an srun step: the same (JAX detects SLURM for what is unset).
@@ -108,7 +108,7 @@ def test_one_task_per_node_finds_its_nodes_gpus_without_slurm_gpu_variables(monk
   monkeypatch.delenv('SLURM_STEP_ID')
   assert distributed.detect_topology().local_device_ids is None
   # A CPU machine: no driver folder, nothing pinned.
-  monkeypatch.setattr(distributed, 'NVIDIA_GPUS_DIR', str(tmp_path / 'none'))
+  monkeypatch.setattr(distributed.topology, 'NVIDIA_GPUS_DIR', str(tmp_path / 'none'))
   _set(monkeypatch, dict(SLURM_STEP_ID='0'))
   assert distributed.detect_topology().local_device_ids is None
 
@@ -177,11 +177,11 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   calls = []
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
   monkeypatch.setattr(jax.config, 'update', lambda *a, **k: None)
-  monkeypatch.setattr(distributed, '_initialized', False)
+  monkeypatch.setattr(distributed.launch, '_initialized', False)
   shares = []  # The core census needs the real coordination service: recorded only.
-  monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: shares.append(a))
+  monkeypatch.setattr(distributed.launch, 'share_host_cores', lambda *a: shares.append(a))
   ports = []  # Process 0 checks its port first.
-  monkeypatch.setattr(distributed, 'check_coordinator_port', lambda a, **_: ports.append(a))
+  monkeypatch.setattr(distributed.launch, 'check_coordinator_port', lambda a, **_: ports.append(a))
   topo = distributed.initialize('127.0.0.1:1234', 2, 0)
   assert topo.mode == 'explicit' and ports == ['127.0.0.1:1234']
   assert shares == [(0, 2)]  # Right after jax.distributed.initialize.
@@ -189,7 +189,7 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   assert calls[-1]['initialization_timeout'] == 120
   assert (calls[-1]['coordinator_address'], calls[-1]['num_processes'],
           calls[-1]['process_id']) == ('127.0.0.1:1234', 2, 0)
-  monkeypatch.setattr(distributed, '_initialized', False)
+  monkeypatch.setattr(distributed.launch, '_initialized', False)
   monkeypatch.setenv('ANP_HEARTBEAT_TIMEOUT', '7')
   monkeypatch.setenv('ANP_INIT_TIMEOUT', '9')
   _slurm(monkeypatch, procid=0, ntasks=2, SLURM_NTASKS_PER_NODE=1, CUDA_VISIBLE_DEVICES='0,1')
@@ -199,7 +199,7 @@ def test_initialize_passes_the_timeouts_and_topology_to_jax(monkeypatch):
   assert calls[-1]['cluster_detection_method'] == 'slurm'
   assert calls[-1]['local_device_ids'] == [0, 1]
   # A single process never initialises jax.distributed.
-  monkeypatch.setattr(distributed, '_initialized', False)
+  monkeypatch.setattr(distributed.launch, '_initialized', False)
   for name in [n for n in os.environ if n.startswith('SLURM_')]:
     monkeypatch.delenv(name)
   distributed.initialize()
@@ -238,7 +238,7 @@ def test_pinning_can_be_turned_off_on_every_process_only(monkeypatch):
   from jax._src import distributed as jax_distributed
   import jax
   monkeypatch.setattr(jax, 'process_count', lambda: pytest.fail('started JAX\'s backend'))
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   monkeypatch.setenv('ANP_PIN_CORES', '0')
   monkeypatch.setenv('ANP_INIT_TIMEOUT', '9')
   store = _FakeStore({1: {'ANP_PIN_CORES': 'off'}})
@@ -262,7 +262,7 @@ def test_a_failed_barrier_says_what_it_waited_for_and_which_setting_bounds_it(mo
 
   monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
   with pytest.raises(RuntimeError, match=r"Waiting for the other processes of the job at "
                      r"'train_end' \(barrier anp_jax/train_end/0, at most 7 s, ANP_BARRIER_TIMEOUT"
@@ -283,7 +283,7 @@ def test_barrier_waits_at_the_coordination_service_with_a_new_id_per_use(monkeyp
 
   monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   distributed.barrier('end')
   distributed.barrier('end')  # A sweep's second run: another barrier.
   monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
@@ -338,13 +338,13 @@ def test_under_slurm_process_0_checks_the_port_jax_derives_and_names_the_overrid
   calls = []
   monkeypatch.setattr(jax.distributed, 'initialize', lambda **kw: calls.append(kw))
   monkeypatch.setattr(jax.config, 'update', lambda *a, **k: None)
-  monkeypatch.setattr(distributed, '_initialized', False)
-  monkeypatch.setattr(distributed, 'share_host_cores', lambda *a: None)
+  monkeypatch.setattr(distributed.launch, '_initialized', False)
+  monkeypatch.setattr(distributed.launch, 'share_host_cores', lambda *a: None)
   with distributed.reserve_port() as held:
     port = held.getsockname()[1]
     with coordinator_like_listener(port):
       _slurm(monkeypatch, procid=0, SLURM_STEP_NODELIST='localhost', JAX_COORDINATOR_PORT=port)
-      assert distributed._slurm_coordinator_address() == f'localhost:{port}'
+      assert distributed.ports._slurm_coordinator_address() == f'localhost:{port}'
       with pytest.raises(errors.ConfigError, match='export JAX_COORDINATOR_PORT'):
         distributed.initialize()
       assert calls == []
@@ -353,7 +353,7 @@ def test_under_slurm_process_0_checks_the_port_jax_derives_and_names_the_overrid
       assert len(calls) == 1
   monkeypatch.delenv('JAX_COORDINATOR_PORT')
   monkeypatch.setenv('SLURM_JOB_ID', str(4096 + 5))
-  assert distributed._slurm_coordinator_address() == f'localhost:{65535 - 4095 + 5}'
+  assert distributed.ports._slurm_coordinator_address() == f'localhost:{65535 - 4095 + 5}'
 
 
 def test_a_reserved_port_is_accepted_and_never_handed_out_while_held():
@@ -405,7 +405,7 @@ def test_check_same_everywhere_raises_on_every_difference(monkeypatch):
   from jax._src import distributed as jax_distributed
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   mine = {'batch_size': 8, 'workdir': '/runs/a'}
   store = _FakeStore({0: mine})
   monkeypatch.setattr(jax_distributed.global_state, 'client', store)
@@ -471,7 +471,7 @@ def test_values_given_as_a_function_are_computed_only_with_several_processes(mon
   assert calls == []
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 0)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   monkeypatch.setattr(jax_distributed.global_state, 'client', _FakeStore({1: {'x': 1}}))
   distributed.check_same_everywhere('software', values)
   assert calls == [1]

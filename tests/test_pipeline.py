@@ -360,7 +360,7 @@ def _as_process(monkeypatch, index, count=2):
   barriers = []
   monkeypatch.setattr(jax, 'process_count', lambda: count)
   monkeypatch.setattr(jax, 'process_index', lambda: index)
-  monkeypatch.setattr(distributed, 'barrier', barriers.append)
+  monkeypatch.setattr(distributed.coordination, 'barrier', barriers.append)
   return barriers
 
 
@@ -422,14 +422,15 @@ def test_a_failed_preparation_on_process_0_fails_every_process_at_once(tmp_path,
     raise OSError(28, 'No space left on device')
 
   store = Store()
-  monkeypatch.setattr(distributed, 'coordination_client', lambda: store)
+  monkeypatch.setattr(distributed.coordination, 'coordination_client', lambda: store)
   monkeypatch.setattr(pipeline, '_prepare_once', disk_full)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   barriers = _as_process(monkeypatch, 0)
   with pytest.raises(OSError, match='No space left on device'):
     pipeline.get_builder(tiny_config(tmp_path))
   assert barriers == ['anp_jax_prepare_dataset'] and len(store.values) == 1
-  monkeypatch.setattr(distributed, '_barrier_uses', {})  # Process 1's first call, same job.
+  # Process 1's first call, same job.
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   barriers = _as_process(monkeypatch, 1)
   with pytest.raises(OSError, match=f'Process 0 failed to prepare the dataset in {tmp_path}: '
                                     r'OSError: \[Errno 28\] No space left on device'):

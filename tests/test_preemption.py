@@ -124,7 +124,7 @@ def test_any_process_requested_asks_the_coordination_service_with_a_bounded_wait
   monkeypatch.setattr(jax_distributed.global_state, 'client', Client())
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 0)
-  monkeypatch.setattr(distributed, '_barrier_uses', {})
+  monkeypatch.setattr(distributed.coordination, '_barrier_uses', {})
   monkeypatch.setattr(multihost_utils, 'process_allgather',
                       lambda *a, **k: pytest.fail('a device collective'))
   monkeypatch.setenv('ANP_BARRIER_TIMEOUT', '7')
