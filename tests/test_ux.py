@@ -15,13 +15,7 @@ import pytest
 
 from anp_jax.configs import default
 from anp_jax.research import sweep_report as report
-from conftest import ROOT, main_cmd, run_experiment, subprocess_env, tiny_config
-
-
-def _env(**extra):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-  env.update(extra)
-  return env
+from conftest import ROOT, run_experiment, subprocess_env, tiny_config
 
 
 def _train(data_dir, workdir, **overrides):
@@ -127,37 +121,6 @@ def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------
-# 6. Config flags: misspelt, mistyped, missing file -> exit 2 with the fix first.
-
-
-@pytest.mark.parametrize('flag, expected', [
-    ('--config.batchsize=64', 'Unknown config field --config.batchsize; did you mean '
-                              '--config.batch_size?'),
-    ('--config.model.nmae=resnet8', 'did you mean --config.model.name?'),
-    ('--config.batch_size=abc', '--config.batch_size=abc'),
-    ('--config=/nonexistent/config.py', 'Config file /nonexistent/config.py'),
-    # absl's other forms (the message was a garbled repr of ml_collections' error).
-    ('--noconfig.batchsize', 'Unknown config field --config.batchsize; did you mean'),
-    ('-config.batchsize=64', 'Unknown config field --config.batchsize; did you mean'),
-])
-def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
-  out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',
-                        flag], env=_env(), capture_output=True, text=True, timeout=120)
-  assert out.returncode == 2, out.stderr[-2000:]
-  assert 'Traceback' not in out.stderr
-  first = out.stderr.strip().splitlines()[0]
-  assert expected in first, out.stderr
-  assert 'config_config' not in out.stderr
-  assert not (tmp_path / 'w').exists()
-
-
-def test_sweep_override_typo_suggests_the_field(tmp_path):
-  from anp_jax.research import sweep
-  with pytest.raises(sweep.SweepError, match=r'did you mean --config\.model\.width\?'):
-    sweep.parse_args(['--preset', 'tiny', '--out', str(tmp_path), '--config.model.widht=4'])
-
-
-# ----------------------------------------------------------------------------------------------
 # 12. One data directory for every entry point.
 
 
@@ -207,47 +170,6 @@ def test_perfmodel_headers_say_what_was_predicted():
   out = _perfmodel('--method', 'mixed', '--num_ps', '4', '--sweep_nodes', '1,4,16')
   method = next(l for l in out.splitlines() if l.startswith('method:'))
   assert '16 node workers' not in method and 'one worker per node' in method
-
-
-# ----------------------------------------------------------------------------------------------
-# 8. A run's first screen is anp_jax's own lines.
-
-THIRD_PARTY_NOISE = ('absl::InitializeLog', 'oneDNN', 'Using custom data configuration',
-                     'Downloading and preparing', 'Generating splits', '\x1b[', '\r')
-OWN_LINES = ('process 0/1 on ', 'anp_jax | ', '[', 'eval @ step', 'Done in ')
-
-
-@pytest.mark.slow(30)
-def test_first_screen_is_anp_jax_own_lines(tmp_path):
-  # The dataset is generated during the run (its lines count too); checkpoints as by default.
-  saves = {k: default.get_config()[k] for k in ('checkpoint_every_steps',
-                                                'checkpoint_every_minutes', 'async_checkpointing')}
-  argv = main_cmd(tmp_path / 'fresh_data', tmp_path / 'run', progress_bar=True,
-                  num_train_steps=4, **saves)
-  env = _env()
-  for key in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS'):  # What a new user has.
-    env.pop(key, None)
-  out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-  assert out.returncode == 0, out.stderr[-3000:]
-  text = out.stdout + out.stderr
-  assert not [s for s in THIRD_PARTY_NOISE if s in text], text[:3000]
-  foreign = [l for l in text.splitlines() if l.strip() and not l.startswith(OWN_LINES)]
-  assert not foreign, '\n'.join(foreign[:20])
-  assert 'anp_jax | generating the synthetic_anp dataset' in out.stdout
-
-
-def test_prepare_help_does_not_import_tensorflow():
-  code = ('import runpy, sys\n'
-          'sys.argv = ["prepare", "--help"]\n'
-          'try:\n'
-          '  runpy.run_module("anp_jax.data.prepare", run_name="__main__")\n'
-          'except SystemExit as e:\n'
-          '  assert e.code == 0, e.code\n'
-          'print("tensorflow" in sys.modules)\n')
-  out = subprocess.run([sys.executable, '-c', code], env=_env(), capture_output=True, text=True,
-                       timeout=120)
-  assert out.returncode == 0, out.stderr
-  assert out.stdout.strip().splitlines()[-1] == 'False'
 
 
 # ----------------------------------------------------------------------------------------------
