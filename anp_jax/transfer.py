@@ -9,20 +9,26 @@
    other pairs, so A's classifier rows mean nothing there);
 3. ``scratch``: task B from a random initialisation, same config and step budget as (2).
 
-`summarize` turns the evaluation curves into steps-to-target (the first evaluated step whose ANP
-top-1 reaches a target; targets are fractions of the scratch run's best accuracy), and
-`write_report` writes ``curves.png``, ``summary.md`` and ``results.json``.
+Every run evaluates the validation and the test split of its task. `run` trains the three
+runs of one seed (``config.seed``: initialisation, data order and augmentation; the tasks' data
+are the same for every seed) in ``runs/<name>`` (seed 0) or ``runs/<name>-s<seed>``, the
+fine-tuning run starting from the same seed's pre-training. `summarize` turns one seed's
+evaluation curves into steps-to-target (the first evaluated step whose ANP top-1 reaches a
+target; targets are fractions of the scratch run's best accuracy). The statistics over seeds and
+the report (``curves.png``, ``summary.md``, ``results.json``) are
+`anp_jax.research.study_finetune`.
 """
 
 import json
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
-from anp_jax import cli, metrics_io, plotting
+from anp_jax import cli, metrics_io
 from anp_jax.configs import default
 
 METRIC = 'eval/anp_top1'
+TEST_METRIC = 'test/anp_top1'  # Published figures; choices (none here but the targets) on METRIC.
 TARGET_FRACTIONS = (0.5, 0.8, 0.9, 1.0)
 
 
@@ -63,8 +69,16 @@ def task_config(preset: str, task: str, steps: int, data_dir: str, **overrides):
   c.checkpoint_every_minutes = 0
   c.log_every_steps = p['eval_every_steps']
   c.noise_scale = False
+  c.evals = {'eval': {'kind': 'classification', 'split': 'validation'},
+             'test': {'kind': 'classification', 'split': 'test'}}
   c.update(overrides)
   return c
+
+
+def run_name(name: str, seed: int) -> str:
+  """A run's directory under ``runs/``: ``pretrain`` (seed 0, the first results' layout) or
+  ``pretrain-s1``."""
+  return name if seed == 0 else f'{name}-s{seed}'
 
 
 def _train(config, workdir: str, every_steps: int):
@@ -83,25 +97,28 @@ def _train(config, workdir: str, every_steps: int):
   t = time.time()
   result = trainer.train_and_evaluate(config, workdir)
   wall = time.time() - t
-  curve = [(int(r['step']), r[METRIC]) for r in metrics_io.read_metrics(workdir, 'eval')
-           if METRIC in r]
+  evals = metrics_io.read_metrics(workdir, 'eval')
+  curve = [(int(r['step']), r[METRIC]) for r in evals if METRIC in r]
+  test_curve = [(int(r['step']), r[TEST_METRIC]) for r in evals if TEST_METRIC in r]
   final_path = os.path.join(workdir, 'final_metrics.json')
   recorded = {}
   if os.path.exists(final_path):
     with open(final_path) as f:
       recorded = json.load(f)
-  final = {k: v for k, v in recorded.items() if k.startswith('eval/')} or result.final_eval
-  return {'curve': curve, 'final': final, 'wall_s': recorded.get('wall_time_s', wall),
+  final = {k: v for k, v in recorded.items() if k.startswith(('eval/', 'test/'))} or (
+      result.final_eval)
+  return {'curve': curve, 'test_curve': test_curve, 'final': final,
+          'wall_s': recorded.get('wall_time_s', wall),
           'init_report': run.init.report if run.init else ''}
 
 
 def _finetune_config(preset: str, work_dir: str, data_dir: str, freeze: str,
-                     backbone_lr_multiplier: float):
+                     backbone_lr_multiplier: float, seed: int = 0):
   p = PRESETS[preset]
   return task_config(preset, 'b', p['finetune_steps'], data_dir,
-                     init_from=os.path.join(work_dir, 'runs', 'pretrain'),
+                     init_from=os.path.join(work_dir, 'runs', run_name('pretrain', seed)),
                      init_exclude=('head_.*',), freeze=freeze,
-                     backbone_lr_multiplier=backbone_lr_multiplier)
+                     backbone_lr_multiplier=backbone_lr_multiplier, seed=seed)
 
 
 def _check_directory(flag: str, path: str) -> None:
@@ -114,8 +131,8 @@ def _check_directory(flag: str, path: str) -> None:
 
 
 def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
-          freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None
-          ) -> None:
+          freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None,
+          seeds: Sequence[int] = (0,)) -> None:
   """What `run` would find wrong only after pre-training, checked before it (ValueError with
   the fix; nothing is written or compiled): the directories, the fine-tuning fields
   (`optim.validate`, `pretrained.validate`; `optim.freeze_summary` on the abstract model) and,
@@ -152,10 +169,11 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   except InitFromError as e:
     raise ValueError(str(e).replace('config.freeze', '--freeze').replace(
         'config.backbone_lr_multiplier', '--backbone_lr_multiplier')) from None
-  p = PRESETS[preset]
-  configs = {'pretrain': task_config(preset, 'a', p['pretrain_steps'], data_dir),
-             'finetune': config,
-             'scratch': task_config(preset, 'b', p['finetune_steps'], data_dir)}
+  if not seeds or len(set(seeds)) != len(seeds) or any(int(s) < 0 for s in seeds):
+    raise ValueError(f'--seeds must be distinct integers >= 0, got {list(seeds)}.')
+  configs = {run_name(kind, seed): c for seed in seeds
+             for kind, c in seed_configs(preset, work_dir, data_dir, freeze,
+                                         backbone_lr_multiplier, seed).items()}
   for name, c in configs.items():
     run_dir = os.path.join(work_dir, 'runs', name)
     if not (checkpointing.has_checkpoint(run_dir)
@@ -175,9 +193,20 @@ def check(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
                        'or the flags of that run to resume or re-report it.')
 
 
+def seed_configs(preset: str, work_dir: str, data_dir: str, freeze: str,
+                 backbone_lr_multiplier: float, seed: int) -> Dict:
+  """The three runs of one seed, in order: {'pretrain' / 'finetune' / 'scratch': config}
+  (their directories: `run_name`)."""
+  p = PRESETS[preset]
+  return {'pretrain': task_config(preset, 'a', p['pretrain_steps'], data_dir, seed=seed),
+          'finetune': _finetune_config(preset, work_dir, data_dir, freeze,
+                                       backbone_lr_multiplier, seed),
+          'scratch': task_config(preset, 'b', p['finetune_steps'], data_dir, seed=seed)}
+
+
 def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
-        freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None
-        ) -> Dict:
+        freeze: str = '', backbone_lr_multiplier: float = 1.0, out_dir: Optional[str] = None,
+        seed: int = 0) -> Dict:
   """Trains pretrain, finetune and scratch into ``work_dir/runs``; returns `summarize`'s dict.
 
   A finished run directory is not retrained: train_and_evaluate resumes it (and re-evaluates);
@@ -185,22 +214,16 @@ def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
   whole logs (`_train`), so the summary is that of one uninterrupted invocation. Bad input is
   a ValueError before anything trains (`check`, with the report's `out_dir` when given).
   """
-  check(work_dir, preset, data_dir, freeze, backbone_lr_multiplier, out_dir=out_dir)
+  check(work_dir, preset, data_dir, freeze, backbone_lr_multiplier, out_dir=out_dir,
+        seeds=(seed,))
   p = PRESETS[preset]
   data_dir = data_dir or os.path.join(work_dir, 'tfds')
-  runs = os.path.join(work_dir, 'runs')
-  every = p['eval_every_steps']
-  results = {}
-  pre_dir = os.path.join(runs, 'pretrain')
-  results['pretrain'] = _train(task_config(preset, 'a', p['pretrain_steps'], data_dir),
-                               pre_dir, every)
-  results['finetune'] = _train(
-      _finetune_config(preset, work_dir, data_dir, freeze, backbone_lr_multiplier),
-      os.path.join(runs, 'finetune'), every)
-  results['scratch'] = _train(task_config(preset, 'b', p['finetune_steps'], data_dir),
-                              os.path.join(runs, 'scratch'), every)
+  configs = seed_configs(preset, work_dir, data_dir, freeze, backbone_lr_multiplier, seed)
+  results = {kind: _train(config, os.path.join(work_dir, 'runs', run_name(kind, seed)),
+                          p['eval_every_steps'])
+             for kind, config in configs.items()}
   summary = summarize(results)
-  summary['preset'] = {k: v for k, v in p.items()}
+  summary.update(preset={k: v for k, v in p.items()}, seed=seed)
   return summary
 
 
@@ -224,42 +247,3 @@ def summarize(results: Dict[str, Dict]) -> Dict:
   return {'runs': results, 'best_scratch': best_scratch,
           'best_finetune': max(a for _, a in results['finetune']['curve']),
           'steps_to_target': rows}
-
-
-def write_report(summary: Dict, out_dir: str, command: str = '') -> List[str]:
-  """``curves.png``, ``summary.md``, ``results.json`` in `out_dir`; returns their paths."""
-  os.makedirs(out_dir, exist_ok=True)
-  plt = plotting.pyplot()
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  styles = {'finetune': ('C0', 'fine-tuned from task A'), 'scratch': ('C1', 'from scratch')}
-  for name, (colour, label) in styles.items():
-    steps, accs = zip(*summary['runs'][name]['curve'])
-    ax.plot(steps, [100 * a for a in accs], 'o-', color=colour, label=label, ms=3)
-  ax.set_xlabel('training steps on task B')
-  ax.set_ylabel('ANP top-1 on task B validation (%)')
-  ax.grid(alpha=0.3)
-  ax.legend()
-  png = plotting.save_figure(fig, os.path.join(out_dir, 'curves.png'))
-  fmt = lambda s: '—' if s is None else str(s)
-  lines = ['# Fine-tuning vs training from scratch (generated ANP tasks, CPU)', '']
-  if command:
-    lines += ['```', command, '```', '']
-  pre = summary['runs']['pretrain']
-  lines += [f"Pre-training on task A: final ANP top-1 {100 * pre['final'][METRIC]:.1f} % "
-            f"({pre['wall_s']:.0f} s).",
-            f"Task B, same budget: best ANP top-1 fine-tuned {100 * summary['best_finetune']:.1f}"
-            f" % vs from scratch {100 * summary['best_scratch']:.1f} %.",
-            f"Fine-tune start-up: `{summary['runs']['finetune']['init_report']}`", '',
-            '| target (x best scratch) | ANP top-1 | steps fine-tuned | steps from scratch |',
-            '|---|---|---|---|']
-  for r in summary['steps_to_target']:
-    lines.append(f"| {r['fraction']:.1f} | {100 * r['target']:.1f} % | {fmt(r['finetune'])} | "
-                 f"{fmt(r['scratch'])} |")
-  lines += ['', '![curves](curves.png)', '']
-  md = os.path.join(out_dir, 'summary.md')
-  with open(md, 'w') as f:
-    f.write('\n'.join(lines))
-  js = os.path.join(out_dir, 'results.json')
-  with open(js, 'w') as f:
-    json.dump(summary, f, indent=1, default=str)
-  return [png, md, js]

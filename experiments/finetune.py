@@ -1,11 +1,14 @@
 """Pre-train a small ResNet on one generated ANP task, fine-tune it on another vs from scratch.
 
-  python experiments/finetune.py --out experiments/results/finetune_cpu --workdir /tmp/ft  # CPU
-  python experiments/finetune.py --preset tiny --out /tmp/ft                        # seconds
+  python experiments/finetune.py --out experiments/results/finetune_cpu --workdir /tmp/ft \
+      --seeds 0,1,2                                                           # CPU, ~15 min
+  python experiments/finetune.py --preset tiny --out /tmp/ft                # seconds
 
-The logic (configs, the three runs, steps-to-target, the report) is `anp_jax.transfer`; see its
-docstring. Writes OUT/curves.png, OUT/summary.md and OUT/results.json; training runs and the
-generated datasets go to WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir).
+The runs (configs, the three runs of a seed) are `anp_jax.transfer`, the statistics over seeds
+and the report `anp_jax.research.study_finetune`; see their docstrings. Writes OUT/curves.png,
+OUT/summary.md and OUT/results.json; training runs and the generated datasets go to
+WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir). Rerunning continues: finished
+runs are not retrained, an interrupted one resumes.
 """
 
 import os
@@ -26,6 +29,9 @@ flags.DEFINE_string('data_dir', None, 'Where the generated datasets go (default:
 flags.DEFINE_string('freeze', '', 'config.freeze of the fine-tuning run.')
 flags.DEFINE_float('backbone_lr_multiplier', 1.0, 'config.backbone_lr_multiplier of the '
                    'fine-tuning run.')
+flags.DEFINE_list('seeds', ['0'], 'Seeds (config.seed of the three runs of each): statistics '
+                  'over them.')
+flags.DEFINE_enum('ci', 't', ['t', 'bootstrap'], 'Intervals over seeds.')
 
 
 def main(argv):
@@ -36,25 +42,29 @@ def main(argv):
   expand = lambda path: os.path.expanduser(path) if path else path
   out, data_dir = expand(FLAGS.out), expand(FLAGS.data_dir)
   work_dir = expand(FLAGS.workdir) if FLAGS.workdir is not None else out
+  from anp_jax.research import study_finetune
   t = time.time()
   try:
-    # `run` checks first (`transfer.check`): a bad --freeze / --backbone_lr_multiplier, a file
-    # as --out, or another variant's runs in the same directory fail before pre-training.
-    summary = transfer.run(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
-                           FLAGS.backbone_lr_multiplier, out_dir=out)
+    seeds = [int(s) for s in FLAGS.seeds]
+    # `check` first: a bad --freeze / --backbone_lr_multiplier / --seeds, a file as --out, or
+    # another variant's runs in the same directory fail before pre-training.
+    transfer.check(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
+                   FLAGS.backbone_lr_multiplier, out_dir=out, seeds=seeds)
+    per_seed = [transfer.run(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
+                             FLAGS.backbone_lr_multiplier, out_dir=out, seed=seed)
+                for seed in seeds]
   except errors.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_DIVERGED
   except (ValueError, OSError) as e:  # Bad input, unwritable directory, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_CONFIG
-  # The three runs' training time (each from its final_metrics.json: a rerun that only
-  # re-evaluates finished runs reports what they took, not its own seconds).
-  summary['wall_s'] = sum(r['wall_s'] for r in summary['runs'].values())
-  summary['invocation_wall_s'] = time.time() - t
+  # The runs' training time (each from its final_metrics.json: a rerun that only re-evaluates
+  # finished runs reports what they took, not its own seconds).
+  wall = sum(r['wall_s'] for s in per_seed for r in s['runs'].values())
   command = 'python experiments/finetune.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
-  command += f'   # {summary["wall_s"] / 60:.1f} min of training'
-  for path in transfer.write_report(summary, out, command):
+  command += f'   # {wall / 60:.1f} min of training ({(time.time() - t) / 60:.1f} min this call)'
+  for path in study_finetune.write_report(per_seed, out, command, FLAGS.ci):
     print('wrote', path)
   return 0
 

@@ -4,6 +4,8 @@ The PyTorch reference is `experiments/torch_reference.py` (torchvision's module 
 PyTorch), because PyPI's torchvision does not import beside the pinned torch 2.13.0 CPU build.
 """
 
+import json
+import math
 import os
 import re
 import subprocess
@@ -401,27 +403,45 @@ def test_two_processes_loading_the_same_file_equal_one(data_dir, tmp_path, tiny_
 # The experiment's library (anp_jax.transfer): steps-to-target and the report.
 
 
-def test_transfer_steps_to_target_and_report(tmp_path):
+def test_transfer_steps_to_target_and_the_report_over_seeds(tmp_path):
   from anp_jax import transfer
+  from anp_jax.research import study_finetune
   curve = [(0, 0.1), (10, 0.3), (20, 0.5), (30, 0.45)]
   assert transfer.steps_to_target(curve, 0.3) == 10
   assert transfer.steps_to_target(curve, 0.5) == 20
   assert transfer.steps_to_target(curve, 0.51) is None
-  runs = {'pretrain': {'curve': [(0, 0.1), (5, 0.6)], 'final': {'eval/anp_top1': 0.6},
-                       'wall_s': 1.0, 'init_report': ''},
-          'finetune': {'curve': [(0, 0.2), (10, 0.4), (20, 0.55)], 'final': {},
-                       'wall_s': 1.0, 'init_report': 'init_from x: loaded 3 arrays'},
-          'scratch': {'curve': curve, 'final': {}, 'wall_s': 1.0, 'init_report': ''}}
-  summary = transfer.summarize(runs)
-  assert summary['best_scratch'] == 0.5 and summary['best_finetune'] == 0.55
-  by_fraction = {r['fraction']: r for r in summary['steps_to_target']}
-  assert by_fraction[1.0]['finetune'] == 20 and by_fraction[1.0]['scratch'] == 20
-  assert by_fraction[0.8]['finetune'] == 10 and by_fraction[0.8]['scratch'] == 20
-  assert by_fraction[0.5]['finetune'] == 10 and by_fraction[0.5]['scratch'] == 10
-  paths = transfer.write_report(summary, str(tmp_path), command='python experiments/finetune.py')
+
+  def seed(s, ft, sc):
+    """One seed's summary: final test top-1 `ft` fine-tuned, `sc` from scratch."""
+    run = lambda final, test_curve: {'curve': test_curve, 'test_curve': test_curve,
+                                     'final': {'eval/anp_top1': final, 'test/anp_top1': final},
+                                     'wall_s': 60.0, 'init_report': 'loaded 3 arrays'}
+    runs = {'pretrain': run(0.6, [(5, 0.6)]),
+            'finetune': run(ft, [(10, ft / 2), (20, ft)]),
+            'scratch': run(sc, [(10, sc / 4), (20, sc)])}
+    return {'runs': runs, 'seed': s, 'preset': dict(transfer.PRESETS['tiny'], finetune_steps=20),
+            **transfer.summarize(runs)}
+  per_seed = [seed(0, 0.5, 0.3), seed(1, 0.6, 0.3), seed(2, 0.4, 0.3)]
+  agg = study_finetune.aggregate(per_seed)
+  ft = agg['final_test_top1']['finetune']
+  assert (ft['mean'], ft['n'], ft['kind']) == (pytest.approx(0.5), 3, 'complete')
+  half = 4.302653 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd 0.1 / sqrt(3).
+  assert (ft['low'], ft['high']) == pytest.approx((0.5 - half, 0.5 + half), rel=1e-6)
+  assert agg['paired_difference']['mean'] == pytest.approx(0.2)
+  by_fraction = {r['fraction']: r for r in agg['steps_to_target']}
+  # Target 1.0 x 30 % (the scratch mean): fine-tuned reach it at 20 steps (10 for seed 1, at
+  # 30 % after 10 steps), scratch at 20.
+  assert by_fraction[1.0]['finetune_per_seed'] == [20, 10, 20]
+  assert by_fraction[1.0]['scratch']['mean'] == 20 and by_fraction[0.5]['scratch']['mean'] == 20
+  missed = study_finetune.aggregate([seed(0, 0.1, 0.3), seed(1, 0.6, 0.3)])
+  row = {r['fraction']: r for r in missed['steps_to_target']}[1.0]
+  assert row['finetune']['kind'] == 'censored' and row['finetune']['reached'] == 1
+  paths = study_finetune.write_report(per_seed, str(tmp_path), command='python x.py')
   assert all(os.path.getsize(p) > 0 for p in paths)
   md = open(paths[1]).read()
-  assert '| 1.0 | 50.0 % | 20 | 20 |' in md and 'loaded 3 arrays' in md
+  assert 'Seeds [0, 1, 2]' in md and 'loaded 3 arrays' in md and 'Student-t' in md
+  assert f'| task B fine-tuned | 50.0 [{100 * (0.5 - half):.1f}, {100 * (0.5 + half):.1f}] |' in md
+  assert '| 1.0 | 30.0 % | 17 [' in md  # Mean of 20, 10, 20 steps.
 
 
 @pytest.mark.slow(60)
@@ -461,6 +481,36 @@ def test_transfer_rerun_and_resume_give_the_curves_of_one_invocation(tmp_path, m
     assert third['runs'][name]['final'] == first['runs'][name]['final'], name
   for key in ('best_scratch', 'best_finetune', 'steps_to_target'):
     assert third[key] == first[key], key
+
+
+@pytest.mark.slow(240)
+def test_finetune_cli_with_seeds_end_to_end_and_rerun(tmp_path):
+  """--seeds 0,1: each seed's three runs (the fine-tuning from the same seed's pre-training),
+  statistics over both on the test split; a rerun trains nothing and reports the same."""
+  out = tmp_path / 'out'
+  r = _finetune_cli('--out', str(out), '--seeds', '0,1')
+  assert r.returncode == 0, r.stderr[-3000:]
+  runs = sorted(os.listdir(out / 'runs'))
+  assert runs == ['finetune', 'finetune-s1', 'pretrain', 'pretrain-s1', 'scratch',
+                  'scratch-s1'], runs
+  for name in runs:
+    config = json.load(open(out / 'runs' / name / 'config.json'))
+    assert config['seed'] == (1 if name.endswith('-s1') else 0)
+    assert config['evals']['test']['split'] == 'test'
+  assert json.load(open(out / 'runs' / 'finetune-s1' / 'config.json'))['init_from'] == str(
+      out / 'runs' / 'pretrain-s1')
+  results = json.load(open(out / 'results.json'))
+  assert [s['seed'] for s in results['seeds']] == [0, 1]
+  finals = [s['runs']['finetune']['final']['test/anp_top1'] for s in results['seeds']]
+  assert results['statistics']['final_test_top1']['finetune']['mean'] == pytest.approx(
+      sum(finals) / 2)
+  md = (out / 'summary.md').read_text()
+  assert 'Seeds [0, 1]' in md and 'test split' in md
+  r = _finetune_cli('--out', str(out), '--seeds', '0,1')
+  assert r.returncode == 0 and 'already finished' in r.stdout, r.stderr[-2000:]
+  assert json.load(open(out / 'results.json'))['statistics'] == results['statistics']
+  r = _finetune_cli('--out', str(out), '--seeds', '0,0')
+  assert r.returncode == 2 and '--seeds must be distinct' in r.stderr
 
 
 def _finetune_cli(*args, cwd=ROOT):
