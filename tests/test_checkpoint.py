@@ -1,6 +1,7 @@
-"""Checkpoints: exact resume after kill -9 (also mid-save), SIGTERM preemption, fewer devices,
-corrupt checkpoints, incompatible configs, NaN safety, eval-only and load_checkpoint; a refused or
-failed run leaves its workdir as it was, eval-only needs a checkpoint and writes nothing."""
+"""Checkpoints: exact resume after kill -9 (also mid-save, and mid-batch across an epoch
+boundary), SIGTERM preemption, fewer devices, corrupt checkpoints, incompatible configs, NaN
+safety, eval-only and load_checkpoint; a refused or failed run leaves its workdir as it was,
+eval-only needs a checkpoint and writes nothing."""
 
 import json
 import os
@@ -543,3 +544,18 @@ def test_workdir_that_is_a_file_says_so(data_dir, tmp_path):
   path.write_text('not a directory')
   with pytest.raises(OSError, match='is a file'):
     _train(data_dir, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact resume mid-batch across an epoch boundary.
+
+
+def _per_device_config(data_dir, **kw):
+  return tiny_config(data_dir, batch_size=24, bn_mode='per_device', **kw)
+
+
+def test_trainer_resume_across_an_epoch_boundary_is_exact(data_dir, tmp_path, capsys):
+  """B=24 on 256 examples: 10.67 steps per epoch; resuming at step 10 re-enters mid-batch."""
+  assert_resume_is_exact(lambda n: _per_device_config(data_dir, num_train_steps=n,
+                                                     schedule='constant'), 13, 10,
+                         tmp_path, capsys)

@@ -175,3 +175,22 @@ def test_lamb_trust_ratio_skips_batchnorm_and_biases():
     np.testing.assert_allclose(np.asarray(updates[name]), expected[name], rtol=1e-5)
   # The test can fail: a trust ratio on the bias would rescale its step by |b| / |u| = 3.5.
   assert np.linalg.norm(np.asarray(params['bias'])) / np.linalg.norm(expected['bias'] / lr) > 3
+
+
+def test_step_boundaries_inside_warmup_apply_to_the_peak():
+  c = default.get_config()
+  c.batch_size = c.base_batch_size = 256
+  c.base_lr, c.lr_scaling, c.schedule = 1.0, 'linear', 'step'
+  c.warmup_epochs, c.step_epochs, c.step_factor = 2.5, (2, 3), 0.1
+  s = optim.create_lr_schedule(c, steps_per_epoch=10, total_steps=60)
+  assert float(s(24)) == pytest.approx(0.1)  # The ramp ends at the rate of epoch 2.5.
+  assert float(s(25)) == pytest.approx(0.1)  # Before: 1.0 (the epoch-2 boundary was dropped).
+  assert float(s(29)) == pytest.approx(0.1)
+  assert float(s(30)) == pytest.approx(0.01)  # Before: 0.1.
+  assert float(s(59)) == pytest.approx(0.01)
+  ramp = [float(s(i)) for i in range(25)]
+  assert np.all(np.diff(ramp) > 0) and ramp[0] == pytest.approx(0.1 / 25)
+  # Without warmup the same boundaries give the plain step schedule.
+  c.warmup_epochs = 0
+  s = optim.create_lr_schedule(c, steps_per_epoch=10, total_steps=60)
+  assert [float(s(i)) for i in (19, 20, 29, 30)] == pytest.approx([1.0, 0.1, 0.1, 0.01])

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import optim
+from anp_jax import optim, reporting
 from anp_jax.setup import resolve_setup
 from anp_jax import noise_scale
 from anp_jax.research import runner, study_results, sweep
@@ -661,3 +661,37 @@ def test_one_out_directory_holds_one_kind_of_experiment(data_dir, tmp_path, caps
     sweep.sweep(_argv('', data_dir, '--dry_run'))
   assert sam.main(['--preset', 'tiny', '--out=', '--dry_run', f'--config.data_dir={data_dir}']) == 2
   assert '--out is empty' in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps to target in a sweep's rows: interpolated, in examples and passes.
+
+
+def _evals(points):
+  return [{'step': s, 'eval/anp_top1': a} for s, a in points]
+
+
+def _write_run(run_dir, batch, points, train_size=8000):
+  os.makedirs(run_dir)
+  info = {'name': os.path.basename(run_dir), 'batch': batch, 'rule': 'linear', 'warmup': 'on',
+          'seed': 0, 'lr_mult': 1.0, 'base_lr': 0.1, 'lr': 0.1, 'warmup_epochs': 1.0,
+          'epochs': 10.0, 'train_size': train_size, 'devices': 2, 'per_device_batch': batch // 2,
+          'accum_steps': 1, 'steps_per_epoch': train_size / batch, 'total_steps': 100,
+          'eval_every_steps': 10}
+  with open(os.path.join(run_dir, 'sweep_run.json'), 'w') as f:
+    json.dump(info, f)
+  with open(os.path.join(run_dir, 'metrics.jsonl'), 'w') as f:
+    for r in _evals(points):
+      f.write(json.dumps(r) + '\n')
+  reporting.write_json_atomic(os.path.join(run_dir, 'final_metrics.json'),
+                              {'step': 100, 'eval/anp_top1': points[-1][1]})
+
+
+def test_sweep_rows_use_interpolated_steps_and_passes(tmp_path):
+  run = str(tmp_path / 'b512')
+  _write_run(run, 512, [(10, 0.1), (20, 0.2), (30, 0.4)])
+  row = sweep.summarize_run(run, 0.3)
+  assert row['steps_to_target'] == pytest.approx(25.0)
+  assert row['eval_step_reaching_target'] == 30
+  assert row['examples_to_target'] == pytest.approx(25 * 512)
+  assert row['epochs_to_target'] == pytest.approx(25 * 512 / 8000)  # Passes, not steps / 15.

@@ -1,8 +1,9 @@
 """Edges of the batch-size sweep report (anp_jax/research/sweep_report.py) on hand-made rows.
 
 A batch size where no learning-rate multiplier produced a choice (all diverged or unfinished)
-stays in the report, the report describes B_simple as it is computed, and it is written (naming
-the runs that missed) when no run reaches the target. No training: the rows are what
+stays in the report, the report describes B_simple as it is computed, a batch whose seeds missed
+the target is named and not averaged over its survivors, and the report is written (naming the
+runs that missed) when no run reaches the target. No training: the rows are what
 `sweep.collect_results` would return.
 """
 
@@ -145,3 +146,23 @@ def test_report_is_written_when_runs_miss_the_target(tmp_path, reached):
   assert (tmp_path / 'steps_vs_batch.png').stat().st_size > 0
   assert '| linear rule, warmup | 256 |' in text and 'never' in text
   assert 'did not reach' in text  # The missed runs are named, not silently left out.
+
+
+def test_aggregate_names_seeds_that_never_reach_the_target():
+  def row(batch, seed, steps):
+    return {'batch': batch, 'rule': 'linear', 'warmup': 'on', 'seed': seed, 'status': 'finished',
+            'steps_to_target': steps, 'examples_to_target': None if steps is None else
+            steps * batch, 'final_top1': 0.3, 'best_top1': 0.3, 'b_simple': None, 'lr': 0.1,
+            'total_steps': 100, 'best_lr': True}
+  rows = [row(32, 0, 80.0), row(32, 1, 90.0), row(64, 0, 40.0), row(64, 1, None),
+          row(128, 0, None), row(128, 1, None), row(256, 0, 12.0), row(256, 1, 14.0)]
+  entries = {e['batch']: e for e in report.aggregate(rows)[('linear', 'on')]}
+  assert entries[32]['steps'] == pytest.approx(85.0) and entries[32]['not_reached'] == 0
+  # One of two seeds never reached it: no mean over the survivor, and the count is reported.
+  assert entries[64]['steps'] is None and entries[64]['not_reached'] == 1
+  # Its steps are censored: at least the mean with the miss at its budget (100 steps).
+  assert entries[64]['steps_summary']['lower_bound'] == pytest.approx(70.0)
+  assert entries[64]['reached'] == 1
+  assert entries[128]['steps'] is None and entries[128]['not_reached'] == 2
+  fit = report.fit_arms(report.aggregate(rows))[('linear', 'on')]
+  assert fit['points'] == 2  # B=32 and B=256 only.
