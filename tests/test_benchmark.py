@@ -4,6 +4,7 @@ and the convolution lowerings (models/conv.py)."""
 import functools
 import json
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -386,3 +387,15 @@ def test_xla_cpu_defaults_added_once_user_choice_kept_and_opt_out():
   assert xla_flags.apply_cpu_defaults(env, jaxlib=tested) == env['XLA_FLAGS']
   # This test session imported anp_jax before JAX started: the defaults are in effect.
   assert set(xla_flags.CPU_DEFAULTS) <= set(os.environ['XLA_FLAGS'].split())
+
+
+def test_benchmark_windows_report_progress():
+  from anp_jax import benchmarking
+  lines = []
+  contenders = [benchmarking.Contender(name, 8, lambda n: None) for name in ('a', 'b')]
+  benchmarking.interleave(contenders, windows=3, steps_per_window=2, warmup_steps=1,
+                          progress=lines.append)
+  assert [l for l in lines if l.startswith('window ')] == [
+      l for l in lines if re.match(r'window \d/3: a [\d.e+]+ img/s, b [\d.e+]+ img/s', l)]
+  assert len([l for l in lines if l.startswith('window ')]) == 3
+  assert len([l for l in lines if 'warm-up' in l]) == 2

@@ -1,5 +1,7 @@
-"""Checkpoints: exact resume after kill -9 (also mid-save), SIGTERM preemption, fewer devices,
-corrupt checkpoints, incompatible configs, NaN safety, eval-only and load_checkpoint."""
+"""Checkpoints: exact resume after kill -9 (also mid-save, and mid-batch across an epoch
+boundary), SIGTERM preemption, fewer devices, corrupt checkpoints, incompatible configs, NaN
+safety, eval-only and load_checkpoint; a refused or failed run leaves its workdir as it was,
+eval-only needs a checkpoint and writes nothing."""
 
 import json
 import os
@@ -481,3 +483,79 @@ def test_resumed_run_stops_logs_and_times_as_one_run(data_dir, tmp_path, monkeyp
   before = (tmp_path / 'final_metrics.json').read_bytes()
   _in_process(data_dir, tmp_path, num_train_steps=3 * every, **common)  # Finished: re-evaluates.
   assert (tmp_path / 'final_metrics.json').read_bytes() == before
+
+
+# ----------------------------------------------------------------------------------------------
+# A refused run leaves its workdir as it was; eval-only needs a checkpoint and writes nothing.
+
+
+def _train(data_dir, workdir, **overrides):
+  from anp_jax import trainer
+  config = tiny_config(data_dir, **overrides)
+  return trainer.train_and_evaluate(config, str(workdir))
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('trained')
+  _train(data_dir, workdir, num_train_steps=3)
+  return workdir
+
+
+def _snapshot(workdir):
+  return {name: (workdir / name).read_bytes() for name in ('config.json', 'metrics.jsonl')}
+
+
+def test_refused_resume_leaves_the_workdir_untouched(data_dir, trained):
+  from anp_jax import trainer
+  before = _snapshot(trained)
+  with pytest.raises(ValueError, match=r'model\.width'):
+    _train(data_dir, trained, num_train_steps=6, **{'model.width': 1.0})
+  assert _snapshot(trained) == before
+  model, variables, _ = trainer.load_checkpoint(str(trained))
+  model.apply(variables, np.zeros((1, 16, 16, 3), np.float32), train=False)
+
+
+def test_failed_validation_leaves_no_new_workdir(data_dir, tmp_path):
+  workdir = tmp_path / 'new' / 'run'
+  with pytest.raises(ValueError, match='not divisible'):
+    _train(data_dir, workdir, batch_size=36)  # 8 devices.
+  assert not (tmp_path / 'new' / 'run').exists()
+
+
+def test_eval_only_without_a_checkpoint_is_an_error(data_dir, tmp_path):
+  workdir = tmp_path / 'typo'
+  with pytest.raises(FileNotFoundError, match='no checkpoint found in'):
+    _train(data_dir, workdir, eval_only=True)
+  assert not workdir.exists()
+
+
+def test_eval_only_evaluates_the_checkpoint_and_writes_nothing(data_dir, trained):
+  before = _snapshot(trained), sorted(os.listdir(trained))
+  result = _train(data_dir, trained, num_train_steps=3, eval_only=True, batch_size=64)
+  assert (_snapshot(trained), sorted(os.listdir(trained))) == before
+  assert result.step == 3
+  final = json.loads((trained / 'final_metrics.json').read_text())  # The training's evaluation.
+  assert result.final_eval['eval/anp_top1'] == pytest.approx(final['eval/anp_top1'])
+
+
+def test_workdir_that_is_a_file_says_so(data_dir, tmp_path):
+  path = tmp_path / 'file'
+  path.write_text('not a directory')
+  with pytest.raises(OSError, match='is a file'):
+    _train(data_dir, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact resume mid-batch across an epoch boundary.
+
+
+def _per_device_config(data_dir, **kw):
+  return tiny_config(data_dir, batch_size=24, bn_mode='per_device', **kw)
+
+
+def test_trainer_resume_across_an_epoch_boundary_is_exact(data_dir, tmp_path, capsys):
+  """B=24 on 256 examples: 10.67 steps per epoch; resuming at step 10 re-enters mid-batch."""
+  assert_resume_is_exact(lambda n: _per_device_config(data_dir, num_train_steps=n,
+                                                     schedule='constant'), 13, 10,
+                         tmp_path, capsys)

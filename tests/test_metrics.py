@@ -1,11 +1,15 @@
-"""metrics.jsonl read back as the trainer meant it; the process set-up is explicit."""
+"""metrics.jsonl read back as the trainer meant it, the step where its evaluations cross a target
+(`target_crossing`); the process set-up is explicit."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 from anp_jax import metrics_io, xla_flags
+from anp_jax.research import sweep
 from conftest import ROOT
 
 
@@ -48,3 +52,18 @@ def test_importing_anp_jax_leaves_xla_flags_alone_and_configure_sets_them():
   assert after == repr(xla_flags.apply_cpu_defaults(
       {'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}))
   assert after != before  # This jaxlib is a tested one: the defaults are added.
+
+
+def _evals(points):
+  return [{'step': s, 'eval/anp_top1': a} for s, a in points]
+
+
+def test_target_crossing_interpolates_between_evaluations():
+  evals = _evals([(4, 0.10), (8, 0.30), (12, 0.50), (16, 0.45)])
+  hit = sweep.target_crossing(evals, 0.2)
+  assert hit == {'step': pytest.approx(6.0), 'eval_step': 8, 'interpolated': True}
+  assert sweep.target_crossing(evals, 0.45)['step'] == pytest.approx(11.0)
+  assert sweep.target_crossing(evals, 0.30)['step'] == pytest.approx(8.0)
+  first = sweep.target_crossing(evals, 0.05)  # Already the first evaluation: an upper bound.
+  assert first == {'step': 4.0, 'eval_step': 4, 'interpolated': False}
+  assert sweep.target_crossing(evals, 0.6) is None

@@ -1,5 +1,7 @@
-"""Learning-rate scaling rules, warmup and decay schedules, weight-decay masks, optimizers."""
+"""Learning-rate scaling rules, warmup and decay schedules, weight-decay masks, optimizers (LARS
+and LAMB also against a step-by-step numpy transcription of their definitions)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -175,3 +177,125 @@ def test_lamb_trust_ratio_skips_batchnorm_and_biases():
     np.testing.assert_allclose(np.asarray(updates[name]), expected[name], rtol=1e-5)
   # The test can fail: a trust ratio on the bias would rescale its step by |b| / |u| = 3.5.
   assert np.linalg.norm(np.asarray(params['bias'])) / np.linalg.norm(expected['bias'] / lr) > 3
+
+
+def test_step_boundaries_inside_warmup_apply_to_the_peak():
+  c = default.get_config()
+  c.batch_size = c.base_batch_size = 256
+  c.base_lr, c.lr_scaling, c.schedule = 1.0, 'linear', 'step'
+  c.warmup_epochs, c.step_epochs, c.step_factor = 2.5, (2, 3), 0.1
+  s = optim.create_lr_schedule(c, steps_per_epoch=10, total_steps=60)
+  assert float(s(24)) == pytest.approx(0.1)  # The ramp ends at the rate of epoch 2.5.
+  assert float(s(25)) == pytest.approx(0.1)  # Before: 1.0 (the epoch-2 boundary was dropped).
+  assert float(s(29)) == pytest.approx(0.1)
+  assert float(s(30)) == pytest.approx(0.01)  # Before: 0.1.
+  assert float(s(59)) == pytest.approx(0.01)
+  ramp = [float(s(i)) for i in range(25)]
+  assert np.all(np.diff(ramp) > 0) and ramp[0] == pytest.approx(0.1 / 25)
+  # Without warmup the same boundaries give the plain step schedule.
+  c.warmup_epochs = 0
+  s = optim.create_lr_schedule(c, steps_per_epoch=10, total_steps=60)
+  assert [float(s(i)) for i in (19, 20, 29, 30)] == pytest.approx([1.0, 0.1, 0.1, 0.01])
+
+
+# ----------------------------------------------------------------------------------------------
+# LARS and LAMB against a numpy transcription of their definitions.
+
+
+def _opt_config(name):
+  from anp_jax.configs import default
+  c = default.get_config()
+  c.update(dict(optimizer=name, weight_decay=0.01, momentum=0.9, lars_trust_coefficient=0.02,
+                batch_size=256, base_batch_size=256, base_lr=0.5, lr_scaling='none',
+                schedule='constant', warmup_epochs=2.0, adam_b1=0.9, adam_b2=0.99))
+  return c
+
+
+def _param_tree(rng):
+  """A conv kernel (decayed, trust-ratio'd), a BN scale and a zero BN bias (both excluded)."""
+  return {'conv': {'kernel': rng.normal(0, 0.3, (3, 3, 2, 4)).astype(np.float32)},
+          'bn': {'scale': (1.0 + rng.normal(0, 0.1, 4)).astype(np.float32),
+                 'bias': np.zeros(4, np.float32)}}
+
+
+def _run_optax(name, params, grads_seq):
+  c = _opt_config(name)
+  # 2 warmup epochs of 1 step: lr(0) = peak / 2, lr(1) = peak.
+  tx = optim.create_optimizer(c, optim.create_lr_schedule(c, steps_per_epoch=1, total_steps=10))
+  p = jax.tree.map(jnp.asarray, params)
+  state = tx.init(p)
+  out = []
+  for g in grads_seq:
+    updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, p)
+    p = jax.tree.map(lambda a, u: a + u, p, updates)
+    out.append(jax.tree.map(np.asarray, p))
+  return out
+
+
+def _norm(x):
+  return float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
+
+
+def _flat(tree):
+  return {f'{a}/{b}': v for a, sub in tree.items() for b, v in sub.items()}
+
+
+def _unflat(flat):
+  out = {}
+  for key, v in flat.items():
+    a, b = key.split('/')
+    out.setdefault(a, {})[b] = v
+  return out
+
+
+def test_lars_matches_hand_computation():
+  rng = np.random.default_rng(2)
+  params = _param_tree(rng)
+  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
+           for _ in range(2)]
+  got = _run_optax('lars', params, grads)
+  wd, mom, tc, lrs = 0.01, 0.9, 0.02, (0.25, 0.5)
+  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
+  trace = {k: np.zeros_like(v) for k, v in p.items()}
+  for step, g_tree in enumerate(grads):
+    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
+    for k in p:
+      decayed = k.endswith('kernel')  # The mask: only >= 2-D parameters.
+      u = g[k] + wd * p[k] if decayed else g[k]
+      if decayed:  # Trust ratio tc·|p|/|u| only where masked in (also 1 if a norm is 0).
+        pn, un = _norm(p[k]), _norm(u)
+        u = u * (tc * pn / un if pn > 0 and un > 0 else 1.0)
+      u = -lrs[step] * u
+      trace[k] = u + mom * trace[k]  # optax.trace after the learning rate (heavy ball).
+      p[k] = p[k] + trace[k]
+    for k, v in _flat(got[step]).items():
+      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
+
+
+def test_lamb_matches_hand_computation():
+  rng = np.random.default_rng(3)
+  params = _param_tree(rng)
+  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
+           for _ in range(2)]
+  got = _run_optax('lamb', params, grads)
+  wd, b1, b2, eps, lrs = 0.01, 0.9, 0.99, 1e-6, (0.25, 0.5)
+  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
+  mu = {k: np.zeros_like(v) for k, v in p.items()}
+  nu = {k: np.zeros_like(v) for k, v in p.items()}
+  for step, g_tree in enumerate(grads):
+    t = step + 1
+    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
+    for k in p:
+      mu[k] = b1 * mu[k] + (1 - b1) * g[k]
+      nu[k] = b2 * nu[k] + (1 - b2) * g[k] ** 2
+      u = (mu[k] / (1 - b1 ** t)) / (np.sqrt(nu[k] / (1 - b2 ** t)) + eps)
+      if k.endswith('kernel'):
+        u = u + wd * p[k]
+      # Trust ratio on kernels only (as LARS): BatchNorm scales/offsets and biases take lr * u.
+      pn, un = _norm(p[k]), _norm(u)
+      ratio = pn / un if p[k].ndim >= 2 and pn > 0 and un > 0 else 1.0
+      p[k] = p[k] - lrs[step] * ratio * u
+    for k, v in _flat(got[step]).items():
+      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
+  # The zero-initialised bias moved by exactly lr·|adam step| on the first step (no ratio).
+  assert np.all(np.abs(_flat(got[0])['bn/bias']) > 0)

@@ -1,5 +1,5 @@
 """The SPRINT-style performance model: collective costs, the async simulation, predictions, and
-its command line (python -m anp_jax.research.perfmodel)."""
+its command line (python -m anp_jax.research.perfmodel), whose numbers a user will not misread."""
 
 import math
 import subprocess
@@ -388,3 +388,38 @@ def test_sources_cite_papers_in_the_repository_not_files_outside_it():
     references = f.read()
   for cited in ('Oyama', 'Campos', 'Sastre', 'Fernández', 'McCandlish', '307,185'):
     assert cited in references, cited
+
+
+# ----------------------------------------------------------------------------------------------
+# Numbers a user will not misread.
+
+
+def _perfmodel(*args):
+  """``python -m anp_jax.research.perfmodel ARGS``'s output (it must succeed)."""
+  r = _cli(*args)
+  assert r.returncode == 0, r.stderr
+  return r.stdout
+
+
+def test_perfmodel_minotauro_epoch_is_the_papers_dataset():
+  argv = ['--model', 'resnet50', '--cluster', 'minotauro', '--device', 'k80',
+          '--per_device_batch', '32', '--nodes', '1']
+  out = _perfmodel(*argv)
+  assert '307,185 images/epoch' in out  # MUSA2's published training split.
+  row = out.splitlines()[-1].split()
+  images_per_s = float(row[5].replace(',', ''))
+  assert row[7] == 'min'  # The epoch column: 307,185 images, not ImageNet's 1.28 M (1.8 h).
+  assert float(row[6]) == pytest.approx(307_185 / images_per_s / 60, abs=0.1)
+  assert '1,000 images/epoch (--dataset_size)' in _perfmodel(*argv, '--dataset_size', '1000')
+  out = _perfmodel('--target_global_batch', '128', '--sweep_nodes', '1,2')
+  assert out.splitlines()[-1].endswith('(307,185 images)')
+
+
+def test_perfmodel_headers_say_what_was_predicted():
+  out = _perfmodel('--model', 'resnet20', '--device', 'cpu', '--step_time_ms', '100',
+                   '--measured_batch', '64', '--nodes', '1', '--gpus_per_node', '1')
+  assert 'minotauro: cpu' not in out and '(measured)' not in out
+  assert "minotauro's links with cpu devices: cpu calibrated to 100 ms per step of 64" in out
+  out = _perfmodel('--method', 'mixed', '--num_ps', '4', '--sweep_nodes', '1,4,16')
+  method = next(l for l in out.splitlines() if l.startswith('method:'))
+  assert '16 node workers' not in method and 'one worker per node' in method

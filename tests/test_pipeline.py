@@ -1,4 +1,5 @@
-"""Input pipeline: global sharded batches, determinism, exact resume, per-process shards, exact eval."""
+"""Input pipeline: global sharded batches, determinism, exact resume, per-process shards, exact
+eval, a training stream that crosses epoch boundaries."""
 
 import hashlib
 import json
@@ -12,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 from jax.sharding import PartitionSpec as P
 
-from anp_jax import executors, setup, trainer
+from anp_jax import durations, executors, setup, trainer
 from anp_jax.executors.common import MeshHelper
 from anp_jax.data import pipeline
 from conftest import (ROOT, TESTS, TINY_SYNTHETIC, assert_leaves_close, launch, leaves, main_cmd,
@@ -473,3 +474,44 @@ def test_bfloat16_models_get_bfloat16_images_and_train_bit_for_bit_the_same(data
                                                                train[1][0]['image'][:16])]
   for x, y in zip(jax.tree.leaves(after[0]), jax.tree.leaves(after[1])):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+# ----------------------------------------------------------------------------------------------
+# The training stream crosses epoch boundaries: no tail dropped, resumable mid-batch across one.
+
+
+def test_stream_crosses_epochs_and_drops_no_tail(data_dir):
+  """3 devices x 5 examples: 2 epochs = ceil(512 / 15) = 35 steps. The stream's first 256
+  positions are one whole epoch, the next 256 the next one, reshuffled, and the last 13 start a
+  third: every example is read two or three times, nothing is dropped. (Before the stream
+  crossed epochs, each epoch was cut to whole steps and lost its tail.)"""
+  config = tiny_config(data_dir, augment='none')
+  builder = pipeline.get_builder(config)
+  pdb, shards = 5, 3
+  steps = durations.to_steps(steps_per_epoch=TRAIN_SIZE / (pdb * shards), epochs=2,
+                             rounding='ceil')
+  assert steps == 35
+  ds = pipeline.train_dataset(builder, config, per_device_batch=pdb, num_shards=shards,
+                              shards=range(shards))
+  seen = _digest(np.concatenate([b['image'] for b in _batches(ds, steps)]))
+  assert len(seen) == steps * pdb * shards == 525
+  first, second = seen[:TRAIN_SIZE], seen[TRAIN_SIZE:2 * TRAIN_SIZE]
+  assert len(set(first)) == TRAIN_SIZE and sorted(second) == sorted(first)
+  assert second != first  # The next epoch is reshuffled.
+  counts = {h: seen.count(h) for h in set(seen)}
+  assert min(counts.values()) == 2 and max(counts.values()) == 3
+
+
+def test_resume_mid_batch_across_an_epoch_boundary_is_exact(data_dir):
+  """8 devices x 3 = 24 examples a step: step 10 reads positions 240-263, the last 16 of epoch 0
+  and the first 8 of epoch 1."""
+  config = tiny_config(data_dir)
+  builder = pipeline.get_builder(config)
+  kw = dict(per_device_batch=3, num_shards=8, shards=range(8))
+  full = _batches(pipeline.train_dataset(builder, config, **kw), 14)
+  for start in (9, 10, 11):
+    resumed = _batches(pipeline.train_dataset(builder, config, start_step=start, **kw),
+                       14 - start)
+    for a, b in zip(full[start:], resumed, strict=True):
+      np.testing.assert_array_equal(a['image'], b['image'])
+      np.testing.assert_array_equal(a['label_anp'], b['label_anp'])

@@ -1,4 +1,4 @@
-"""The README's IPython snippet runs exactly as printed."""
+"""The README: its IPython snippet runs exactly as printed, and its command lines have one form."""
 
 import os
 import re
@@ -27,3 +27,17 @@ def test_readme_ipython_snippet_runs(tmp_path):
   assert '8 devices' in out.stdout
   assert "'image': ((64, 32, 32, 3)" in out.stdout
   assert 'train/anp_top1' in out.stdout and 'logits' in out.stdout
+
+
+def test_readme_commands_have_one_form():
+  """Every command line of the README's code blocks starts the same way (no bare `python`)."""
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  blocks = re.findall(r'```bash\n(.*?)```', text, re.S)
+  commands = [l.strip() for b in blocks for l in b.splitlines()
+              if l.strip() and not l.startswith((' ', '\t', '#'))]
+  bad = [c for c in commands if re.search(r'(^|\s)(PYTHONPATH=\S* )?python3? ', c)]
+  assert not bad, bad
+  assert not re.search(r'PYTHONPATH=\. ', text)
+  assert all(c.split()[0] in ('.venv/bin/python', './run.sh', './test.sh', 'sbatch',
+                              'experiments/bench_gpu.sh') or '=' in c.split()[0]
+             for c in commands), commands

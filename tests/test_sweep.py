@@ -1,9 +1,8 @@
-"""The large-batch toolkit: noise-scale estimator, LARS/LAMB, scaling schedules, the sweep + report.
-
-The estimator is checked against a synthetic gradient distribution whose |G|² and tr(Σ) are
-known; LARS and LAMB against a step-by-step numpy transcription of their definitions; the sweep
-end to end on the tiny preset (2 batch sizes, a few steps each), including skipping finished runs,
-resuming an interrupted one and the report.
+"""The batch-size sweep (anp_jax/research/sweep.py) and its report: B_simple and steps to target
+of a run from its logs, each grid point's run config (scaling rule, warmup, accumulation), the
+report's fit and the learning-rate selection, bad input, and the sweep end to end on the tiny
+preset (2 batch sizes, a few steps each), including skipping finished runs, resuming an
+interrupted one and the report.
 """
 
 import csv
@@ -13,12 +12,10 @@ import os
 import shutil
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from anp_jax import optim
+from anp_jax import optim, reporting
 from anp_jax.setup import resolve_setup
 from anp_jax import noise_scale
 from anp_jax.research import runner, study_results, sweep
@@ -28,100 +25,11 @@ from conftest import TINY_SYNTHETIC, run_experiment
 from anp_jax.research import sweep_report as report
 
 # ----------------------------------------------------------------------------------------------
-# (a) The gradient-noise-scale estimator.
-
-
-def _batch_norms_sq(rng, true_grad, chol, b_small, b_big, draws):
-  """|G_small|² (mean over the disjoint small batches of one big batch) and |G_big|², per draw.
-
-  Per-example gradients are g_i = G + L z_i with z_i ~ N(0, I), so Cov(g_i) = L Lᵀ = Σ.
-  """
-  d = true_grad.shape[0]
-  noise = rng.standard_normal((draws, b_big, d)) @ chol.T
-  per_example = true_grad + noise
-  small = per_example.reshape(draws, b_big // b_small, b_small, d).mean(axis=2)
-  small_sq = np.mean(np.sum(small ** 2, axis=-1), axis=1)
-  big_sq = np.sum(per_example.mean(axis=1) ** 2, axis=-1)
-  return small_sq, big_sq
-
-
-def test_noise_scale_estimator_recovers_known_gradient_and_trace():
-  rng = np.random.default_rng(0)
-  d, b_small, b_big, draws = 24, 4, 32, 6000
-  true_grad = rng.normal(0, 0.5, d)
-  chol = np.tril(rng.normal(0, 0.4, (d, d)))  # A full (correlated) covariance.
-  g2_true = float(true_grad @ true_grad)
-  trace_true = float(np.sum(chol ** 2))  # tr(L Lᵀ).
-  small_sq, big_sq = _batch_norms_sq(rng, true_grad, chol, b_small, b_big, draws)
-
-  g2, trace = noise_scale.estimate(small_sq, big_sq, b_small, b_big)
-  assert np.mean(g2) == pytest.approx(g2_true, rel=0.03)
-  assert np.mean(trace) == pytest.approx(trace_true, rel=0.03)
-  # The estimator is linear, so means of the norms give the same terms; their ratio is B_simple.
-  b = noise_scale.b_simple(np.mean(small_sq), np.mean(big_sq), b_small, b_big)
-  assert b == pytest.approx(trace_true / g2_true, rel=0.05)
-  # Single draws are noisy (why the trainer smooths both terms): far wider than the mean's error.
-  assert np.std(g2) > 0.1 * g2_true
-
-
-def test_noise_scale_ema_is_one_implementation_for_floats_and_traced_values():
-  """The trainer's compiled step calls `update_ema_state`; on float32 JAX values it gives the
-  numbers of the Python-float tracker, and `log_fields` logs both bias-corrected terms."""
-  rng = np.random.default_rng(1)
-  b_small, b_big, decay = 4, 32, 0.9
-  ours = noise_scale.init_ema_state()
-  traced = jax.jit(lambda e, s, b: noise_scale.update_ema_state(e, s, b, b_small, b_big, decay))
-  theirs = {k: jnp.zeros((), jnp.float32) for k in noise_scale.EMA_KEYS}
-  tracker = noise_scale.NoiseScaleTracker(b_small, b_big, decay)
-  for _ in range(6):
-    big_sq = float(rng.uniform(1.0, 2.0))
-    small_sq = big_sq + float(rng.uniform(0.5, 3.0))  # |G_small|² > |G_big|² on average.
-    ours = noise_scale.update_ema_state(ours, small_sq, big_sq, b_small, b_big, decay)
-    theirs = traced(theirs, jnp.float32(small_sq), jnp.float32(big_sq))
-    tracked = tracker.update(small_sq, big_sq)
-    for k in noise_scale.EMA_KEYS:
-      np.testing.assert_allclose(float(theirs[k]), ours[k], rtol=1e-5)
-    fields = noise_scale.log_fields(theirs)
-    assert fields[noise_scale.G2_FIELD] == pytest.approx(tracker.g2.value, rel=1e-5)
-    assert fields[noise_scale.TRACE_FIELD] == pytest.approx(tracker.trace.value, rel=1e-5)
-    # The ratio of the raw EMAs equals the bias-corrected ratio.
-    assert fields[noise_scale.B_SIMPLE_FIELD] == pytest.approx(tracked, rel=1e-5)
-  assert noise_scale.b_simple_from_state(noise_scale.init_ema_state()) is None
-  assert noise_scale.log_fields(noise_scale.init_ema_state()) == {}
-  # A negative |G|² average is still logged (both terms), only the ratio is left out.
-  negative = noise_scale.log_fields({'g2': -0.1, 'trace': 2.0, 'weight': 0.5})
-  assert negative == {noise_scale.G2_FIELD: pytest.approx(-0.2),
-                      noise_scale.TRACE_FIELD: pytest.approx(4.0)}
-  ema = noise_scale.EMA(0.9)
-  assert ema.update(5.0) == pytest.approx(5.0)  # Bias-corrected from the first update.
-  assert ema.update(1.0) == pytest.approx((0.9 * 0.1 * 5 + 0.1 * 1) / (0.1 + 0.09))
-  with pytest.raises(ValueError, match='b_small < b_big'):
-    noise_scale.estimate(1.0, 1.0, 8, 8)
+# (a) A run's B_simple, from the noise-scale estimates it logged.
 
 
 def _noise_record(step, g2, trace):
   return {'step': step, noise_scale.G2_FIELD: g2, noise_scale.TRACE_FIELD: trace}
-
-
-def test_window_b_simple_is_the_ratio_of_window_means_including_non_positive_g2():
-  # Per-record ratios 10, 10, (g2 <= 0: no ratio), 10 -> median of ratios 10; dropping the
-  # g2 <= 0 record biases the estimate, the ratio of means keeps it: 30 / 1.5 = 20.
-  records = [_noise_record(1, 1.0, 10.0), _noise_record(2, 2.0, 20.0),
-             _noise_record(3, -1.0, 60.0), _noise_record(4, 4.0, 40.0),
-             {'step': 4, 'eval/anp_top1': 0.5}]
-  assert noise_scale.window_b_simple(records) == pytest.approx(130.0 / 6.0)
-  assert noise_scale.window_b_simple(records, start_step=1, end_step=3) == pytest.approx(80.0)
-  assert noise_scale.window_b_simple(records, start_step=10) is None
-  assert noise_scale.window_b_simple([_noise_record(1, -1.0, 5.0)]) is None
-  windows = noise_scale.b_simple_windows(records, 2)
-  assert windows == [pytest.approx(10.0), pytest.approx(100.0 / 3.0)]
-  assert noise_scale.b_simple_windows(records, 5) == []  # Fewer records than windows.
-
-
-def test_global_bn_over_devices_makes_b_simple_unmeasurable():
-  assert 'global' in noise_scale.unmeasurable_reason('global', 8)
-  for bn_mode, devices in (('global', 1), ('ghost', 8), ('per_device', 8)):
-    assert noise_scale.unmeasurable_reason(bn_mode, devices) == ''
 
 
 def test_stopped_run_gets_b_simple_from_the_steps_it_trained(tmp_path):
@@ -143,110 +51,7 @@ def test_stopped_run_gets_b_simple_from_the_steps_it_trained(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# (b) LARS and LAMB against a numpy transcription.
-
-
-def _opt_config(name):
-  from anp_jax.configs import default
-  c = default.get_config()
-  c.update(dict(optimizer=name, weight_decay=0.01, momentum=0.9, lars_trust_coefficient=0.02,
-                batch_size=256, base_batch_size=256, base_lr=0.5, lr_scaling='none',
-                schedule='constant', warmup_epochs=2.0, adam_b1=0.9, adam_b2=0.99))
-  return c
-
-
-def _param_tree(rng):
-  """A conv kernel (decayed, trust-ratio'd), a BN scale and a zero BN bias (both excluded)."""
-  return {'conv': {'kernel': rng.normal(0, 0.3, (3, 3, 2, 4)).astype(np.float32)},
-          'bn': {'scale': (1.0 + rng.normal(0, 0.1, 4)).astype(np.float32),
-                 'bias': np.zeros(4, np.float32)}}
-
-
-def _run_optax(name, params, grads_seq):
-  c = _opt_config(name)
-  # 2 warmup epochs of 1 step: lr(0) = peak / 2, lr(1) = peak.
-  tx = optim.create_optimizer(c, optim.create_lr_schedule(c, steps_per_epoch=1, total_steps=10))
-  p = jax.tree.map(jnp.asarray, params)
-  state = tx.init(p)
-  out = []
-  for g in grads_seq:
-    updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, p)
-    p = jax.tree.map(lambda a, u: a + u, p, updates)
-    out.append(jax.tree.map(np.asarray, p))
-  return out
-
-
-def _norm(x):
-  return float(np.sqrt(np.sum(np.square(x, dtype=np.float64))))
-
-
-def _flat(tree):
-  return {f'{a}/{b}': v for a, sub in tree.items() for b, v in sub.items()}
-
-
-def _unflat(flat):
-  out = {}
-  for key, v in flat.items():
-    a, b = key.split('/')
-    out.setdefault(a, {})[b] = v
-  return out
-
-
-def test_lars_matches_hand_computation():
-  rng = np.random.default_rng(2)
-  params = _param_tree(rng)
-  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
-           for _ in range(2)]
-  got = _run_optax('lars', params, grads)
-  wd, mom, tc, lrs = 0.01, 0.9, 0.02, (0.25, 0.5)
-  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
-  trace = {k: np.zeros_like(v) for k, v in p.items()}
-  for step, g_tree in enumerate(grads):
-    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
-    for k in p:
-      decayed = k.endswith('kernel')  # The mask: only >= 2-D parameters.
-      u = g[k] + wd * p[k] if decayed else g[k]
-      if decayed:  # Trust ratio tc·|p|/|u| only where masked in (also 1 if a norm is 0).
-        pn, un = _norm(p[k]), _norm(u)
-        u = u * (tc * pn / un if pn > 0 and un > 0 else 1.0)
-      u = -lrs[step] * u
-      trace[k] = u + mom * trace[k]  # optax.trace after the learning rate (heavy ball).
-      p[k] = p[k] + trace[k]
-    for k, v in _flat(got[step]).items():
-      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
-
-
-def test_lamb_matches_hand_computation():
-  rng = np.random.default_rng(3)
-  params = _param_tree(rng)
-  grads = [jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32), params)
-           for _ in range(2)]
-  got = _run_optax('lamb', params, grads)
-  wd, b1, b2, eps, lrs = 0.01, 0.9, 0.99, 1e-6, (0.25, 0.5)
-  p = {k: v.astype(np.float64) for k, v in _flat(params).items()}
-  mu = {k: np.zeros_like(v) for k, v in p.items()}
-  nu = {k: np.zeros_like(v) for k, v in p.items()}
-  for step, g_tree in enumerate(grads):
-    t = step + 1
-    g = {k: v.astype(np.float64) for k, v in _flat(g_tree).items()}
-    for k in p:
-      mu[k] = b1 * mu[k] + (1 - b1) * g[k]
-      nu[k] = b2 * nu[k] + (1 - b2) * g[k] ** 2
-      u = (mu[k] / (1 - b1 ** t)) / (np.sqrt(nu[k] / (1 - b2 ** t)) + eps)
-      if k.endswith('kernel'):
-        u = u + wd * p[k]
-      # Trust ratio on kernels only (as LARS): BatchNorm scales/offsets and biases take lr * u.
-      pn, un = _norm(p[k]), _norm(u)
-      ratio = pn / un if p[k].ndim >= 2 and pn > 0 and un > 0 else 1.0
-      p[k] = p[k] - lrs[step] * ratio * u
-    for k, v in _flat(got[step]).items():
-      np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
-  # The zero-initialised bias moved by exactly lr·|adam step| on the first step (no ratio).
-  assert np.all(np.abs(_flat(got[0])['bn/bias']) > 0)
-
-
-# ----------------------------------------------------------------------------------------------
-# (c) Scaling rules and warmup for the sweep's batch sizes.
+# (b) Scaling rules and warmup for the sweep's batch sizes.
 
 
 def _run_config(base, batch, rule, warmup, seed, lr_mult):
@@ -363,7 +168,7 @@ def test_best_lr_tie_in_steps_goes_to_the_better_accuracy_not_the_name():
 
 
 # ----------------------------------------------------------------------------------------------
-# (d) A tiny sweep end to end.
+# (c) A tiny sweep end to end.
 
 
 def _argv(out, data_dir, *extra):
@@ -455,7 +260,7 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------
-# (e) Bad input fails before any training.
+# (d) Bad input fails before any training.
 
 
 @pytest.mark.parametrize('extra,message', [
@@ -661,3 +466,37 @@ def test_one_out_directory_holds_one_kind_of_experiment(data_dir, tmp_path, caps
     sweep.sweep(_argv('', data_dir, '--dry_run'))
   assert sam.main(['--preset', 'tiny', '--out=', '--dry_run', f'--config.data_dir={data_dir}']) == 2
   assert '--out is empty' in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps to target in a sweep's rows: interpolated, in examples and passes.
+
+
+def _evals(points):
+  return [{'step': s, 'eval/anp_top1': a} for s, a in points]
+
+
+def _write_run(run_dir, batch, points, train_size=8000):
+  os.makedirs(run_dir)
+  info = {'name': os.path.basename(run_dir), 'batch': batch, 'rule': 'linear', 'warmup': 'on',
+          'seed': 0, 'lr_mult': 1.0, 'base_lr': 0.1, 'lr': 0.1, 'warmup_epochs': 1.0,
+          'epochs': 10.0, 'train_size': train_size, 'devices': 2, 'per_device_batch': batch // 2,
+          'accum_steps': 1, 'steps_per_epoch': train_size / batch, 'total_steps': 100,
+          'eval_every_steps': 10}
+  with open(os.path.join(run_dir, 'sweep_run.json'), 'w') as f:
+    json.dump(info, f)
+  with open(os.path.join(run_dir, 'metrics.jsonl'), 'w') as f:
+    for r in _evals(points):
+      f.write(json.dumps(r) + '\n')
+  reporting.write_json_atomic(os.path.join(run_dir, 'final_metrics.json'),
+                              {'step': 100, 'eval/anp_top1': points[-1][1]})
+
+
+def test_sweep_rows_use_interpolated_steps_and_passes(tmp_path):
+  run = str(tmp_path / 'b512')
+  _write_run(run, 512, [(10, 0.1), (20, 0.2), (30, 0.4)])
+  row = sweep.summarize_run(run, 0.3)
+  assert row['steps_to_target'] == pytest.approx(25.0)
+  assert row['eval_step_reaching_target'] == 30
+  assert row['examples_to_target'] == pytest.approx(25 * 512)
+  assert row['epochs_to_target'] == pytest.approx(25 * 512 / 8000)  # Passes, not steps / 15.

@@ -1,8 +1,10 @@
 """Edges of the batch-size sweep report (anp_jax/research/sweep_report.py) on hand-made rows.
 
 A batch size where no learning-rate multiplier produced a choice (all diverged or unfinished)
-stays in the report, and the report describes B_simple as it is computed. No training: the rows
-are what `sweep.collect_results` would return.
+stays in the report, the report describes B_simple as it is computed, a batch whose seeds missed
+the target is named and not averaged over its survivors, and the report is written (naming the
+runs that missed) when no run reaches the target. No training: the rows are what
+`sweep.collect_results` would return.
 """
 
 import json
@@ -12,6 +14,7 @@ import pytest
 from anp_jax import noise_scale
 from anp_jax.research import sweep
 from anp_jax.research import sweep_report as report
+from conftest import run_experiment
 
 
 def _row(batch, mult, status, steps=None, top1=None, seed=0, b_simple=None):
@@ -115,3 +118,51 @@ def test_a_batch_whose_seeds_diverged_is_not_fitted_from_its_survivor():
   assert entries[1024]['steps'] is None
   assert entries[1024]['top1'] is None
   assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['points'] == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# The report when no run reaches the target: written, the runs that missed it named.
+
+
+def _missed_target_row(batch, steps_to_target, top1=0.1):
+  return {'name': f'b{batch:05d}-linear-warmup-lrx1-s0', 'batch': batch, 'rule': 'linear',
+          'warmup': 'on', 'seed': 0, 'lr_mult': 1.0, 'base_lr': 0.2, 'lr': 0.1 * batch / 128,
+          'warmup_epochs': 1.0, 'epochs': 1.0, 'devices': 2, 'per_device_batch': batch // 2,
+          'accum_steps': 1, 'steps_per_epoch': 10, 'total_steps': 10, 'status': 'finished',
+          'final_step': 10, 'final_top1': top1, 'final_top5': 0.3, 'best_top1': top1,
+          'target_top1': 0.25, 'steps_to_target': steps_to_target,
+          'examples_to_target': None if steps_to_target is None else steps_to_target * batch,
+          'epochs_to_target': None, 'wall_time_s': 1.0, 'b_simple': None, 'best_lr': True,
+          'error': None}
+
+
+@pytest.mark.parametrize('reached', [(None, None), (40, None)])
+def test_report_is_written_when_runs_miss_the_target(tmp_path, reached):
+  rows = [_missed_target_row(128, reached[0]), _missed_target_row(256, reached[1])]
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  r = run_experiment('report.py', str(tmp_path))
+  assert r.returncode == 0, r.stderr
+  text = (tmp_path / 'report.md').read_text()
+  assert (tmp_path / 'steps_vs_batch.png').stat().st_size > 0
+  assert '| linear rule, warmup | 256 |' in text and 'never' in text
+  assert 'did not reach' in text  # The missed runs are named, not silently left out.
+
+
+def test_aggregate_names_seeds_that_never_reach_the_target():
+  def row(batch, seed, steps):
+    return {'batch': batch, 'rule': 'linear', 'warmup': 'on', 'seed': seed, 'status': 'finished',
+            'steps_to_target': steps, 'examples_to_target': None if steps is None else
+            steps * batch, 'final_top1': 0.3, 'best_top1': 0.3, 'b_simple': None, 'lr': 0.1,
+            'total_steps': 100, 'best_lr': True}
+  rows = [row(32, 0, 80.0), row(32, 1, 90.0), row(64, 0, 40.0), row(64, 1, None),
+          row(128, 0, None), row(128, 1, None), row(256, 0, 12.0), row(256, 1, 14.0)]
+  entries = {e['batch']: e for e in report.aggregate(rows)[('linear', 'on')]}
+  assert entries[32]['steps'] == pytest.approx(85.0) and entries[32]['not_reached'] == 0
+  # One of two seeds never reached it: no mean over the survivor, and the count is reported.
+  assert entries[64]['steps'] is None and entries[64]['not_reached'] == 1
+  # Its steps are censored: at least the mean with the miss at its budget (100 steps).
+  assert entries[64]['steps_summary']['lower_bound'] == pytest.approx(70.0)
+  assert entries[64]['reached'] == 1
+  assert entries[128]['steps'] is None and entries[128]['not_reached'] == 2
+  fit = report.fit_arms(report.aggregate(rows))[('linear', 'on')]
+  assert fit['points'] == 2  # B=32 and B=256 only.

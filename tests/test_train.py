@@ -1,4 +1,5 @@
-"""Training end to end on 8 simulated devices: loss falls, executors agree, accumulation is exact."""
+"""Training end to end on 8 simulated devices: loss falls, executors agree, accumulation is exact,
+the logs count examples seen and passes."""
 
 import contextlib
 import io
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from anp_jax import errors, metrics, models, steps, trainer
+from anp_jax.research import sweep_report as report
 from conftest import (ROOT, assert_leaves_close, direct_eval, leaves, main_cmd, subprocess_env,
                       tiny_config)
 
@@ -266,3 +268,26 @@ def test_label_smoothing_enters_the_loss(data_dir):
     logp = np.asarray(jax.nn.log_softmax(logits['anp'][0]))
     target = (1 - eps) * np.eye(4)[1] + eps / 4
     assert float(loss) == pytest.approx(-np.sum(target * logp), rel=1e-6)
+
+
+def _per_device_config(data_dir, **kw):
+  return tiny_config(data_dir, batch_size=24, bn_mode='per_device', **kw)
+
+
+def test_logs_report_examples_seen_and_passes(data_dir, tmp_path):
+  config = _per_device_config(data_dir, num_train_steps=-1, num_epochs=1.5,
+                              eval_every_epochs=0.5, log_every_steps=4)
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.setup.total_steps == 16  # ceil(1.5 * 256 / 24): 384 examples, 1.5 passes.
+  records = report.read_metrics(str(tmp_path))
+  evals = [r for r in records if 'eval/anp_top1' in r]
+  trains = [r for r in records if 'train/loss' in r]
+  assert [r['step'] for r in evals] == [5, 10, 15, 16]  # Every round(0.5 * 10.67) steps.
+  for r in evals + trains:
+    kind = 'eval' if r in evals else 'train'
+    assert r[f'{kind}/examples_seen'] == 24 * r['step']
+    assert r[f'{kind}/passes'] == pytest.approx(24 * r['step'] / 256)
+  with open(tmp_path / 'final_metrics.json') as f:
+    final = json.load(f)
+  assert final['examples_seen'] == 384 and final['passes'] == pytest.approx(1.5)
+  assert not [n for n in os.listdir(tmp_path) if '.tmp' in n]
