@@ -1,43 +1,60 @@
-"""Figures the docs quote are the committed results they come from (docs/studies.md)."""
+"""Figures docs/studies.md quotes are the committed results they come from, and each quoted claim
+is what the intervals say (so a re-run that changes them fails here until the text follows)."""
 
 import csv
+import json
 import os
 
 from anp_jax.research import sweep_report as report
 from conftest import ROOT
+
+SWEEP = os.path.join(ROOT, 'experiments', 'results', 'bs_sweep_cpu_shallue')
 
 
 def _flat(text):
   return ' '.join(text.split())
 
 
-def test_quoted_sweep_figures_match_the_committed_results():
-  results = os.path.join(ROOT, 'experiments', 'results', 'bs_sweep_cpu')
-  with open(os.path.join(results, 'results.csv')) as f:
-    rows = {(int(r['batch']), r['rule'], r['warmup']): r for r in csv.DictReader(f)}
-  pct = lambda b, rule='linear', warm='on': f'{100 * float(rows[(b, rule, warm)]["final_top1"]):.1f}'
-  # Steps to target are interpolated (floats in results.csv); the report and README round them.
-  steps = lambda b, warm: f"{float(rows[(b, 'linear', warm)]['steps_to_target']):.0f}"
-  readme = _flat(open(os.path.join(ROOT, 'README.md')).read())
-  quoted = [
-      f'final ANP top-1 falls from {pct(32)} % (B=32) and {pct(64)} % (64) to {pct(128)} % (128), '
-      f'{pct(256)} % (256), {pct(512)} % (512) and {pct(1024)} % (1024)',
-      f'({steps(32, "off")} → {steps(64, "off")} → {steps(128, "off")} without warmup), then '
-      f'{steps(256, "off")}, {steps(512, "off")}, {steps(1024, "off")}',
-      f'({pct(32, "none")} % at B=32)',
-  ]
-  fits = report.fit_arms(report.aggregate(report.load_results(results)))
-  b_crit = {w: fits[('linear', w)]['b_crit'] for w in ('on', 'off')}
-  b_simple = {w: fits[('linear', w)]['b_simple_median'] for w in ('on', 'off')}
-  quoted.append(f'B_crit = {b_crit["on"]:.0f} (warmup) / {b_crit["off"]:.0f} (no warmup) against a '
-                f'measured B_simple of {b_simple["on"]:.0f} / {b_simple["off"]:.0f}')
-  for text in quoted:
-    assert text in readme, text
-  r256, r1024 = rows[(256, 'linear', 'on')], rows[(1024, 'linear', 'on')]
-  docstring = _flat(open(os.path.join(ROOT, 'anp_jax', 'configs', 'sweep_cpu.py')).read())
-  assert (f'B=256 reaches it after {float(r256["steps_to_target"]):.0f} steps '
-          f'({float(r256["epochs_to_target"]):.1f} epochs) and ends at {pct(256)} %; B=1024 (lr '
-          f'{float(r1024["lr"]):g}) after {float(r1024["steps_to_target"]):.0f} steps '
-          f'({float(r1024["epochs_to_target"]):.1f} epochs), ending at {pct(1024)} %') in docstring
+def _studies():
+  return _flat(open(os.path.join(ROOT, 'docs', 'studies.md')).read())
 
 
+def _entries():
+  agg = report.aggregate(report.load_results(SWEEP))
+  assert list(agg) == [('sqrt', 'on')]
+  return {e['batch']: e for e in agg[('sqrt', 'on')]}
+
+
+def test_the_sweep_table_is_the_committed_results_on_the_test_split():
+  points = {p['point']: p for p in csv.DictReader(open(os.path.join(SWEEP, 'points.csv')))}
+  doc = _studies()
+  for b, e in _entries().items():
+    p = points[e['point']]
+    assert e['published_split'] == 'test' and e['seeds'] == e['reached'] == 3
+    assert not e['lr_edge'] and p['late_crossings'] == '0'  # As the text says.
+    s, x = e['steps_summary'], e['examples_summary']
+    assert s['mean'] == float(p['test_steps_to_target_mean'])  # Test, not validation.
+    tried = ', '.join(f'{m:g}' for m in json.loads(p['lr_tried']))
+    row = (f'| {b} | {e["lr"]:.3g} (x{e["lr_mult"]:g}) | {tried} | '
+           f'{s["mean"]:.0f} [{s["low"]:.0f}, {s["high"]:.0f}] | '
+           f'{float(p["test_steps_to_target_sd"]):.1f} | '
+           f'{x["mean"]:,.0f} [{x["low"]:,.0f}, {x["high"]:,.0f}] | {e["b_simple"]:.0f} |')
+    assert row in doc, row
+
+
+def test_the_sweep_claims_follow_from_the_intervals():
+  e, doc = _entries(), _studies()
+  ex = {b: v['examples_summary'] for b, v in e.items()}
+  st = {b: v['steps_summary'] for b, v in e.items()}
+  # Perfect scaling up to 64: the examples intervals of 32 and 64 overlap.
+  assert ex[64]['low'] <= ex[32]['high']
+  # Diminishing from 128: above B=32's interval; the ratios quoted.
+  assert ex[128]['low'] > ex[32]['high']
+  ratios = [f'{ex[b]["mean"] / ex[32]["mean"]:.1f}x' for b in (256, 512, 1024)]
+  assert f'{ratios[0]}, {ratios[1]} and {ratios[2]} B = 32\'s examples' in doc
+  assert ' → '.join(f'{st[b]["mean"]:.0f}' for b in (128, 256, 512, 1024)) in doc
+  # No plateau: 256 and 512 overlap, 1024 lies below 256's interval.
+  assert st[512]['low'] <= st[256]['high'] and st[1024]['high'] < st[256]['low']
+  fit = report.fit_arms(report.aggregate(report.load_results(SWEEP)))[('sqrt', 'on')]
+  assert (f'S_min = {fit["s_min"]:.0f} steps and B_crit = {fit["b_crit"]:.0f} examples' in doc)
+  assert f'median of {fit["b_simple_median"]:.0f} over batch sizes' in doc

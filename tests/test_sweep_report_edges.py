@@ -166,3 +166,33 @@ def test_aggregate_names_seeds_that_never_reach_the_target():
   assert entries[128]['steps'] is None and entries[128]['not_reached'] == 2
   fit = report.fit_arms(report.aggregate(rows))[('linear', 'on')]
   assert fit['points'] == 2  # B=32 and B=256 only.
+
+
+def _with_test(row, test_steps, test_top1):
+  """A row whose run also evaluated the held-out test split (the sweep's evals include it)."""
+  return dict(row, has_test=True, outcome='reached', test_outcome='reached',
+              test_steps_to_target=test_steps,
+              test_examples_to_target=test_steps * row['batch'],
+              **{'eval/anp_top1': row['final_top1'], 'test/anp_top1': test_top1})
+
+
+def test_a_sweep_with_a_test_split_publishes_test_figures_and_chooses_on_validation(tmp_path):
+  """Rates are chosen on validation (x2: 40 steps there vs 50), every published figure of the
+  chosen rate comes from test (its test crossings 44 / 48 and test top-1), and the report says
+  which split is which. Before: the table showed the validation steps of the chosen rate."""
+  rows = [_with_test(_row(32, 1, 'finished', 50, 0.5, seed=s), 30, 0.6) for s in (0, 1, 2)]
+  rows += [_with_test(_row(32, 2, 'finished', 40, 0.5, seed=s), 44 + 2 * s, 0.4 + 0.01 * s)
+           for s in (0, 1, 2)]
+  (entry,) = report.aggregate(rows)[('linear', 'on')]
+  assert entry['lr_mult'] == 2 and entry['published_split'] == 'test'
+  assert entry['steps'] == pytest.approx(46) and entry['examples'] == pytest.approx(46 * 32)
+  assert entry['top1'] == pytest.approx(0.41)
+  assert report.fit_arms({('linear', 'on'): [entry]})[('linear', 'on')]['points'] == 1
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  text = open(report.make_report(str(tmp_path))).read()
+  assert 'chosen on validation' in text and 'published figures on the test split' in text
+  assert '| 46 [' in text and '| 41.00 [' in text and 'stopped at the target' not in text
+  # Runs stopped at the target: their "final" top-1 is no fixed-budget accuracy, and it says so.
+  (tmp_path / 'results.json').write_text(json.dumps([dict(r, final_step=60) for r in rows]))
+  text = open(report.make_report(str(tmp_path))).read()
+  assert '6 of 6 runs stopped at the target' in text

@@ -30,7 +30,7 @@ loaded them (load 6-8), each epoch ~15 s with its two evaluations of both splits
 set-up per run (30 s when its compilation is not in JAX's persistent cache:
 ``JAX_COMPILATION_CACHE_DIR``). ``cpu``: 54 runs stopping at ~2-7 epochs plus extensions ≈
 1.5 h; ``cpu:goyal``: 18 runs x 6 epochs ≈ 35 min. Measured costs in
-``experiments/results/bs_sweep_cpu/README.md``.
+``docs/studies.md`` (section 1).
 """
 
 from anp_jax.configs import default
