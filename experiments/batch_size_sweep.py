@@ -29,7 +29,7 @@ again x2 beyond it, at most E times per batch size, until it is interior.
 * **Gradient accumulation** is chosen per batch: when the per-device batch exceeds
   ``--max_per_device_batch``, ``config.grad_accum_steps`` is the smallest count of micro-batches
   that fits and keeps every micro-batch a whole number of ghost-BN groups (with ghost BN this is
-  exactly one large batch, see tests/test_train.py). ``--max_per_device_batch 0`` disables it.
+  exactly one large batch, see tests/test_trainer.py). ``--max_per_device_batch 0`` disables it.
 * **Validation before any training**: unknown rules / warmup values, an empty grid, a target
   outside (0, 1], batch sizes that do not split over devices × micro-batches × BN groups (all bad
   ones are listed) or do not fit the dataset, a run directory in DIR trained with other settings,

@@ -250,8 +250,8 @@ def assert_leaves_close(got, want, **tol):
 # the tail is then a light file, not the one with the multi-process or SLURM jobs (xdist's own
 # order, by number of tests, sent those last). A file's weight is the sum of its tests'
 # `@pytest.mark.slow(seconds)`: about what the test takes alone on 2 idle cores (unmarked: 1).
-# A file heavier than a fair share of the suite is split in two (e.g. test_checkpoint.py and
-# test_checkpoint_kill.py). (xdist_group marks cannot split a file: with pytest 9 the loadgroup
+# A file heavier than a fair share of the suite is split in two (its heavy tests in a second file
+# of the same subject). (xdist_group marks cannot split a file: with pytest 9 the loadgroup
 # mode of xdist 3.8 no longer renames node ids, and every test becomes its own unit.)
 
 UNMARKED_SECONDS = 1.0

@@ -2,7 +2,7 @@
 estimator against a synthetic gradient distribution whose |G|² and tr(Σ) are known, its EMA (one
 implementation for Python floats and traced values), B_simple over windows of logged records,
 when it cannot be measured, and the input checks. (The trainer's measurement of it:
-tests/test_train.py and tests/test_local_sgd.py.)"""
+tests/test_trainer.py and tests/test_local_sgd.py.)"""
 
 import jax
 import jax.numpy as jnp
