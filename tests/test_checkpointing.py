@@ -559,3 +559,11 @@ def test_trainer_resume_across_an_epoch_boundary_is_exact(data_dir, tmp_path, ca
   assert_resume_is_exact(lambda n: _per_device_config(data_dir, num_train_steps=n,
                                                      schedule='constant'), 13, 10,
                          tmp_path, capsys)
+
+
+def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
+  from anp_jax import trainer
+  monkeypatch.chdir(trained.parent)
+  trainer.load_checkpoint(trained.name)
+  monkeypatch.setenv('HOME', str(trained.parent))
+  trainer.load_checkpoint(os.path.join('~', trained.name))

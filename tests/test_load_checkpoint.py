@@ -1,12 +1,11 @@
-"""`trainer.load_checkpoint` (the IPython handle) on a machine other than the one that trained,
-and from relative and ~ paths.
+"""`trainer.load_checkpoint` (the IPython handle) on a machine other than the one that trained
+(relative and ~ paths: tests/test_checkpointing.py).
 
 A checkpoint records each array's sharding (device ids of the job that saved it). Loading it for
 inspection must not need those devices: a run saved by 8 devices (or by several processes, as
 every SLURM job is) loads in a process that has one device, leaf for leaf equal.
 """
 
-import os
 import subprocess
 import sys
 
@@ -50,28 +49,3 @@ def test_a_checkpoint_saved_on_8_devices_loads_on_one(data_dir, tmp_path):
   assert len(there.files) == len(expected) > 0
   for i, x in enumerate(expected):
     np.testing.assert_array_equal(there[f'arr_{i}'], np.asarray(x))
-
-
-# ----------------------------------------------------------------------------------------------
-# Relative and ~ paths.
-
-
-def _train(data_dir, workdir, **overrides):
-  from anp_jax import trainer
-  config = tiny_config(data_dir, **overrides)
-  return trainer.train_and_evaluate(config, str(workdir))
-
-
-@pytest.fixture(scope='module')
-def trained(data_dir, tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('trained')
-  _train(data_dir, workdir, num_train_steps=3)
-  return workdir
-
-
-def test_load_checkpoint_resolves_relative_and_home_paths(trained, monkeypatch):
-  from anp_jax import trainer
-  monkeypatch.chdir(trained.parent)
-  trainer.load_checkpoint(trained.name)
-  monkeypatch.setenv('HOME', str(trained.parent))
-  trainer.load_checkpoint(os.path.join('~', trained.name))
