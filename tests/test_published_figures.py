@@ -58,3 +58,37 @@ def test_the_sweep_claims_follow_from_the_intervals():
   fit = report.fit_arms(report.aggregate(report.load_results(SWEEP)))[('sqrt', 'on')]
   assert (f'S_min = {fit["s_min"]:.0f} steps and B_crit = {fit["b_crit"]:.0f} examples' in doc)
   assert f'median of {fit["b_simple_median"]:.0f} over batch sizes' in doc
+
+
+GOYAL = os.path.join(ROOT, 'experiments', 'results', 'bs_goyal_cpu')
+
+
+def goyal_rows():
+  """docs/studies.md's fixed-budget table, from the committed results: per batch the final test
+  top-1 [95 % CI] over seeds and its Welch difference from B = 32."""
+  from anp_jax.research import stats
+  finals = {}
+  for r in csv.DictReader(open(os.path.join(GOYAL, 'results.csv'))):
+    assert r['status'] == 'finished' and r['has_test'] == 'True'
+    finals.setdefault(int(r['batch']), []).append(float(r['test/anp_top1']))
+  lines, diffs = [], {}
+  for b, v in sorted(finals.items()):
+    m = stats.mean_interval(v)
+    d = stats.difference_interval(v, finals[32]) if b != 32 else None
+    diffs[b] = d
+    vs = '—' if d is None else (f'{100 * d["diff"]:+.1f} [{100 * d["low"]:+.1f}, '
+                                f'{100 * d["high"]:+.1f}]')
+    lines.append(f'| {b} | {100 * m["mean"]:.1f} % [{100 * m["low"]:.1f}, {100 * m["high"]:.1f}] '
+                 f'| {vs} |')
+  return lines, diffs, finals
+
+
+def test_the_fixed_budget_table_and_its_reading():
+  lines, diffs, finals = goyal_rows()
+  doc = _studies()
+  assert all(len(v) == 3 for v in finals.values())
+  for line in lines:
+    assert line in doc, line
+  # "flat only up to B = 64": 64's difference includes 0, every larger batch's lies below it.
+  assert diffs[64]['low'] < 0 < diffs[64]['high']
+  assert all(diffs[b]['high'] < 0 for b in (128, 256, 512, 1024))

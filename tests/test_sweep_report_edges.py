@@ -196,3 +196,17 @@ def test_a_sweep_with_a_test_split_publishes_test_figures_and_chooses_on_validat
   (tmp_path / 'results.json').write_text(json.dumps([dict(r, final_step=60) for r in rows]))
   text = open(report.make_report(str(tmp_path))).read()
   assert '6 of 6 runs stopped at the target' in text
+
+
+def test_rates_given_per_batch_size_are_not_called_a_search(tmp_path):
+  """A sweep run at the rates another sweep chose (--lr_from: sweep.json's point_lr, one
+  multiplier per batch) says so; before, differing multipliers read "Learning rates were
+  searched"."""
+  rows = [_row(32, 1, 'finished', 50, 0.5), _row(64, 2, 'finished', 30, 0.5)]
+  (tmp_path / 'results.json').write_text(json.dumps(rows))
+  (tmp_path / 'sweep.json').write_text(json.dumps(
+      {'point_lr': {'b00032-linear-warmup': [1.0], 'b00064-linear-warmup': [2.0]}}))
+  text = open(report.make_report(str(tmp_path))).read()
+  assert 'not tuned here' in text and 'were searched' not in text
+  (tmp_path / 'sweep.json').write_text(json.dumps({'point_lr': {}}))
+  assert 'were searched' in open(report.make_report(str(tmp_path))).read()

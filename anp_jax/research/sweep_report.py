@@ -391,7 +391,9 @@ def make_report(out_dir: str) -> str:
   plot_steps(agg, target, os.path.join(out_dir, 'steps_vs_batch.png'))
   plot_fit(agg, fits, os.path.join(out_dir, 'noise_scale_fit.png'))
   plot_curves(rows, agg, out_dir, target, os.path.join(out_dir, 'training_curves.png'))
-  searched = len({r['lr_mult'] for r in rows}) > 1
+  # Rates given per batch size (--lr_from: another sweep's choices) are not a search here.
+  given = bool(meta.get('point_lr')) and all(len(m) == 1 for m in meta['point_lr'].values())
+  searched = len({r['lr_mult'] for r in rows}) > 1 and not given
   status = {}
   for r in rows:
     status[r['status']] = status.get(r['status'], 0) + 1
@@ -408,7 +410,10 @@ def make_report(out_dir: str) -> str:
             (' Learning rates were searched: each batch size is shown at the rate chosen on '
              'validation (a rate with a diverged seed is never chosen; fewest mean steps to the '
              'target over seeds that all reached it, else best mean final top-1).'
-             if searched else ' One learning rate per batch size (not tuned).'), '',
+             if searched else
+             ' Each batch size at the one rate given for it (`--lr_from`: the rate another sweep '
+             'chose on validation), not tuned here.' if given else
+             ' One learning rate per batch size (not tuned).'), '',
             stats.describe_method(method) + ' A batch size reaches the target only if every '
             'seed reached it; otherwise its steps read "≥ X (k/n reached, ...)": a lower bound '
             'of the mean (a miss counted at its budget), never the mean of the seeds that got '
