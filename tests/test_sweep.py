@@ -182,7 +182,8 @@ def _read_csv(path):
 
 
 def test_tiny_preset_uses_the_test_dataset():
-  assert dict(sweep.preset_config('tiny').synthetic) == TINY_SYNTHETIC
+  # test_per_class: the config's default (0: as many as eval_per_class), not a dataset field.
+  assert dict(sweep.preset_config('tiny').synthetic) == {**TINY_SYNTHETIC, 'test_per_class': 0}
 
 
 @pytest.mark.slow(60)

@@ -12,8 +12,7 @@ import ml_collections
 from anp_jax.configs import default
 
 SYNTHETIC = dict(num_adjectives=4, num_nouns=4, num_pairs=8, image_size=16,
-                 train_per_class=32, eval_per_class=13, test_per_class=0, label_noise=0.0,
-                 seed=0)
+                 train_per_class=32, eval_per_class=13, label_noise=0.0, seed=0)
 
 
 def get_config() -> ml_collections.ConfigDict:
