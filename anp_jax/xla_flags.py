@@ -11,6 +11,14 @@ flags have no effect. What is set and why:
   from 68.5 to 106 images/s (experiments/results/benchmark_cpu/README.md). GPU backends ignore
   ``xla_cpu_*`` flags.
 
+* ``--xla_cpu_collective_call_terminate_timeout_seconds=300`` (and the "stuck" warning at 60
+  instead of 20): XLA:CPU aborts the whole process (SIGABRT, "Termination timeout for `all
+  reduce ...` of 40 seconds exceeded") when one simulated device's thread reaches an in-process
+  collective 40 s after another. On an oversubscribed host that is starvation, not a hang: a
+  ghost-BN study on 2 simulated devices, sharing 2 cores with the test suite, was killed this
+  way mid-run (2026-12-05, run 17 of 27; it resumed). The wait stays bounded, at 5 minutes.
+  Collectives across processes (gloo) have their own bound, ``xla_cpu_collective_timeout_seconds``.
+
 Rules: a flag of the same name already in ``XLA_FLAGS`` wins (yours); ``ANP_XLA_CPU_DEFAULTS=0``
 turns the defaults off (inherited by subprocesses); they are only applied for the jaxlib minor
 versions they were measured with (`TESTED_JAXLIB`), since an unknown flag aborts XLA.
@@ -19,7 +27,9 @@ versions they were measured with (`TESTED_JAXLIB`), since an unknown flag aborts
 import os
 from typing import MutableMapping, Optional, Tuple
 
-CPU_DEFAULTS: Tuple[str, ...] = ('--xla_cpu_experimental_ynn_fusion_type=individual_dot',)
+CPU_DEFAULTS: Tuple[str, ...] = ('--xla_cpu_experimental_ynn_fusion_type=individual_dot',
+                                 '--xla_cpu_collective_call_terminate_timeout_seconds=300',
+                                 '--xla_cpu_collective_call_warn_stuck_timeout_seconds=60')
 OPT_OUT = 'ANP_XLA_CPU_DEFAULTS'
 TESTED_JAXLIB = ((0, 10),)  # (major, minor) releases whose XLA knows every flag above.
 

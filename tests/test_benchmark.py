@@ -5,6 +5,8 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -377,8 +379,10 @@ def test_xla_cpu_defaults_added_once_user_choice_kept_and_opt_out():
   assert flags.split() == ['--xla_force_host_platform_device_count=8', *xla_flags.CPU_DEFAULTS]
   assert xla_flags.apply_cpu_defaults(env, jaxlib=tested) == flags == env['XLA_FLAGS']
   # A flag of the same name set by the user wins.
-  user = {'XLA_FLAGS': '--xla_cpu_experimental_ynn_fusion_type=individual_convolution'}
-  assert xla_flags.apply_cpu_defaults(user, jaxlib=tested) == user['XLA_FLAGS']
+  mine = '--xla_cpu_experimental_ynn_fusion_type=individual_convolution'
+  user = {'XLA_FLAGS': mine}
+  assert xla_flags.apply_cpu_defaults(user, jaxlib=tested).split() == [
+      mine, *xla_flags.CPU_DEFAULTS[1:]]
   # Opt-out, and untested jaxlib versions (an unknown flag would abort XLA), leave it alone.
   assert xla_flags.apply_cpu_defaults({xla_flags.OPT_OUT: '0'}, jaxlib=tested) == ''
   assert xla_flags.apply_cpu_defaults({}, jaxlib=(9, 99)) == ''
@@ -387,6 +391,20 @@ def test_xla_cpu_defaults_added_once_user_choice_kept_and_opt_out():
   assert xla_flags.apply_cpu_defaults(env, jaxlib=tested) == env['XLA_FLAGS']
   # This test session imported anp_jax before JAX started: the defaults are in effect.
   assert set(xla_flags.CPU_DEFAULTS) <= set(os.environ['XLA_FLAGS'].split())
+
+
+def test_an_in_process_collective_waits_out_a_starved_device_thread():
+  """XLA:CPU aborted a process whose simulated devices reached an all-reduce more than 40 s
+  apart (a loaded host starving one device's thread: a study was killed so). The defaults give
+  that wait 300 s, and the installed XLA knows the flags (an unknown one aborts at start-up)."""
+  assert '--xla_cpu_collective_call_terminate_timeout_seconds=300' in xla_flags.CPU_DEFAULTS
+  env = dict(os.environ, XLA_FLAGS=' '.join(['--xla_force_host_platform_device_count=2',
+                                             *xla_flags.CPU_DEFAULTS]))
+  code = ('import jax, jax.numpy as jnp; '
+          "print(jax.pmap(lambda x: jax.lax.psum(x, 'i'), axis_name='i')(jnp.ones(2)))")
+  r = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                     timeout=120)
+  assert r.returncode == 0 and '[2. 2.]' in r.stdout, r.stderr[-2000:]
 
 
 def test_benchmark_windows_report_progress():
