@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from anp_jax import distributed, errors, metrics, trainer
-from conftest import (ROOT, assert_leaves_close, coordinator_like_listener, direct_eval,
-                      finish, launch, leaves, main_cmd, multiprocess_env, port_nobody_serves,
-                      run_workers, subprocess_env, tiny_config, wait)
+from conftest import (ROOT, TINY_SYNTHETIC, assert_leaves_close, coordinator_like_listener,
+                      direct_eval, finish, launch, leaves, main_cmd, multiprocess_env,
+                      port_nobody_serves, run_workers, subprocess_env, tiny_config, wait)
 
 # Constant learning rate: a run of fewer steps is a prefix of a longer one (resume tests).
 OVERRIDES = dict(num_train_steps=5, log_every_steps=1, bn_mode='global', eval_every_epochs=0,
@@ -191,7 +191,11 @@ def test_processes_whose_data_dirs_hold_different_datasets_all_exit_2(data_dir, 
   stops every process, naming the split size, before the workdir is created."""
   other = tmp_path / 'node_local_tfds'
   shutil.copytree(data_dir, other)
-  [info] = other.glob('synthetic_anp/*/*/dataset_info.json')
+  # The tiny dataset's own folder: other tests of this worker may have prepared other datasets
+  # in the shared data_dir (e.g. a preset's dry run).
+  from anp_jax.data import synthetic
+  name = synthetic.make_config(**TINY_SYNTHETIC).name
+  [info] = other.glob(f'synthetic_anp/{name}/*/dataset_info.json')
   text = info.read_text()
   assert text.count('"256"') == 1
   info.write_text(text.replace('"256"', '"240"'))
