@@ -92,3 +92,45 @@ def test_the_fixed_budget_table_and_its_reading():
   # "flat only up to B = 64": 64's difference includes 0, every larger batch's lies below it.
   assert diffs[64]['low'] < 0 < diffs[64]['high']
   assert all(diffs[b]['high'] < 0 for b in (128, 256, 512, 1024))
+
+
+GHOST = os.path.join(ROOT, 'experiments', 'results', 'ghost_bn_cpu')
+
+
+def ghost_rows():
+  """docs/studies.md's ghost-BN table from the committed results: per point its chosen rate,
+  final test top-1 [95 % CI] over seeds and the Welch difference from global BN; and the
+  difference three seeds can detect at the largest SD."""
+  from anp_jax.research import stats
+  points = {p['point']: p for p in csv.DictReader(open(os.path.join(GHOST, 'points.csv')))}
+  runs = list(csv.DictReader(open(os.path.join(GHOST, 'results.csv'))))
+  finals = {}
+  for name, p in points.items():
+    finals[name] = [float(r['test/anp_top1']) for r in runs
+                    if r['point'] == name and float(r['lr_mult']) == float(p['lr_mult'])]
+  lines = []
+  for name, v in finals.items():
+    m = stats.mean_interval(v)
+    d = None if name == 'global' else stats.difference_interval(v, finals['global'])
+    vs = '—' if d is None else (f'{100 * d["diff"]:+.1f} [{100 * d["low"]:+.1f}, '
+                                f'{100 * d["high"]:+.1f}]')
+    lr, mult = float(points[name]['lr']), float(points[name]['lr_mult'])
+    lines.append(f'| {name} | {lr:.3g} (x{mult:g}) | {100 * m["mean"]:.1f} % '
+                 f'[{100 * m["low"]:.1f}, {100 * m["high"]:.1f}] | {vs} |')
+  sd = max(stats.spread(v)['sd'] for v in finals.values())
+  return lines, finals, 100 * stats.detectable_difference(sd, 3, 3)
+
+
+def test_the_ghost_bn_table_and_its_reading():
+  from anp_jax.research import stats
+  lines, finals, detectable = ghost_rows()
+  doc = _studies()
+  assert sorted(finals) == ['g0016', 'g0128', 'global']
+  assert all(len(v) == 3 for v in finals.values())
+  for line in lines:
+    assert line in doc, line
+  # "no difference": every difference from global BN includes 0.
+  for name in ('g0016', 'g0128'):
+    d = stats.difference_interval(finals[name], finals['global'])
+    assert d['low'] < 0 < d['high']
+  assert f'differences of about {detectable:.0f} points' in doc
