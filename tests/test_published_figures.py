@@ -134,3 +134,27 @@ def test_the_ghost_bn_table_and_its_reading():
     d = stats.difference_interval(finals[name], finals['global'])
     assert d['low'] < 0 < d['high']
   assert f'differences of about {detectable:.0f} points' in doc
+
+
+def test_the_input_cost_tables_are_the_committed_measurement():
+  """experiments/results/input_cpu/README.md's pipeline table and its reading against the
+  target (2.5x fewer core-seconds per image than tf on photos stored as they are)."""
+  import json
+  folder = os.path.join(ROOT, 'experiments', 'results', 'input_cpu')
+  result = json.load(open(os.path.join(folder, 'input_pipeline.json')))
+  text = open(os.path.join(folder, 'README.md')).read()
+  variants = result['variants']
+  today = variants['source']['pipelines']['tf']['cpu_us_per_image']
+  for name in ('source', '256', '160'):
+    for backend, p in variants[name]['pipelines'].items():
+      if 'unavailable' in p:
+        continue
+      row = (f"| {name} | {backend} | {p['cpu_us_per_image']:,.0f} | "
+             f"{p['images_per_s_per_core']:.0f} | {p['images_per_s']:.0f} | "
+             f"{today / p['cpu_us_per_image']:.2f}x |")
+      assert row in text, row
+  gain = {n: today / variants[n]['pipelines']['tf_device']['cpu_us_per_image']
+          for n in ('256', '160')}
+  assert gain['160'] >= 2.5 > gain['256']  # "met only with 160 px storage, not at 256 px".
+  assert f"not at 256 px ({gain['256']:.1f}x)" in _flat(text)
+  assert f"with 160 px storage ({gain['160']:.1f}x)" in _flat(text)
