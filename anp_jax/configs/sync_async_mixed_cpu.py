@@ -28,7 +28,7 @@ crossings (examples to the target are the comparison); an arm that misses trains
 
 Time (``--dry_run`` prints the estimate; ~700 img/s on the loaded 2 cores): 8 arms x 3 rates x
 3 seeds = 72 runs, most stopping at 2-5 epochs (~15 s an epoch with the evaluations) ≈ 1.7 h,
-plus extension runs. Measured: ``experiments/results/sync_async_mixed_cpu/README.md``.
+plus extension runs. Not yet run under this mapping: docs/studies.md, section 3.
 """
 
 from anp_jax.configs import sweep_cpu
