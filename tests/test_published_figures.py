@@ -158,3 +158,19 @@ def test_the_input_cost_tables_are_the_committed_measurement():
   assert gain['160'] >= 2.5 > gain['256']  # "met only with 160 px storage, not at 256 px".
   assert f"not at 256 px ({gain['256']:.1f}x)" in _flat(text)
   assert f"with 160 px storage ({gain['160']:.1f}x)" in _flat(text)
+
+
+def test_the_finetuning_table_is_the_committed_statistics():
+  import json
+  stats_ = json.load(open(os.path.join(ROOT, 'experiments', 'results', 'finetune_cpu',
+                                       'results.json')))['statistics']
+  assert stats_['seeds'] == [0, 1, 2]
+  f = lambda s: f"{100 * s['mean']:.1f} % [{100 * s['low']:.1f}, {100 * s['high']:.1f}]"
+  d = stats_['paired_difference']
+  doc = _studies()
+  assert f"| task B fine-tuned | {f(stats_['final_test_top1']['finetune'])} |" in doc
+  assert f"| task B from scratch | {f(stats_['final_test_top1']['scratch'])} |" in doc
+  assert (f"| {100 * d['mean']:+.1f} points [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] |"
+          in doc)
+  assert d['low'] > 0  # "the paired difference excludes 0".
+  assert f"by {100 * d['low']:.0f} to {100 * d['high']:.0f} points" in doc
