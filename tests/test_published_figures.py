@@ -174,3 +174,30 @@ def test_the_finetuning_table_is_the_committed_statistics():
           in doc)
   assert d['low'] > 0  # "the paired difference excludes 0".
   assert f"by {100 * d['low']:.0f} to {100 * d['high']:.0f} points" in doc
+
+
+def noise_floor():
+  """One configuration over 10 seeds: B=128 of the fixed-budget sweep (seeds 0-2) and the noise
+  floor run (seeds 3-9), the same config; the spread and what two 3-seed means can detect."""
+  from anp_jax.research import stats
+  rows = [r for r in csv.DictReader(open(os.path.join(GOYAL, 'results.csv')))
+          if r['batch'] == '128']
+  rows += list(csv.DictReader(open(os.path.join(ROOT, 'experiments', 'results',
+                                                'noise_floor_cpu', 'results.csv'))))
+  assert sorted(int(r['seed']) for r in rows) == list(range(10))
+  assert {(r['lr'], r['epochs'], r['batch']) for r in rows} == {(rows[0]['lr'], '6.0', '128')}
+  top1 = stats.spread([float(r['test/anp_top1']) for r in rows])
+  steps = stats.spread([float(r['test_steps_to_target']) for r in rows])
+  return {
+      'NF_TOP1': f"{100 * top1['mean']:.1f} % (SD {100 * top1['sd']:.1f} points)",
+      'NF_STEPS': f"{steps['mean']:.0f} (SD {steps['sd']:.0f}, {100 * steps['cv']:.0f} %)",
+      'NF_DET_TOP1': f"{100 * stats.detectable_difference(top1['sd'], 3, 3):.1f}",
+      'NF_DET_STEPS': f"{100 * stats.detectable_difference(steps['sd'], 3, 3) / steps['mean']:.0f}"}
+
+
+def test_the_noise_floor_is_the_committed_seeds():
+  doc = _studies()
+  f = noise_floor()
+  assert (f"final test top-1 {f['NF_TOP1']}, test steps to 25 % {f['NF_STEPS']}; two 3-seed "
+          f"means of such a configuration can be told apart only when they differ by about "
+          f"{f['NF_DET_TOP1']} points of top-1 or {f['NF_DET_STEPS']} % of steps") in doc
