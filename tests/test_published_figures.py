@@ -32,13 +32,15 @@ def test_the_sweep_table_is_the_committed_results_on_the_test_split():
     p = points[e['point']]
     assert e['published_split'] == 'test' and e['seeds'] == e['reached'] == 3
     assert not e['lr_edge'] and p['late_crossings'] == '0'  # As the text says.
-    s, x = e['steps_summary'], e['examples_summary']
+    s, x, n = e['steps_summary'], e['examples_summary'], e['b_simple_summary']
+    assert n['n'] == 3  # B_simple up to the crossing, of every seed.
     assert s['mean'] == float(p['test_steps_to_target_mean'])  # Test, not validation.
     tried = ', '.join(f'{m:g}' for m in json.loads(p['lr_tried']))
     row = (f'| {b} | {e["lr"]:.3g} (x{e["lr_mult"]:g}) | {tried} | '
            f'{s["mean"]:.0f} [{s["low"]:.0f}, {s["high"]:.0f}] | '
            f'{float(p["test_steps_to_target_sd"]):.1f} | '
-           f'{x["mean"]:,.0f} [{x["low"]:,.0f}, {x["high"]:,.0f}] | {e["b_simple"]:.0f} |')
+           f'{x["mean"]:,.0f} [{x["low"]:,.0f}, {x["high"]:,.0f}] | '
+           f'{n["mean"]:.0f} [{n["low"]:.0f}, {n["high"]:.0f}] | {e["b_simple_late"]:.0f} |')
     assert row in doc, row
 
 
@@ -56,8 +58,35 @@ def test_the_sweep_claims_follow_from_the_intervals():
   # No plateau: 256 and 512 overlap, 1024 lies below 256's interval.
   assert st[512]['low'] <= st[256]['high'] and st[1024]['high'] < st[256]['low']
   fit = report.fit_arms(report.aggregate(report.load_results(SWEEP)))[('sqrt', 'on')]
-  assert (f'S_min = {fit["s_min"]:.0f} steps and B_crit = {fit["b_crit"]:.0f} examples' in doc)
-  assert f'median of {fit["b_simple_median"]:.0f} over batch sizes' in doc
+  ci = fit['ci']
+  assert (f'S_min = {fit["s_min"]:.0f} steps and B_crit = {fit["b_crit"]:.0f} '
+          f'[{ci["b_crit"]["low"]:.0f}, {ci["b_crit"]["high"]:.0f}] examples') in doc
+  assert (f'median over batch sizes of {fit["b_simple_median"]:.0f} '
+          f'[{ci["b_simple"]["low"]:.0f}, {ci["b_simple"]["high"]:.0f}]') in doc
+  assert f'gives {fit["b_simple_late_median"]:.0f}.' in doc
+  # "Consistent with B_crit ≈ B_simple": the ratio's interval contains 1.
+  assert ci['ratio']['low'] <= 1.0 <= ci['ratio']['high']
+  assert (f'B_crit / B_simple = {fit["ratio"]:.2f} [{ci["ratio"]["low"]:.2f}, '
+          f'{ci["ratio"]["high"]:.2f}]: **consistent with B_crit ≈ B_simple**') in doc
+  # "B_simple is not one number per task": the two quoted batch sizes' intervals do not overlap.
+  b64, b256 = e[64]['b_simple_summary'], e[256]['b_simple_summary']
+  assert b64['high'] < b256['low']
+  assert (f'B = 64 ({b64["mean"]:.0f} [{b64["low"]:.0f}, {b64["high"]:.0f}]) and B = 256 '
+          f'({b256["mean"]:.0f} [{b256["low"]:.0f}, {b256["high"]:.0f}]) do not overlap') in doc
+
+
+def test_the_fixed_budget_b_simple_windows_are_the_committed_ones():
+  fit = report.fit_arms(report.aggregate(report.load_results(GOYAL)))[('sqrt', 'on')]
+  ci, doc = fit['ci'], _studies()
+  assert (f'the median over batch sizes is {fit["b_simple_median"]:.0f} '
+          f'[{ci["b_simple"]["low"]:.0f}, {ci["b_simple"]["high"]:.0f}], late in the 6-epoch '
+          f'budget {fit["b_simple_late_median"]:.0f}') in doc
+  assert fit['b_simple_late_median'] > 2.5 * fit['b_simple_median']  # "nearly triples"
+  assert (f'B_crit = {fit["b_crit"]:.0f} [{ci["b_crit"]["low"]:.0f}, {ci["b_crit"]["high"]:.0f}]'
+          f' and B_crit / B_simple = {fit["ratio"]:.2f} [{ci["ratio"]["low"]:.2f}, '
+          f'{ci["ratio"]["high"]:.2f}]: here the ratio\'s interval excludes 1') in doc
+  assert ci['ratio']['low'] > 1.0
+  assert f'reads {fit["b_simple_late_median"] / fit["b_crit"]:.1f}x' in doc
 
 
 GOYAL = os.path.join(ROOT, 'experiments', 'results', 'bs_goyal_cpu')

@@ -32,8 +32,12 @@ def _noise_record(step, g2, trace):
   return {'step': step, noise_scale.G2_FIELD: g2, noise_scale.TRACE_FIELD: trace}
 
 
-def test_stopped_run_gets_b_simple_from_the_steps_it_trained(tmp_path):
-  """--stop_at_target ends a 100-step budget at step 30: the window is steps 16-30, not > 50."""
+def test_stopped_run_gets_b_simple_up_to_its_crossing_and_late_from_the_steps_it_trained(
+    tmp_path):
+  """Issue 32 item 4: B_simple in the window the steps to target are spent in (every logged step
+  up to the interpolated crossing, here 25), the late window (the second half of what the run
+  trained: --stop_at_target ends a 100-step budget at step 30, so steps 16-30, not > 50) beside
+  it. Before, only the late window existed and was published as "B_simple"."""
   run = tmp_path / 'run'
   run.mkdir()
   info = {'name': 'b00032', 'batch': 32, 'rule': 'linear', 'warmup': 'on', 'seed': 0,
@@ -42,12 +46,18 @@ def test_stopped_run_gets_b_simple_from_the_steps_it_trained(tmp_path):
           'total_steps': 100}
   (run / 'sweep_run.json').write_text(json.dumps(info))
   lines = [_noise_record(s, 1.0 if s <= 15 else 2.0, 50.0) for s in range(2, 31, 2)]
-  lines.append({'step': 30, 'eval/anp_top1': 0.4})
+  lines += [{'step': 20, 'eval/anp_top1': 0.2}, {'step': 30, 'eval/anp_top1': 0.4}]
   (run / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
   (run / 'final_metrics.json').write_text(json.dumps({'step': 30, 'eval/anp_top1': 0.4}))
   row = sweep.summarize_run(str(run), 0.3)
-  assert row['steps_to_target'] == 30
-  assert row['b_simple'] == pytest.approx(25.0)  # Steps 16..30 only: 50 / 2.
+  assert row['steps_to_target'] == pytest.approx(25.0)  # 20 + (0.3 - 0.2) / 0.2 * 10.
+  # Up to 25: steps 2-14 (|G|² 1, 7 records) and 16-24 (|G|² 2, 5 records).
+  assert row['b_simple'] == pytest.approx(50.0 / (17.0 / 12.0))
+  assert row['b_simple_late'] == pytest.approx(25.0)  # Steps 16..30 only: 50 / 2.
+  assert row['b_simple_window'] == 'to_target'
+  # A run that never reached the target has no window up to a crossing; the late one stays.
+  missed = sweep.summarize_run(str(run), 0.5)
+  assert missed['b_simple'] is None and missed['b_simple_late'] == pytest.approx(25.0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from anp_jax.research import sweep_report as report
 from conftest import run_experiment
 
 
-def _row(batch, mult, status, steps=None, top1=None, seed=0, b_simple=None):
+def _row(batch, mult, status, steps=None, top1=None, seed=0, b_simple=None, late=None):
   return {'name': f'b{batch:05d}-linear-warmup-lrx{mult:g}-s{seed}', 'batch': batch,
           'rule': 'linear', 'warmup': 'on', 'seed': seed, 'lr_mult': mult, 'lr': 0.1 * mult,
           'base_lr': 0.1, 'warmup_epochs': 1.0, 'epochs': 1.0, 'devices': 1,
@@ -26,7 +26,7 @@ def _row(batch, mult, status, steps=None, top1=None, seed=0, b_simple=None):
           'final_top5': top1, 'best_top1': top1, 'target_top1': 0.25, 'steps_to_target': steps,
           'examples_to_target': None if steps is None else steps * batch,
           'epochs_to_target': None, 'wall_time_s': 1.0, 'b_simple': b_simple, 'best_lr': True,
-          'error': None}
+          'error': None, 'b_simple_late': late, 'b_simple_window': 'to_target'}
 
 
 def _searched_rows():
@@ -89,18 +89,74 @@ def test_report_describes_b_simple_as_summarize_run_computes_it(tmp_path):
   records = [{'step': s, noise_scale.G2_FIELD: g2, noise_scale.TRACE_FIELD: tr}
              for s, g2, tr in ((2, 1.0, 1.0), (4, 1.0, 1.0), (6, 0.1, 1.0))]
   assert noise_scale.window_b_simple(records) == pytest.approx(3.0 / 2.1)
-  rows = [_row(32, 1, 'finished', 50, 0.5, b_simple=2.0),
-          _row(64, 1, 'finished', 30, 0.5, b_simple=4.0, seed=0),
-          _row(64, 1, 'finished', 30, 0.5, b_simple=8.0, seed=1)]
+  rows = [_row(32, 1, 'finished', 50, 0.5, b_simple=2.0, late=5.0),
+          _row(64, 1, 'finished', 30, 0.5, b_simple=4.0, late=10.0, seed=0),
+          _row(64, 1, 'finished', 30, 0.5, b_simple=8.0, late=20.0, seed=1)]
   rows[2]['name'] = 'b00064-linear-warmup-lrx1-s1'
   (tmp_path / 'results.json').write_text(json.dumps(rows))
   text = ' '.join(open(report.make_report(str(tmp_path))).read().split())
   assert 'median logged noise scale' not in text
-  assert ('ratio of the means of its logged tr(Σ) and |G|² estimates over the second half of '
-          'the steps it trained') in text
-  # Table: median over seeds (B=64: 6.0); fit table: median over batch sizes (of 2 and 6: 4).
-  assert '| linear rule, warmup | 64 |' in text and '| 6.0 |' in text
-  assert report.fit_arms(report.aggregate(rows))[('linear', 'on')]['b_simple_median'] == 4.0
+  assert ('ratio of the means of its logged tr(Σ) and |G|² estimates over a window of its '
+          'steps') in text
+  assert "up to the run's crossing of the target" in text and 'late' in text
+  # Table: mean over seeds with its t-interval (B=64: 6.0 [mean ± 12.706 · 2.83 / √2]) and the
+  # late window beside it; fit table: medians over batch sizes (of 2 and 6: 4; of 5 and 15: 10).
+  assert '| linear rule, warmup | 64 |' in text and '| 6.0 [-19.4, 31.4] | 15.0 [' in text
+  fit = report.fit_arms(report.aggregate(rows))[('linear', 'on')]
+  assert (fit['b_simple_median'], fit['b_simple_late_median']) == (4.0, 10.0)
+
+
+def test_rows_written_before_two_windows_are_read_as_the_late_window():
+  """A results file from before issue 32 item 4 has one B_simple, over the late window: it is
+  not shown as the window up to the target."""
+  rows = [_row(32, 1, 'finished', 50, 0.5, b_simple=2.0), _row(64, 1, 'finished', 30, 0.5,
+                                                              b_simple=4.0)]
+  for r in rows:
+    del r['b_simple_late'], r['b_simple_window']
+  entries = report.aggregate(rows)[('linear', 'on')]
+  assert [e['b_simple'] for e in entries] == [None, None]
+  assert [e['b_simple_late'] for e in entries] == [2.0, 4.0]
+  assert {e['b_simple_window'] for e in entries} == {'late'}
+
+
+def _fit_rows(s_min, b_crit, noise, seeds=3, batches=(32, 64, 128, 256, 512), b_simple=150.0):
+  """Seeds of S = S_min (1 + B_crit / B), each scaled by exp(noise · z) (fixed draws)."""
+  import numpy as np
+  rng = np.random.default_rng(1)
+  rows = []
+  for b in batches:
+    for s in range(seeds):
+      steps = s_min * (1 + b_crit / b) * float(np.exp(noise * rng.standard_normal()))
+      r = _row(b, 1, 'finished', steps, 0.5, seed=s,
+               b_simple=b_simple * float(np.exp(noise * rng.standard_normal())))
+      r['name'] = f'b{b:05d}-linear-warmup-lrx1-s{s}'
+      rows.append(r)
+  return rows
+
+
+def test_b_crit_and_b_simple_get_bootstrap_intervals_over_seeds():
+  """Issue 32 item 4: B_crit, B_simple and their ratio each with a 95 % interval over seeds.
+  Without noise the interval is the point; with noise it covers the true B_crit and is wider
+  the noisier the seeds; data in the perfect-scaling regime (S ∝ 1/B) cannot bound B_crit."""
+  exact = report.fit_arms(report.aggregate(_fit_rows(50.0, 200.0, 0.0)))[('linear', 'on')]
+  assert exact['b_crit'] == pytest.approx(200.0)
+  assert exact['ci']['b_crit']['low'] == pytest.approx(200.0)
+  assert exact['ci']['b_crit']['high'] == pytest.approx(200.0)
+  assert exact['ratio'] == pytest.approx(200.0 / 150.0)
+  widths = []
+  for noise in (0.05, 0.2):
+    fit = report.fit_arms(report.aggregate(_fit_rows(50.0, 200.0, noise)))[('linear', 'on')]
+    ci = fit['ci']
+    assert ci['b_crit']['low'] <= fit['b_crit'] <= ci['b_crit']['high']
+    assert ci['b_crit']['low'] < 200.0 < ci['b_crit']['high']
+    assert ci['b_simple']['low'] <= fit['b_simple_median'] <= ci['b_simple']['high']
+    assert ci['ratio']['low'] < fit['ratio'] < ci['ratio']['high']
+    widths.append(ci['b_crit']['high'] - ci['b_crit']['low'])
+  assert widths[1] > 2 * widths[0]
+  perfect = report.fit_arms(report.aggregate([
+      dict(r, steps_to_target=6400.0 / r['batch'], examples_to_target=6400.0)
+      for r in _fit_rows(1.0, 1.0, 0.0)]))[('linear', 'on')]
+  assert perfect['ci']['unbounded'] == 1.0 and perfect['ci']['b_crit']['high'] == float('inf')
 
 
 def test_a_batch_whose_seeds_diverged_is_not_fitted_from_its_survivor():

@@ -55,7 +55,10 @@ CSV_COLUMNS = (
     'eval_step_reaching_target', 'wall_time_s', 'b_simple', 'best_lr', 'error',
     # The runner's columns (after the first sweeps' ones, which keep their places).
     'point', 'outcome', 'budget_fraction_at_target', 'late_crossing', 'has_test', 'test_outcome',
-    'test_steps_to_target', 'test_examples_to_target', 'test/anp_top1', 'test/anp_top5')
+    'test_steps_to_target', 'test_examples_to_target', 'test/anp_top1', 'test/anp_top5',
+    # B_simple's windows: `b_simple` up to the target crossing (rows without this column: the
+    # late window, as the first sweeps measured it), `b_simple_late` the second half.
+    'b_simple_late', 'b_simple_window')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,15 +298,29 @@ def summarize_run(run_dir: str, target: float, record: Optional[Dict] = None) ->
   row.setdefault('point', _legacy_point(row))
   row['fields'] = row.get('fields') or {}
   records = metrics_io.read_metrics(run_dir)
-  # The second half of what the run trained: with --stop_at_target that ends at the step the run
-  # stopped at, not at the budget (a window after the budget's half would often be empty).
-  last = max((r['step'] for r in records), default=row['total_steps'])
   row.update(final_top1=row['eval/anp_top1'], final_top5=row['eval/anp_top5'],
              final_adjective_top1=row['eval/adjective_top1'],
              final_noun_top1=row['eval/noun_top1'], best_top1=row['best/eval/anp_top1'],
-             target_top1=target,
-             b_simple=noise_scale.window_b_simple(records, start_step=last / 2, end_step=last))
+             target_top1=target, **b_simple_columns(records, row))
   return row
+
+
+def b_simple_columns(records, row: Dict) -> Dict:
+  """A run's gradient noise scale in two windows (issue 32, item 4).
+
+  ``b_simple``: the window that matters, every logged step up to the run's (validation)
+  crossing of the target, None when it never reached it; ``b_simple_late``: the second half of
+  what the run trained (with --stop_at_target that ends at the step it stopped at, not at the
+  budget); ``b_simple_window``: 'to_target'. B_simple grows during training, so the late window
+  reads higher than the one the steps to target were spent in.
+  """
+  last = max((r['step'] for r in records), default=row['total_steps'])
+  reached = study_results.outcome_of(row) == 'reached' and row.get('steps_to_target') is not None
+  return {'b_simple': (noise_scale.window_b_simple(records, end_step=row['steps_to_target'])
+                       if reached else None),
+          'b_simple_late': noise_scale.window_b_simple(records, start_step=last / 2,
+                                                       end_step=last),
+          'b_simple_window': 'to_target'}
 
 
 def select_best_lr(rows: List[Dict], key: Callable[[Dict], object] = None) -> List[Dict]:

@@ -70,6 +70,12 @@ def normalized(row: Dict) -> Dict:
   r.setdefault('has_test', False)
   if study_results.outcome_of(r) != 'reached':
     r['steps_to_target'] = r['examples_to_target'] = None
+  if r.get('b_simple_window') != 'to_target':
+    # Rows from before B_simple had two windows: their one figure is the late window.
+    r['b_simple_window'] = 'late'
+    r['b_simple_late'], r['b_simple'] = r.get('b_simple'), None
+  if study_results.outcome_of(r) != 'reached':
+    r['b_simple'] = None
   return r
 
 
@@ -87,7 +93,11 @@ def aggregate(rows: Sequence[Dict], method: str = 't') -> Dict[Tuple[str, str], 
   every seed finished, else None) with top1_summary (`stats.value_summary`), best_top1, steps /
   examples (mean to the target when every seed reached it, else None: such entries stay out of
   the B_crit fit) with steps_summary / examples_summary (`stats.censored_summary`: the lower
-  bound and counts otherwise), b_simple (median over the finished seeds), published_split.
+  bound and counts otherwise), published_split; steps_each (the published split's steps of each
+  seed when every seed reached the target, for the fit's bootstrap); b_simple (mean over the
+  seeds that reached the target of the window up to their crossing) with b_simple_summary
+  (`stats.mean_interval`) and b_simple_each, b_simple_late (the second half of what each
+  finished seed trained) with b_simple_late_summary.
   """
   rows = [normalized(r) for r in rows]
   choices = study_results.choose_rates(rows, lambda r: r['point'],
@@ -110,7 +120,8 @@ def aggregate(rows: Sequence[Dict], method: str = 't') -> Dict[Tuple[str, str], 
                'lr_chosen': choice['lr_mult'] is not None, 'lr_edge': choice['edge'],
                'total_steps': runs[0]['total_steps'], 'published_split': 'validation',
                'top1': None, 'top1_summary': None, 'best_top1': None, 'steps': None,
-               'steps_summary': None, 'examples': None, 'examples_summary': None}
+               'steps_summary': None, 'examples': None, 'examples_summary': None,
+               'steps_each': None}
       if shown:
         st = study_results.point_statistics(shown, 'eval/anp_top1', ('anp_top1',),
                                             method=method)
@@ -128,8 +139,15 @@ def aggregate(rows: Sequence[Dict], method: str = 't') -> Dict[Tuple[str, str], 
         if steps['kind'] == 'complete':
           entry['steps'] = steps['mean']
           entry['examples'] = examples['mean']
-      noise = [r['b_simple'] for r in finished if r.get('b_simple') is not None]
-      entry['b_simple'] = float(np.median(noise)) if noise else None
+          entry['steps_each'] = [float(r[f'{split}steps_to_target']) for r in shown]
+      entry['b_simple_window'] = ('late' if any(r['b_simple_window'] == 'late' for r in runs)
+                                  else 'to_target')
+      for key in ('b_simple', 'b_simple_late'):
+        values = [float(r[key]) for r in finished if r.get(key) is not None]
+        entry[f'{key}_each'] = values
+        entry[key] = float(np.mean(values)) if values else None
+        entry[f'{key}_summary'] = (stats.mean_interval(values, method=method) if values
+                                   else None)
       entries.append(entry)
     out[arm] = entries
   return out
@@ -143,14 +161,75 @@ def aggregate(rows: Sequence[Dict], method: str = 't') -> Dict[Tuple[str, str], 
 fit_steps_to_target = plan.fit_steps_to_target
 
 
+# Resamples of the fit's bootstrap over seeds (`bootstrap_fit`).
+FIT_RESAMPLES = 2000
+
+
+def _crit_of(s_min: float, b_crit: float, steps: Sequence[float]) -> float:
+  """A fit's B_crit on a line: +inf when S_min <= 0 (or ≈ 0, as `fit_arms` judges it: perfect
+  scaling over the whole range, B_crit beyond every batch), 0 when B_crit <= 0 (steps do not
+  fall with the batch)."""
+  if s_min <= 1e-6 * max(steps) or not math.isfinite(b_crit):
+    return math.inf
+  return max(b_crit, 0.0)
+
+
+def bootstrap_fit(batches: Sequence[float], steps_each: Sequence[Sequence[float]],
+                  simple_each: Sequence[Sequence[float]], level: float = stats.LEVEL,
+                  resamples: int = FIT_RESAMPLES, seed: int = 0) -> Dict:
+  """Percentile-bootstrap intervals over seeds of B_crit, of B_simple (median over batch sizes
+  of each batch size's mean over seeds) and of their ratio B_crit / B_simple.
+
+  Each resample draws, within every batch size, its seeds with replacement (steps and B_simple
+  independently: one run's two figures are weakly tied), refits S = S_min (1 + B_crit / B) on
+  the means and takes the median of the B_simple means. A fit with S_min <= 0 counts as
+  B_crit = +inf (perfect scaling across the range), one with B_crit <= 0 as 0; ``unbounded``
+  is the fraction at +inf (an interval whose upper end is inf says the data cannot bound
+  B_crit from above). Few seeds make the percentile interval optimistic (it cannot be wider
+  than the seeds' own range), as the report says. Keys: b_crit, b_simple, ratio (each
+  {'low', 'high'} or None), unbounded, resamples, level.
+  """
+  rng = np.random.default_rng(seed)
+  b = np.asarray(batches, np.float64)
+  crit, simple, ratio = [], [], []
+  for _ in range(resamples):
+    means = [float(np.mean(rng.choice(np.asarray(v), len(v)))) for v in steps_each]
+    c = _crit_of(*fit_steps_to_target(b, means), means) if len(set(batches)) >= 2 else None
+    draws = [float(np.mean(rng.choice(np.asarray(v), len(v)))) for v in simple_each if v]
+    s = float(np.median(draws)) if draws else None
+    if c is not None:
+      crit.append(c)
+    if s is not None:
+      simple.append(s)
+    if c is not None and s:
+      ratio.append(c / s)
+
+  def interval(values):
+    if not values:
+      return None
+    ordered = np.sort(np.asarray(values, np.float64))
+    tail = (1.0 - level) / 2.0
+    lo = ordered[int(math.floor(tail * (len(ordered) - 1)))]
+    hi = ordered[int(math.ceil((1.0 - tail) * (len(ordered) - 1)))]
+    return {'low': float(lo), 'high': float(hi)}
+
+  return {'b_crit': interval(crit), 'b_simple': interval(simple), 'ratio': interval(ratio),
+          'unbounded': (sum(math.isinf(c) for c in crit) / len(crit)) if crit else None,
+          'resamples': resamples, 'level': level}
+
+
 def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
-  """Per arm: the fit on the batch sizes whose finished seeds all reached the target."""
+  """Per arm: the fit on the batch sizes whose finished seeds all reached the target, B_simple
+  (median over batch sizes of their means over seeds, window up to the crossing; the late
+  window's beside it) and `bootstrap_fit`'s intervals over seeds (``ci``)."""
   fits = {}
   for arm, entries in agg.items():
     pts = [(e['batch'], e['steps']) for e in entries if e['steps'] is not None]
     noise = [e['b_simple'] for e in entries if e['b_simple'] is not None]
+    late = [e['b_simple_late'] for e in entries if e.get('b_simple_late') is not None]
     fit = {'points': len(pts), 'b_simple_median': float(np.median(noise)) if noise else None,
-           's_min': None, 'b_crit': None, 'e_min': None, 'valid': False,
+           'b_simple_late_median': float(np.median(late)) if late else None, 'ratio': None,
+           's_min': None, 'b_crit': None, 'e_min': None, 'valid': False, 'ci': None,
            'note': 'fewer than two batch sizes reached the target'}
     if len({p[0] for p in pts}) >= 2:
       batch, steps = [p[0] for p in pts], [p[1] for p in pts]
@@ -165,6 +244,13 @@ def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
         fit['valid'] = True
         if b_crit > 4 * max(batch):
           fit['note'] = 'extrapolated far beyond the largest batch: read as a lower bound'
+        if fit['b_simple_median']:
+          fit['ratio'] = b_crit / fit['b_simple_median']
+      fitted = [e for e in entries if e['steps'] is not None]
+      if all(e.get('steps_each') for e in fitted):
+        fit['ci'] = bootstrap_fit([e['batch'] for e in fitted],
+                                  [e['steps_each'] for e in fitted],
+                                  [e.get('b_simple_each') or [] for e in entries])
     fits[arm] = fit
   return fits
 
@@ -360,6 +446,29 @@ def _pct(x):
   return '—' if x is None else f'{100 * x:.2f}'
 
 
+def _with_interval(x, interval, spec) -> str:
+  """'167 [120, 240]' (an interval from `bootstrap_fit`), or the value alone."""
+  if x is None:
+    return '—'
+  if not interval:
+    return format(x, spec)
+  return f'{format(x, spec)} [{format(interval["low"], spec)}, {format(interval["high"], spec)}]'
+
+
+def _b_simple_cell(e, key: str) -> str:
+  """Mean over seeds [95 % CI] of one B_simple window, with how many seeds measured it when
+  not all did (a seed that missed the target has no window up to its crossing)."""
+  summary = e.get(f'{key}_summary')
+  if summary is None:
+    return '—'
+  text = stats.format_summary(dict(summary, kind='complete'), '.1f')
+  return text if summary['n'] == e['seeds'] else f'{text} ({summary["n"]}/{e["seeds"]} seeds)'
+
+
+def entries_of(agg):
+  return [e for entries in agg.values() for e in entries]
+
+
 def _steps_cell(e) -> str:
   if e['steps_summary'] is None:
     return '—'
@@ -437,8 +546,9 @@ def make_report(out_dir: str) -> str:
               '`cpu:goyal` variant).', '']
   lines += ['![accuracy](accuracy_vs_batch.png)', '',
             '| arm | batch | peak lr | seeds | final top-1 % [95 % CI] | best top-1 % | '
-            'steps to target [95 % CI] | examples to target | B_simple |',
-            '|---|---:|---:|---|---:|---:|---:|---:|---:|']
+            'steps to target [95 % CI] | examples to target | B_simple to target [95 % CI] | '
+            'B_simple late |',
+            '|---|---:|---:|---|---:|---:|---:|---:|---:|---:|']
   for arm, entries in agg.items():
     for e in entries:
       lr = _fmt(e['lr'], '.4g') + (', edge' if e['lr_chosen'] and e['lr_edge'] else '')
@@ -450,7 +560,7 @@ def make_report(out_dir: str) -> str:
                   if e['examples_summary'] else '—')
       lines.append(f'| {arm_label(*arm)} | {e["batch"]} | {lr} | {seeds_cell} | '
                    f'{_top1_cell(e)} | {_pct(e["best_top1"])} | {_steps_cell(e)} | {examples} | '
-                   f'{_fmt(e["b_simple"], ".1f")} |')
+                   f'{_b_simple_cell(e, "b_simple")} | {_b_simple_cell(e, "b_simple_late")} |')
   lines.append('')
   for arm, entries in agg.items():
     done = [e for e in entries if e['top1'] is not None]
@@ -476,17 +586,31 @@ def make_report(out_dir: str) -> str:
             'Fit of S = S_min (1 + B_crit / B) by least squares on relative residuals (S is '
             'linear in 1/B) over the batch sizes whose every seed reached the target; '
             'E_min = S_min·B_crit. B_simple = tr(Σ)/|G|² of a run is the ratio '
-            'of the means of its logged tr(Σ) and |G|² estimates over the second half of the '
-            'steps it trained (not a statistic of the per-step ratios, which is biased); the '
-            'table above shows the median over seeds, this one the median over batch sizes.',
-            '',
-            '| arm | points | S_min | B_crit | E_min | median measured B_simple | note |',
-            '|---|---:|---:|---:|---:|---:|---|']
+            'of the means of its logged tr(Σ) and |G|² estimates over a window of its steps '
+            '(not a statistic of the per-step ratios, which is biased). Two windows: **up to '
+            'the run\'s crossing of the target** on validation (the steps that the steps to '
+            'target count; a run that never reached it has none), and **late**, the second half '
+            'of what the run trained (up to where it stopped). The table above shows the mean '
+            'over seeds with its 95 % interval, this one the median over batch sizes of those '
+            'means. Intervals of B_crit, B_simple and their ratio: percentile bootstrap over '
+            f'seeds ({FIT_RESAMPLES:,} resamples, seeds drawn with replacement within each '
+            'batch size, refitted; optimistic for few seeds; ∞ where resampled fits put '
+            'S_min ≤ 0, i.e. perfect scaling over the whole range).', '']
+  if any(e['b_simple_window'] == 'late' for e in entries_of(agg)):
+    lines += ['Rows written before B_simple had two windows carry the late window only.', '']
+  lines += ['| arm | points | S_min | B_crit [95 % CI] | E_min | B_simple to target [95 % CI] '
+            '| B_simple late | B_crit / B_simple [95 % CI] | note |',
+            '|---|---:|---:|---:|---:|---:|---:|---:|---|']
   for arm, fit in fits.items():
-    cells = ' | '.join(_fmt(fit[k], '.4g') if fit['valid'] else '—'
-                       for k in ('s_min', 'b_crit', 'e_min'))
-    lines.append(f'| {arm_label(*arm)} | {fit["points"]} | {cells} | '
-                 f'{_fmt(fit["b_simple_median"], ".1f")} | {fit["note"]} |')
+    ci = fit['ci'] or {}
+    cells = [_fmt(fit['s_min'], '.4g') if fit['valid'] else '—',
+             _with_interval(fit['b_crit'], ci.get('b_crit'), '.4g') if fit['valid'] else '—',
+             _fmt(fit['e_min'], '.4g') if fit['valid'] else '—',
+             _with_interval(fit['b_simple_median'], ci.get('b_simple'), '.1f'),
+             _fmt(fit['b_simple_late_median'], '.1f'),
+             _with_interval(fit['ratio'], ci.get('ratio'), '.2f') if fit['valid'] else '—']
+    lines.append(f'| {arm_label(*arm)} | {fit["points"]} | {" | ".join(cells)} | '
+                 f'{fit["note"]} |')
   lines += ['', '## Training curves', '', '![curves](training_curves.png)', '']
   bad = [r for r in rows if r['status'] != 'finished']
   if bad:
