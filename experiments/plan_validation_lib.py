@@ -20,11 +20,13 @@ from typing import Dict, List, Sequence
 
 from anp_jax.configs import default as default_config
 from anp_jax.metrics_io import read_metrics
+from anp_jax.research import eval_seam
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
                                       feasibility, fit_steps_to_target, load_pilot,
                                       penalty_kind, pilot_model, pilot_train_size, plan_row,
                                       run_record, score_predictions)
+from anp_jax.research.planner.inputs import DEFAULT_METRIC, recorded_target
 
 
 def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
@@ -153,7 +155,7 @@ def seed_paper_rows(penalties: Dict, b_noise: float, b_noise_range: Sequence[flo
 PILOT_PREFIX = 'pilot_'  # The study's point whose seeds are the planner's pilot.
 
 
-def heldout_task(study_dir: str, metric=None, target=None) -> Dict:
+def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation') -> Dict:
   """The planner's predictions for one held-out task's study against its measured points.
 
   The pilot is the point named ``pilot_...`` (all its seeds; the first seed alone as the
@@ -161,7 +163,14 @@ def heldout_task(study_dir: str, metric=None, target=None) -> Dict:
   band for the mean of its seeds, and scored out of sample (the pilot's batch not counted, up
   to 8x it). A point whose seeds did not all reach the target has no measured mean: it is
   listed with its counts beside the prediction's share of its budget and flag.
+
+  ``split``: 'validation' scores the pilot's recorded target (or `metric` / `target`) against
+  the points' validation steps; 'test' the same target value on the test split: the pilot's
+  test crossing predicts the points' test steps (the split the studies publish; the runs
+  stopped at the later of both crossings, so both are measured).
   """
+  if split not in ('validation', 'test'):
+    raise ValueError(f'split must be validation or test, got {split!r}.')
   with open(os.path.join(study_dir, 'points.json')) as f:
     points = json.load(f)
   with open(os.path.join(study_dir, 'results.json')) as f:
@@ -176,12 +185,22 @@ def heldout_task(study_dir: str, metric=None, target=None) -> Dict:
                  and r['lr_mult'] == pilot['lr_mult']), key=lambda r: r['seed'])
   dirs = [os.path.join(study_dir, 'runs', r['name']) for r in runs]
   b0 = int(pilot['fields']['batch_size'])
-  out = {'study': study_dir, 'pilot_batch': b0, 'pilot_runs': [r['name'] for r in runs]}
+  key = 'steps_to_target'
+  if split == 'test':
+    recorded = recorded_target(default_config.read_run_config(dirs[0]))
+    metric = eval_seam.test_metric(metric or (recorded[0] if recorded else DEFAULT_METRIC))
+    target = target if target is not None else (recorded[1] if recorded else None)
+    key = 'test_steps_to_target'
+    if any(p.get(key) is None for p in points):
+      raise ValueError(f'{study_dir}: a point has no test-split steps (its runs evaluated no '
+                       'test split): score it on validation.')
+  out = {'study': study_dir, 'pilot_batch': b0, 'pilot_runs': [r['name'] for r in runs],
+         'split': split}
   for label, model in (('seeds', load_pilot(dirs, metric, target)),
                        ('one_seed', load_pilot(dirs[:1], metric, target))):
     predicted = []
     for p in points:
-      batch, s = int(p['fields']['batch_size']), p['steps_to_target']
+      batch, s = int(p['fields']['batch_size']), p[key]
       central, low, high = model.steps(batch, runs=max(1, s['n']))
       _, share, flag = feasibility(model.budget, central, batch)
       predicted.append({

@@ -89,6 +89,22 @@ def test_pilot_errors_say_what_to_change(tmp_path):
     plan.load_pilot(str(tmp_path / 'missing'), target=0.3)
 
 
+def test_pilot_seeds_continued_to_their_test_crossing_keep_the_validation_target(tmp_path):
+  """A study seed that stopped at its validation crossing before its test split crossed is
+  continued with the test metric as its target and records it (`runner.test_continuation`).
+  The held-out validation's pilots (3 seeds, one of them continued) were refused as "pilots
+  recorded different targets"; the target its choices were made on is the validation one."""
+  target = {'target_value': 0.3, 'stop_at_target': True}
+  dirs = [_write_pilot(tmp_path / 's0', seed=0, target_metric='eval/anp_top1', **target),
+          _write_pilot(tmp_path / 's1', seed=1, target_metric='test/anp_top1', **target)]
+  model = plan.load_pilot(dirs)
+  assert (model.notes['metric'], model.notes['target']) == ('eval/anp_top1', 0.3)
+  # Without stop_at_target no runner continued it: a recorded test target is taken as given.
+  other = _write_pilot(tmp_path / 's2', target_metric='test/anp_top1', target_value=0.3)
+  with pytest.raises(plan.PlanError, match='recorded different targets'):
+    plan.load_pilot([dirs[0], other])
+
+
 def test_the_pilots_steps_to_target_are_the_sweeps_interpolated_crossing(tmp_path):
   """S0 is where the evaluations cross the target, interpolated as the sweep does
   (`metrics_io.target_crossing`): the first evaluation at or above it over-states the steps by

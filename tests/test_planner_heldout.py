@@ -103,3 +103,41 @@ def test_missed_points_are_counted_with_the_budget_flags_not_scored(tmp_path):
   pooled = validation.pooled_score([task])
   assert pooled['n'] == 1
   assert pooled['feasibility'] == {'missed': 1, 'missed_flagged': 1, 'flagged_but_reached': 0}
+
+
+def test_the_test_split_scoring_predicts_test_crossings_from_the_pilots_test_crossing(tmp_path):
+  """The studies publish steps on test; the held-out scoring does both splits: on test the
+  pilot's test crossing (here later than its validation one) predicts the points' test steps."""
+  from experiments import plan_validation_lib as validation
+  from test_plan import _write_pilot
+  study = tmp_path / 'study'
+  name = 'pilot_b00064-lrx1-s0'
+  run = study / 'runs' / name
+  _write_pilot(run, batch=64, trace=64.0, steps=60, reach_step=30, num_epochs=2.0,
+               target_metric='eval/anp_top1', target_value=0.3, stop_at_target=True)
+  lines = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
+  for line in lines:  # Test beside each evaluation: 0.1 up to step 40, 0.5 from step 50.
+    if 'eval/anp_top1' in line:
+      line['test/anp_top1'] = 0.5 if line['step'] >= 50 else 0.1
+  (run / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
+  points = [{'point': p, 'fields': {'batch_size': b}, 'lr_mult': 1.0,
+             'steps_to_target': _summary([v, v]), 'test_steps_to_target': _summary([t, t])}
+            for p, b, v, t in (('b00032', 32, 60.0, 90.0), ('pilot_b00064', 64, 25.0, 45.0))]
+  (study / 'points.json').write_text(json.dumps(points))
+  (study / 'results.json').write_text(json.dumps(
+      [{'point': 'pilot_b00064', 'name': name, 'seed': 0, 'lr_mult': 1.0}]))
+  val = validation.heldout_task(str(study))
+  test = validation.heldout_task(str(study), split='test')
+  assert val['seeds']['model']['metric'] == 'eval/anp_top1'
+  assert test['seeds']['model']['metric'] == 'test/anp_top1'
+  assert test['seeds']['model']['target'] == 0.3  # The recorded value, on the test split.
+  rows = {r['batch']: r for r in test['seeds']['score']['rows']}
+  assert rows[32]['measured'] == 90.0
+  assert rows[64]['predicted'] > {r['batch']: r for r in
+                                  val['seeds']['score']['rows']}[64]['predicted']
+  # A study without test-split steps cannot be scored on test.
+  for p in points:
+    p['test_steps_to_target'] = None
+  (study / 'points.json').write_text(json.dumps(points))
+  with pytest.raises(ValueError, match='no test-split steps'):
+    validation.heldout_task(str(study), split='test')

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from anp_jax import cli, noise_scale
 from anp_jax.configs import default as default_config
 from anp_jax.metrics_io import read_metrics, target_crossing
+from anp_jax.research import eval_seam
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.budget import Budget
 from anp_jax.research.planner.errors import PlanError
@@ -98,9 +99,9 @@ def flat_config(config) -> Dict[str, object]:
 
 def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
   """Several pilots must be seeds of one configuration: configs equal but for the seeds."""
-  first = flat_config(runs[0].config)
+  first = dict(flat_config(runs[0].config), target_metric=chosen_metric(runs[0].config))
   for run in runs[1:]:
-    other = flat_config(run.config)
+    other = dict(flat_config(run.config), target_metric=chosen_metric(run.config))
     differ = sorted(k for k in set(first) | set(other)
                     if k not in PILOT_SEED_FIELDS and first.get(k) != other.get(k))
     if differ:
@@ -169,9 +170,20 @@ DEFAULT_METRIC = default_config.DEFAULT_TARGET_METRIC
 def recorded_target(config) -> Optional[Tuple[str, float]]:
   """The (metric, value) target a run's config recorded (``target_metric`` / ``target_value``;
   `default_config.read_run_config` maps an older config.json's ``stop_at_metric`` /
-  ``stop_at_value`` to them), or None if it had none (``target_value`` 0)."""
+  ``stop_at_value`` to them), or None if it had none (``target_value`` 0). A study run that
+  stopped at its validation crossing and was continued to its test crossing
+  (`runner.test_continuation`) records the test metric: its target is the validation one."""
   value = float(config.get('target_value') or 0.0)
-  return (str(config.target_metric), value) if value else None
+  return (chosen_metric(config), value) if value else None
+
+
+def chosen_metric(config) -> str:
+  """The target metric a run's choices were made on: the validation twin of a test-split target
+  recorded by a run continued to its test crossing (`runner.test_continuation`)."""
+  metric = str(config.target_metric)
+  if config.get('stop_at_target') and metric.startswith(eval_seam.TEST_PREFIX):
+    return eval_seam.VALIDATION_PREFIX + metric[len(eval_seam.TEST_PREFIX):]
+  return metric
 
 
 def resolve_target(config, metric: Optional[str], target: Optional[float]
