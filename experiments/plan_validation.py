@@ -44,8 +44,14 @@ PILOT = os.path.join(HERE, 'results', 'plan_validation', 'pilot_b128')
 PILOT_BATCH = 128
 # How the pilot is made (then its run directory's metrics.jsonl, config.json and sweep_run.json
 # are copied into PILOT).
+# The cpu preset has since moved to Shallue's protocol (sqrt rule, 16 epochs, a rate grid, 3
+# seeds): the flags pin the pilot's own schedule (linear rule from 0.2 per 256, 1 warmup epoch,
+# cosine over 10 epochs, one seed, logging every 6 steps), the one the sweep it is scored
+# against trained with.
 PILOT_COMMAND = ('python experiments/batch_size_sweep.py --preset cpu --out workdirs/pilot_b128 '
-                 '--batch_sizes 128 --rules linear --warmup on --stop_at_target && cp '
+                 '--batch_sizes 128 --rules linear --warmup on --seeds 0 --lr_search 1 '
+                 '--lr_extensions 0 --epochs 10 --config.base_lr=0.2 '
+                 '--config.log_every_steps=6 --stop_at_target && cp '
                  'workdirs/pilot_b128/runs/b00128-linear-warmup-lrx1-s0/{metrics.jsonl,'
                  'config.json,sweep_run.json} experiments/results/plan_validation/pilot_b128/')
 METHODS = os.path.join(HERE, 'results', 'sync_async_mixed_cpu', 'results.json')
