@@ -268,6 +268,20 @@ def fresh_pilot(rows, data, ax):
                  f'{_band(r)} | {share} | '
                  f'{"in sample" if r["in_sample"] else _pct(r["error"])} | {_inside(r)} |')
   lines += ['', planner.describe_score(fresh, 'predictions up to 8× the pilot batch'), '']
+  own = points.get(PILOT_BATCH, {}).get('steps')
+  if own and not stale:
+    gap = model.notes['pilot_steps'] / own - 1
+    lines += [f'At its own batch this pilot crossed at {model.notes["pilot_steps"]:.0f} steps '
+              f'and the committed sweep\'s B = {PILOT_BATCH} run at {own:.0f} ({_pct(gap)}). '
+              'The sweep is one seed per batch, trained on 2026-12-03 by an earlier version of '
+              'the input order (before the one global example order of (seed, epoch)) on the '
+              'generated dataset before it had a test split; one run of one configuration '
+              'varies by about 12-16 % (SD of steps to the target over 10 seeds, '
+              '`experiments/results/noise_floor_cpu/`). One run on each side cannot say whether '
+              'the gap is that change or chance; either way the errors above mix the planner\'s '
+              'error with it. The planner\'s out-of-sample evidence is the held-out tasks '
+              '(`heldout/`), where the pilot and the points come from one trainer, 3 seeds each.',
+              '']
   ax.plot([r['batch'] for r in fresh['rows']], [r['predicted'] for r in fresh['rows']], 'd-.',
           label='separate pilot (B_simple up to the target)')
   ax.legend(fontsize=8)

@@ -6,6 +6,7 @@ of sample; a pilot recorded by an earlier trainer is detected.
 """
 
 import json
+import os
 
 import pytest
 
@@ -164,10 +165,17 @@ def test_a_pilot_recorded_by_an_earlier_trainer_is_detected(tmp_path, validation
   assert any('steps_per_epoch' in m and '62' in m and '62.5' in m for m in stale), stale
   assert any('total_steps' in m and '620' in m and '625' in m for m in stale), stale
   assert validation.trainer_mismatch(_pilot_record(tmp_path / 'new', 62.5, 625)) == []
+  # The committed pilot has since been re-run with the current trainer (PILOT_COMMAND): the
+  # report no longer flags it, and compares its own crossing with the sweep's at its batch.
   r, text, results = validation_report
-  assert 'recorded by an earlier trainer' in text and 'batch_size_sweep.py' in text
-  assert results['statistical']['fresh_pilot_mismatch']
-  assert 'recorded by an earlier trainer' in r.stdout + r.stderr
+  assert not results['statistical']['fresh_pilot_mismatch']
+  assert 'recorded by an earlier trainer' not in text + r.stdout + r.stderr
+  assert 'At its own batch this pilot crossed at' in text
+  from conftest import ROOT
+  pilot = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'pilot_b128')
+  assert validation.trainer_mismatch(pilot) == []
+  script = open(os.path.join(ROOT, 'experiments', 'plan_validation.py')).read()
+  assert "'--lr_extensions 0 --epochs 10 --config.base_lr=0.2 '" in script  # Its own schedule.
 
 
 def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(validation_report):
