@@ -230,3 +230,41 @@ def test_the_noise_floor_is_the_committed_seeds():
   assert (f"final test top-1 {f['NF_TOP1']}, test steps to 25 % {f['NF_STEPS']}; two 3-seed "
           f"means of such a configuration can be told apart only when they differ by about "
           f"{f['NF_DET_TOP1']} points of top-1 or {f['NF_DET_STEPS']} % of steps") in doc
+
+
+HELDOUT = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'heldout')
+
+
+def test_the_heldout_planner_figures_are_the_committed_studies_rescored():
+  """docs/studies.md section 5 quotes the planner's held-out scores: rescoring the committed
+  studies (the pilots' metrics.jsonl, the points' statistics) gives them, and the text's reading
+  (targets not met on validation, misses systematic in sign) follows from them."""
+  import sys
+  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+  import plan_validation_lib as validation
+  doc = _studies()
+  studies = [os.path.join(HELDOUT, t) for t in 'abc']
+  for split, label in (('validation', 'validation'), ('test', 'test')):
+    tasks = [validation.heldout_task(d, split=split) for d in studies]
+    pooled = validation.pooled_score(tasks, 'seeds')
+    inside = sum(bool(r['inside']) for t in tasks for r in t['seeds']['score']['rows']
+                 if r['counted'])
+    assert pooled['n'] == 15
+    assert (f'| {label} | {100 * pooled["median_abs_error"]:.1f} % | '
+            f'{100 * pooled["max_abs_error"]:.1f} % | {100 * pooled["coverage"]:.1f} % '
+            f'({inside}/15) |') in doc
+    if split == 'validation':
+      assert not any(pooled['targets_met'].values())
+      errors = {}
+      for t, task in zip('abc', tasks):
+        rows = {r['batch']: r for r in task['seeds']['score']['rows']}
+        cells = ' | '.join(f'{100 * rows[b]["error"]:+.1f} %' for b in (32, 64, 256, 512, 1024))
+        assert f'| {t} | {cells} |' in doc
+        errors.update({(t, b): rows[b]['error'] for b in (32, 64, 256, 512, 1024)})
+      below = sum(errors[(t, b)] < 0 for t in 'abc' for b in (32, 64))
+      above = sum(errors[(t, b)] > 0 for t in 'abc' for b in (256, 512, 1024))
+      assert (below, above) == (6, 8) and all(errors[(t, 1024)] > 0 for t in 'abc')
+      assert 'too few steps (6 of 6 points), above it too many (8 of 9, all three at 8x)' in doc
+    else:
+      assert pooled['targets_met'] == {'median_abs_error': True, 'max_abs_error': False,
+                                       'coverage': True}
