@@ -80,26 +80,41 @@ class Layout:
 
 
 def layouts(batches: Sequence[int], pilot_batch: int, pilot_devices: int,
-            calibration_batch: int) -> List[Layout]:
-  """The calibration, the pilot and the measured configurations: one process with one and two
+            calibration_batch: int, calibration_small_batch: int = 0,
+            tiny_batch: int = 0) -> List[Layout]:
+  """The calibrations, the pilot and the measured configurations: one process with one and two
   devices at the smaller batch, one process with two devices and two processes with one device
-  at the larger (the pilot, one process with ``pilot_devices`` at its batch, is measured too)."""
+  at the larger (the pilot, one process with ``pilot_devices`` at its batch, is measured too).
+
+  ``calibration_small_batch`` > 0 adds a second one-device calibration at that batch, run
+  first: two batches give the step's fixed cost beside its cost per image. ``tiny_batch`` > 0
+  adds one process with one device at that batch, where the fixed cost dominates: the
+  configurations then span a wider range of throughput than devices alone give on one host.
+  """
   small, large = min(batches), max(batches)
-  return [Layout(1, 1, calibration_batch, 'calibration'),
-          Layout(1, pilot_devices, pilot_batch, 'pilot'),
-          Layout(1, 1, small), Layout(1, 2, small), Layout(1, 2, large), Layout(2, 1, large)]
+  plan = [Layout(1, 1, calibration_small_batch, 'calibration')] if calibration_small_batch else []
+  plan += [Layout(1, 1, calibration_batch, 'calibration'),
+           Layout(1, pilot_devices, pilot_batch, 'pilot')]
+  plan += [Layout(1, 1, tiny_batch)] if tiny_batch else []
+  return plan + [Layout(1, 1, small), Layout(1, 2, small), Layout(1, 2, large),
+                 Layout(2, 1, large)]
 
 
 def run_config(base, layout: Layout, metric: str, target: float, calibration_steps: int):
   """The config of a layout's run: the base config, its batch, its target (stopping there, but
-  for the calibration), and for the calibration a fixed length with every step logged (each
-  evaluation then follows a training record of its own step, whose time is where the
-  evaluation starts) and three evaluations."""
+  for the calibration), and for the calibration a fixed length with three evaluations and a
+  training record at each of their steps (logged at the evaluation cadence, so each evaluation
+  follows a training record of its own step, whose time is where the evaluation starts; logging
+  every step would add a host synchronisation to every step and slow the rate it measures)."""
   config = ml_collections.ConfigDict(base.to_dict())
   config.batch_size, config.progress_bar = layout.batch, False
   if layout.role == 'calibration':
     train_size = planner.pilot_train_size(None, base, [])
-    config.num_train_steps, config.log_every_steps = calibration_steps, 1
+    if calibration_steps % 3:
+      raise ValueError(f'--calibration_steps must be a multiple of 3 (three evaluations), got '
+                       f'{calibration_steps}.')
+    config.num_train_steps = calibration_steps
+    config.log_every_steps = calibration_steps // 3
     config.eval_every_epochs = calibration_steps / 3 * layout.batch / train_size
   eval_seam.set_target(config, metric, target, stop=layout.role != 'calibration')
   return config
@@ -181,20 +196,38 @@ def measure(workdir: str, metric: str, target: float) -> Dict:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """What the one-device calibration run measured (seconds)."""
+  """What the one-device calibration runs measured (seconds): the step time at ``batch``, the
+  time of one evaluation and the fixed start-up (from the run at ``batch``), and the step's fixed
+  cost ``overhead_s`` (0 without a second run; with one at ``small_batch`` taking
+  ``small_step_s``, the intercept of the line through both: step = overhead + batch x cost per
+  image)."""
   batch: int
   step_s: float
   eval_s: float
   fixed_s: float
+  overhead_s: float = 0.0
+  small_batch: int = 0
+  small_step_s: float = 0.0
 
   @classmethod
-  def from_run(cls, m: Dict, batch: int) -> 'Calibration':
-    if not m['images_per_s'] or m['eval_s'] is None:
-      raise ValueError('The calibration run logged no training rate or no evaluation after a '
-                       'training record of its step: nothing to calibrate on.')
+  def from_run(cls, m: Dict, batch: int, small: Optional[Dict] = None,
+               small_batch: int = 0) -> 'Calibration':
+    for run in (m, small) if small else (m,):
+      if not run['images_per_s'] or run['eval_s'] is None:
+        raise ValueError('A calibration run logged no training rate or no evaluation after a '
+                         'training record of its step: nothing to calibrate on.')
     step_s = batch / m['images_per_s']
     fixed = m['wall_s'] - m['steps'] * step_s - m['evals'] * m['eval_s']
-    return cls(batch, step_s, m['eval_s'], max(fixed, 0.0))
+    if not small:
+      return cls(batch, step_s, m['eval_s'], max(fixed, 0.0))
+    if small_batch >= batch:
+      raise ValueError(f'The small calibration batch ({small_batch}) must be below the '
+                       f'calibration batch ({batch}).')
+    small_step = small_batch / small['images_per_s']
+    per_image = (step_s - small_step) / (batch - small_batch)
+    # A line through two noisy points: the fixed cost stays within [0, the small step].
+    overhead = min(max(small_step - small_batch * per_image, 0.0), small_step)
+    return cls(batch, step_s, m['eval_s'], max(fixed, 0.0), overhead, small_batch, small_step)
 
   @property
   def images_per_s(self) -> float:
@@ -205,7 +238,8 @@ def step_times(cal: Calibration, workload: pm.Workload, links: pm.Interconnect,
                layout: Layout) -> Dict[str, float]:
   """Predicted seconds per step of ``layout``: the performance model, and the two baselines."""
   device = pm.Device(name='this machine (calibrated)', step_time_s=cal.step_s,
-                     measured_batch=cal.batch)
+                     measured_batch=cal.batch, step_overhead_s=min(cal.overhead_s,
+                                                                   0.999 * cal.step_s))
   # Simulated devices and processes on one host share its cores: one compute pool.
   cluster = pm.Cluster(layout.processes, layout.devices, device, links, name='this machine',
                        devices_per_compute_pool=layout.total_devices)
@@ -277,7 +311,12 @@ def write_report(out: str, results: Dict) -> str:
       'mean nothing).', '',
       f'Calibration (1 process, 1 device, batch {cal["batch"]}): {1e3 * cal["step_s"]:.1f} ms per '
       f'step ({cal["batch"] / cal["step_s"]:.0f} images/s), {cal["eval_s"]:.2f} s per '
-      f'evaluation, {cal["fixed_s"]:.1f} s start-up. Steps model: {results["steps_model"]}.', '',
+      f'evaluation, {cal["fixed_s"]:.1f} s start-up'
+      + (f'; at batch {cal["small_batch"]} {1e3 * cal["small_step_s"]:.1f} ms per step, so a '
+         f'fixed cost of {1e3 * cal["overhead_s"]:.1f} ms per step (the model\'s step '
+         'overhead; the baselines ignore it)' if cal.get('small_batch') else
+         '; one batch, so no fixed cost per step') +
+      f'. Steps model: {results["steps_model"]}.', '',
       '| configuration | batch | steps predicted (90 % band) | crossing measured | loop steps '
       'pred / meas | images/s model / const / 1-param / measured | whole loop predicted model / '
       'const / 1-param | measured | error model / const / 1-param |',
@@ -310,9 +349,11 @@ def write_report(out: str, results: Dict) -> str:
             '', 'The pilot\'s own configuration is listed with its steps in sample (predicted '
             'exactly by construction); its time is predicted from the calibration like the '
             'others. What the model leaves out shows in the errors: a start-up that differs with '
-            'the processes (the calibration\'s is used for every run), a fixed cost per step '
-            '(the one-point calibration scales the step time linearly in the batch), and the '
-            'input pipeline.']
+            'the processes (the calibration\'s is used for every run), how much of the host\'s '
+            'cores one simulated device uses (the model puts every device of the host on one '
+            'shared pool, calibrated with one device), and the input pipeline'
+            + ('.' if cal.get('small_batch') else '; and a fixed cost per step (one '
+               'calibration batch scales the step time linearly in the batch).')]
   text = '\n'.join(lines) + '\n'
   with open(os.path.join(out, 'report.md'), 'w') as f:
     f.write(text)
@@ -337,7 +378,8 @@ def _same_config(workdir: str, config) -> List[str]:
 def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, metric: str,
                    target: float, batches: Sequence[int], pilot_batch: int, pilot_devices: int,
                    calibration_batch: int, calibration_steps: int, links_path: str,
-                   timeout_s: float, dry_run: bool = False, log=print) -> Optional[Dict]:
+                   timeout_s: float, dry_run: bool = False, log=print,
+                   calibration_small_batch: int = 0, tiny_batch: int = 0) -> Optional[Dict]:
   """Everything above: ``config_file`` with ``overrides`` (its ``--config.x`` values) is every
   run's base. Returns the results (None for a dry run, which only prints the runs and a bound on
   their cost)."""
@@ -348,7 +390,8 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
   if train_size is None:
     raise ValueError('The config\'s training split size is not known without reading the data '
                      '(dataset "anp"): use the generated dataset for this validation.')
-  plan = layouts(batches, pilot_batch, pilot_devices, calibration_batch)
+  plan = layouts(batches, pilot_batch, pilot_devices, calibration_batch,
+                 calibration_small_batch, tiny_batch)
   runs = {}
   for l in plan:
     config = run_config(base, l, metric, target, calibration_steps)
@@ -388,13 +431,20 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
       launch(trainer_command(config_file, overrides, fields, workdir), l,
              os.path.join(runs_dir, l.name), timeout_s)
     measured[l] = measure(workdir, metric, target)
-  cal_layout, pilot_layout = plan[0], plan[1]
-  cal = Calibration.from_run(measured[cal_layout], cal_layout.batch)
+  cals = [l for l in plan if l.role == 'calibration']
+  cal_layout = cals[-1]
+  pilot_layout = next(l for l in plan if l.role == 'pilot')
+  small_layout = cals[0] if len(cals) > 1 else None
+  cal = Calibration.from_run(measured[cal_layout], cal_layout.batch,
+                             measured[small_layout] if small_layout else None,
+                             small_layout.batch if small_layout else 0)
   pilot_dir = os.path.join(runs_dir, pilot_layout.name)
   model = planner.load_pilot(pilot_dir, metric, target)
   workload = planner.workload_for('pilot', train_size, pilot_dir)
   rows = []
-  for l in plan[1:]:
+  for l in plan:
+    if l.role == 'calibration':
+      continue
     p = predict(l, model, cal, workload, links, runs[l][2])
     m = measured[l]
     rows.append({'name': l.name, 'processes': l.processes, 'devices': l.devices,
@@ -404,6 +454,7 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
                         'the config file unchanged',
              'config_file': config_file, 'metric': metric, 'target': target,
              'calibration': dataclasses.asdict(cal), 'calibration_run': measured[cal_layout],
+             'calibration_small_run': measured[small_layout] if small_layout else None,
              'steps_model': f'S(B) = {model.s_min:.4g} (1 + {model.b_noise:.4g} / B) from '
                             f'{pilot_layout.name}', 'links': dataclasses.asdict(links),
              'rows': rows, 'summary': summarise(rows), 'load_before': load_before,
@@ -435,7 +486,14 @@ cli.define_positive_ints('batches', [32, 512], 'The smaller and the larger measu
 flags.DEFINE_integer('pilot_batch', 128, 'The pilot\'s global batch.')
 flags.DEFINE_integer('pilot_devices', 2, 'The pilot\'s devices (the noise scale needs two).')
 flags.DEFINE_integer('calibration_batch', 128, 'The one-device calibration run\'s batch.')
-flags.DEFINE_integer('calibration_steps', 30, 'The calibration run\'s steps.')
+flags.DEFINE_integer('calibration_steps', 90, 'The calibration runs\' steps (a multiple of 3: '
+                     'three evaluations).')
+flags.DEFINE_integer('calibration_small_batch', 64, 'A second one-device calibration at this '
+                     'batch gives the fixed cost per step (0: none); no measured configuration '
+                     'shares a calibration batch.')
+flags.DEFINE_integer('tiny_batch', 16, 'Also measure one process, one device at this batch, '
+                     'where the fixed cost per step weighs most (0: not; the cpu preset\'s ghost '
+                     'BatchNorm groups of 16 need at least 16 per device).')
 flags.DEFINE_string('links', LINKS, 'results.json of experiments/perfmodel_validation.py (this '
                     'machine\'s fitted links).')
 flags.DEFINE_float('timeout', 3600.0, 'Seconds per run.')
@@ -453,7 +511,9 @@ def main(argv) -> int:
                    batches=FLAGS.batches, pilot_batch=FLAGS.pilot_batch,
                    pilot_devices=FLAGS.pilot_devices, calibration_batch=FLAGS.calibration_batch,
                    calibration_steps=FLAGS.calibration_steps, links_path=FLAGS.links,
-                   timeout_s=FLAGS.timeout, dry_run=FLAGS.dry_run)
+                   timeout_s=FLAGS.timeout, dry_run=FLAGS.dry_run,
+                   calibration_small_batch=FLAGS.calibration_small_batch,
+                   tiny_batch=FLAGS.tiny_batch)
   except (ValueError, OSError, RuntimeError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return cli.EXIT_USAGE

@@ -268,3 +268,30 @@ def test_the_heldout_planner_figures_are_the_committed_studies_rescored():
     else:
       assert pooled['targets_met'] == {'median_abs_error': True, 'max_abs_error': False,
                                        'coverage': True}
+
+
+TIME = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'time')
+
+
+def test_the_time_validation_figures_are_the_committed_run():
+  """docs/studies.md section 6 quotes the committed time validation: its mean errors, the range
+  of whole-loop errors, the span, and the verdicts (targets not met) follow from results.json."""
+  doc = _studies()
+  results = json.load(open(os.path.join(TIME, 'results.json')))
+  s = results['summary']
+  for key, label in (('model', 'performance model'), ('constant', 'constant images/s'),
+                     ('one_parameter', 'images/s ∝ devices')):
+    cells = ' | '.join(f'{100 * s[key][e]:.1f} %' for e in ('loop', 'time_side', 'images_per_s'))
+    assert f'| {label} | {cells} |' in doc
+  loops = [r['errors']['model']['loop'] for r in results['rows']]
+  assert f'range from {100 * min(loops):.1f} % to {100 * max(loops):+.1f} %' in doc
+  assert max(abs(x) for x in loops) > 0.2  # "The targets are not met".
+  assert s['model']['images_per_s'] > s['constant']['images_per_s'] / 2
+  assert f'span only {s["throughput_span"]:.2f}x' in doc and s['throughput_span'] < 4
+  rates = [r['measured']['images_per_s'] for r in results['rows']]
+  assert f'({min(rates):,.0f}-{max(rates):,.0f} images/s)' in doc
+  cal = results['calibration']
+  assert f'({1e3 * cal["overhead_s"]:.0f} ms, the intercept' in doc
+  first = json.load(open(os.path.join(TIME, 'first_design', 'results.json')))
+  assert f'measured {first["calibration"]["batch"] / first["calibration"]["step_s"]:,.0f} images/s' in doc
+  assert f'makes {cal["batch"] / cal["step_s"]:,.0f}:' in doc
