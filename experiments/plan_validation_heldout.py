@@ -100,7 +100,33 @@ def _targets_line(pooled, what):
           f'{"met" if met["coverage"] else "not met"}.')
 
 
-def write(out, tasks, test_tasks=None):
+def diagnosis_lines(tasks, diagnostics):
+  """Why the predictions miss, from each task's measurements alone (after the scoring)."""
+  lines = ['## Diagnosis (validation split, after the scoring)', '',
+           'From each task\'s own measured means: the fit of S = S_min (1 + B_crit / B) to all '
+           'its batches, each batch predicted from the fit to the others (leave one out: does '
+           'the form hold?), and B_simple up to each seed\'s crossing at every batch (the '
+           'pilot\'s window; mean over the seeds that reached the target). B_crit / B_noise: '
+           '95 % percentile bootstrap over seeds (optimistic with 3). None of this feeds the '
+           'planner.', '',
+           '| task | fitted B_crit | pilot B_noise | B_crit / B_noise | leave-one-out errors | '
+           'B_simple up to the crossing, B = 32 ... 1024 |', '|---|---|---|---|---|---|']
+  for task, d in zip(tasks, diagnostics):
+    b_noise = task['seeds']['model']['b_noise']
+    fit = d['fit']
+    loo = ', '.join(f'{r["batch"]}: {_pct(r["error"])}' for r in d['leave_one_out'])
+    simple = ', '.join('—' if v['mean'] is None else f'{v["mean"]:.0f}'
+                       for _, v in sorted(d['b_simple'].items()))
+    crit = '—' if fit is None else f'{fit["b_crit"]:.0f}'
+    ci = d.get('ratio_ci')
+    ratio = '—' if fit is None else f'{fit["b_crit"] / b_noise:.2f}' + (
+        f' [{ci["low"]:.2f}, {ci["high"]:.2f}]' if ci else '')
+    lines.append(f'| {os.path.basename(os.path.normpath(task["study"]))} | {crit} | '
+                 f'{b_noise:.0f} | {ratio} | {loo} | {simple} |')
+  return lines + ['']
+
+
+def write(out, tasks, test_tasks=None, diagnostics=None):
   pooled = {label: validation.pooled_score(tasks, label) for label in ('seeds', 'one_seed')}
   pooled_test = ({label: validation.pooled_score(test_tasks, label)
                   for label in ('seeds', 'one_seed')} if test_tasks else None)
@@ -134,13 +160,16 @@ def write(out, tasks, test_tasks=None):
     lines += ['## Tasks, test split', '']
     for task in test_tasks:
       lines += task_lines(task)
+  if diagnostics:
+    lines += diagnosis_lines(tasks, diagnostics)
   text = '\n'.join(lines) + '\n'
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, 'report.md'), 'w') as f:
     f.write(text)
   with open(os.path.join(out, 'results.json'), 'w') as f:
     json.dump({'tasks': tasks, 'pooled': pooled, 'tasks_test': test_tasks,
-               'pooled_test': pooled_test, 'targets': targets}, f, indent=2)
+               'pooled_test': pooled_test, 'targets': targets, 'diagnostics': diagnostics},
+              f, indent=2)
   plot(out, tasks)
   return text
 
@@ -177,7 +206,8 @@ def main(argv) -> int:
     tasks = [validation.heldout_task(d, FLAGS.metric, FLAGS.target) for d in dirs]
     test_tasks = ([validation.heldout_task(d, FLAGS.metric, FLAGS.target, split='test')
                    for d in dirs] if all(_has_test(d) for d in dirs) else None)
-    print(write(os.path.expanduser(FLAGS.out), tasks, test_tasks))
+    diagnostics = [validation.task_diagnostics(d) for d in dirs]
+    print(write(os.path.expanduser(FLAGS.out), tasks, test_tasks, diagnostics))
   except (ValueError, OSError, KeyError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return cli.EXIT_USAGE

@@ -19,7 +19,8 @@ import statistics
 from typing import Dict, List, Sequence
 
 from anp_jax.configs import default as default_config
-from anp_jax.metrics_io import read_metrics
+from anp_jax import noise_scale
+from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import eval_seam
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
@@ -216,6 +217,64 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
                             'target': model.notes['target'], 'metric': model.notes['metric'],
                             'b_simple_late': model.notes.get('b_simple_late')},
                   'score': score_predictions(predicted, in_sample=[b0], max_batch=8 * b0)}
+  return out
+
+
+def task_diagnostics(study_dir: str, split: str = 'validation') -> Dict:
+  """Why a task's pilot predictions miss, from its measurements alone (no planner choice is made
+  from these: they diagnose, after the scoring).
+
+  * ``fit``: S = S_min (1 + B_crit / B) fitted to every batch whose seeds all reached the target
+    (their mean steps on ``split``): does the functional form hold, and where is B_crit?
+  * ``leave_one_out``: each of those batches predicted from the fit to the others.
+  * ``b_simple``: per batch, B_simple of each seed over its steps up to its crossing (the
+    window the pilot's B_noise uses), mean over the seeds that reached the target: is the noise
+    scale a property of the task, or of the batch that measures it?
+  """
+  with open(os.path.join(study_dir, 'points.json')) as f:
+    points = json.load(f)
+  with open(os.path.join(study_dir, 'results.json')) as f:
+    rows = json.load(f)
+  key = 'test_steps_to_target' if split == 'test' else 'steps_to_target'
+  means = {int(p['fields']['batch_size']): p[key]['mean'] for p in points
+           if p.get(key) and p[key]['kind'] == 'complete'}
+  out = {'split': split, 'measured': means, 'fit': None, 'leave_one_out': [], 'b_simple': {},
+         'ratio_ci': None}
+  if len(means) >= 2:
+    s_min, b_crit = fit_steps_to_target(list(means), list(means.values()))
+    out['fit'] = {'s_min': s_min, 'b_crit': b_crit}
+    out['leave_one_out'] = validate_leave_one_out({b: {'steps': m} for b, m in means.items()})
+  for p in points:
+    batch = int(p['fields']['batch_size'])
+    values = []
+    for r in rows:
+      if r['point'] != p['point'] or r['lr_mult'] != p['lr_mult']:
+        continue
+      run_dir = os.path.join(study_dir, 'runs', r['name'])
+      records = read_metrics(run_dir)
+      config = default_config.read_run_config(run_dir)
+      metric = str(config.target_metric)
+      if metric.startswith(eval_seam.TEST_PREFIX):  # Continued to its test crossing.
+        metric = eval_seam.VALIDATION_PREFIX + metric[len(eval_seam.TEST_PREFIX):]
+      crossing = target_crossing(records, float(config.target_value), metric)
+      if crossing is not None:
+        b = noise_scale.window_b_simple(records, end_step=crossing['step'])
+        if b is not None:
+          values.append(b)
+    out['b_simple'][batch] = {'mean': statistics.mean(values) if values else None,
+                              'each': values}
+  pilot = next((int(p['fields']['batch_size']) for p in points
+                if p['point'].startswith(PILOT_PREFIX)), None)
+  if out['fit'] and pilot in out['b_simple'] and out['b_simple'][pilot]['each']:
+    # B_crit / the pilot's B_noise with a percentile bootstrap over seeds (seeds redrawn within
+    # each batch, the fit redone; the pilot's B_simple seeds redrawn too).
+    from anp_jax.research import sweep_report
+    each = {int(p['fields']['batch_size']): [r[key] for r in rows if r['point'] == p['point']
+                                             and r['lr_mult'] == p['lr_mult']]
+            for p in points if int(p['fields']['batch_size']) in means}
+    ci = sweep_report.bootstrap_fit(sorted(each), [each[b] for b in sorted(each)],
+                                    [out['b_simple'][pilot]['each']])
+    out['ratio_ci'] = ci['ratio']
   return out
 
 

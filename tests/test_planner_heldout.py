@@ -141,3 +141,36 @@ def test_the_test_split_scoring_predicts_test_crossings_from_the_pilots_test_cro
   (study / 'points.json').write_text(json.dumps(points))
   with pytest.raises(ValueError, match='no test-split steps'):
     validation.heldout_task(str(study), split='test')
+
+
+def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_batch(tmp_path):
+  """`task_diagnostics`: on points whose means follow S = 20 (1 + 200 / B) exactly, the fit
+  recovers B_crit = 200 and every leave-one-out error is 0; B_simple per batch is the window up
+  to each seed's crossing (here trace / |G|² = the batch-dependent value written)."""
+  from experiments import plan_validation_lib as validation
+  from test_plan import _write_pilot
+  study = tmp_path / 'study'
+  points, rows = [], []
+  for batch in (32, 64, 128, 256):
+    steps = 20.0 * (1 + 200.0 / batch)
+    name = ('pilot_' if batch == 64 else '') + f'b{batch:05d}'
+    for seed in (0, 1):
+      run = f'{name}-lrx1-s{seed}'
+      reach = int(10 * (steps // 10 + 1))  # The first evaluation at or after the crossing.
+      _write_pilot(study / 'runs' / run, batch=batch, trace=float(batch), steps=reach + 10,
+                   reach_step=reach, seed=seed, target_metric='eval/anp_top1',
+                   target_value=0.3)
+      rows.append({'point': name, 'name': run, 'seed': seed, 'lr_mult': 1.0,
+                   'steps_to_target': steps})
+    points.append({'point': name, 'fields': {'batch_size': batch}, 'lr_mult': 1.0,
+                   'steps_to_target': _summary([steps, steps])})
+  (study / 'points.json').write_text(json.dumps(points))
+  (study / 'results.json').write_text(json.dumps(rows))
+  d = validation.task_diagnostics(str(study))
+  assert d['fit']['b_crit'] == pytest.approx(200.0) and d['fit']['s_min'] == pytest.approx(20.0)
+  assert all(abs(r['error']) < 1e-9 for r in d['leave_one_out'])
+  assert {b: v['mean'] for b, v in d['b_simple'].items()} == pytest.approx(
+      {32: 32.0, 64: 64.0, 128: 128.0, 256: 256.0})
+  # Identical seeds: the bootstrap interval of B_crit / the pilot's B_noise is the point.
+  assert d['ratio_ci']['low'] == pytest.approx(200.0 / 64.0)
+  assert d['ratio_ci']['high'] == pytest.approx(200.0 / 64.0)

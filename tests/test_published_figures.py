@@ -295,3 +295,29 @@ def test_the_time_validation_figures_are_the_committed_run():
   first = json.load(open(os.path.join(TIME, 'first_design', 'results.json')))
   assert f'measured {first["calibration"]["batch"] / first["calibration"]["step_s"]:,.0f} images/s' in doc
   assert f'makes {cal["batch"] / cal["step_s"]:,.0f}:' in doc
+
+
+def test_the_heldout_diagnosis_quoted_is_the_committed_studies():
+  """Section 5's diagnosis: the form fits each task (leave-one-batch-out errors as quoted), the
+  fitted B_crit over the pilot's B_noise with its bootstrap interval above 1 for every task, and
+  B_simple up to the crossing not growing with the batch on task a."""
+  import sys
+  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+  import plan_validation_lib as validation
+  doc = _studies()
+  for t in 'abc':
+    study = os.path.join(HELDOUT, t)
+    d = validation.task_diagnostics(study)
+    b_noise = validation.heldout_task(study)['seeds']['model']['b_noise']
+    ratio, ci = d['fit']['b_crit'] / b_noise, d['ratio_ci']
+    assert f'{ratio:.2f} [{ci["low"]:.2f}, {ci["high"]:.2f}] ({t})' in doc
+    assert ci['low'] > 1.0  # "every interval above 1"
+    loo = [r['error'] for r in d['leave_one_out']]
+    if t in 'ac':
+      assert max(abs(e) for e in loo) <= 0.1215  # "at most 12.1 % off on a and c"
+    else:
+      assert (f'{100 * min(loo):.0f} % to {100 * max(loo):+.0f} % on b') in doc
+  a = validation.task_diagnostics(os.path.join(HELDOUT, 'a'))['b_simple']
+  assert a[1024]['mean'] < a[32]['mean']  # Not growing with the batch.
+  assert (f'a: {a[32]["mean"]:.0f} at B = 32, {a[128]["mean"]:.0f} at the pilot\'s 128, '
+          f'{a[1024]["mean"]:.0f} at 1024') in doc
