@@ -27,7 +27,7 @@ from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to
                                       feasibility, fit_steps_to_target, load_pilot,
                                       penalty_kind, pilot_model, pilot_train_size, plan_row,
                                       run_record, score_predictions)
-from anp_jax.research.planner.inputs import DEFAULT_METRIC, recorded_target
+from anp_jax.research.planner.inputs import DEFAULT_METRIC, chosen_metric, recorded_target
 
 
 def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
@@ -253,10 +253,7 @@ def task_diagnostics(study_dir: str, split: str = 'validation') -> Dict:
       run_dir = os.path.join(study_dir, 'runs', r['name'])
       records = read_metrics(run_dir)
       config = default_config.read_run_config(run_dir)
-      metric = str(config.target_metric)
-      if metric.startswith(eval_seam.TEST_PREFIX):  # Continued to its test crossing.
-        metric = eval_seam.VALIDATION_PREFIX + metric[len(eval_seam.TEST_PREFIX):]
-      crossing = target_crossing(records, float(config.target_value), metric)
+      crossing = target_crossing(records, float(config.target_value), chosen_metric(config))
       if crossing is not None:
         b = noise_scale.window_b_simple(records, end_step=crossing['step'])
         if b is not None:

@@ -68,14 +68,12 @@ def normalized(row: Dict) -> Dict:
   r.setdefault('lr_mult', 1.0)
   r.setdefault('eval/anp_top1', r.get('final_top1'))
   r.setdefault('has_test', False)
-  if study_results.outcome_of(r) != 'reached':
-    r['steps_to_target'] = r['examples_to_target'] = None
   if r.get('b_simple_window') != 'to_target':
     # Rows from before B_simple had two windows: their one figure is the late window.
     r['b_simple_window'] = 'late'
     r['b_simple_late'], r['b_simple'] = r.get('b_simple'), None
   if study_results.outcome_of(r) != 'reached':
-    r['b_simple'] = None
+    r['steps_to_target'] = r['examples_to_target'] = r['b_simple'] = None
   return r
 
 
@@ -165,11 +163,16 @@ fit_steps_to_target = plan.fit_steps_to_target
 FIT_RESAMPLES = 2000
 
 
+def _s_min_vanishes(s_min: float, steps: Sequence[float]) -> bool:
+  """Whether a fit's S_min is ≈ 0 next to the steps it fits: every point in the perfect-scaling
+  regime, B_crit beyond every batch (the same judgement for the fit and its bootstrap)."""
+  return s_min <= 1e-6 * max(steps)
+
+
 def _crit_of(s_min: float, b_crit: float, steps: Sequence[float]) -> float:
-  """A fit's B_crit on a line: +inf when S_min <= 0 (or ≈ 0, as `fit_arms` judges it: perfect
-  scaling over the whole range, B_crit beyond every batch), 0 when B_crit <= 0 (steps do not
-  fall with the batch)."""
-  if s_min <= 1e-6 * max(steps) or not math.isfinite(b_crit):
+  """A fit's B_crit on a line: +inf when S_min ≈ 0 (`_s_min_vanishes`: perfect scaling over the
+  whole range), 0 when B_crit <= 0 (steps do not fall with the batch)."""
+  if _s_min_vanishes(s_min, steps) or not math.isfinite(b_crit):
     return math.inf
   return max(b_crit, 0.0)
 
@@ -235,7 +238,7 @@ def fit_arms(agg) -> Dict[Tuple[str, str], Dict]:
       batch, steps = [p[0] for p in pts], [p[1] for p in pts]
       s_min, b_crit = fit_steps_to_target(batch, steps)
       fit.update(s_min=s_min, b_crit=b_crit, e_min=s_min * b_crit, note='')
-      if s_min <= 1e-6 * max(steps):
+      if _s_min_vanishes(s_min, steps):
         fit['note'] = ('S_min ≈ 0: every point is in the perfect-scaling regime, so B_crit is '
                        'far beyond the largest batch and not determined')
       elif not 0 < b_crit < math.inf:
