@@ -106,16 +106,17 @@ def diagnosis_lines(tasks, diagnostics):
            'From each task\'s own measured means: the fit of S = S_min (1 + B_crit / B) to all '
            'its batches, each batch predicted from the fit to the others (leave one out: does '
            'the form hold?), and B_simple up to each seed\'s crossing at every batch (the '
-           'pilot\'s window; mean over the seeds that reached the target). B_crit / B_noise: '
-           '95 % percentile bootstrap over seeds (optimistic with 3). None of this feeds the '
-           'planner.', '',
+           'pilot\'s window; mean over the seeds that reached the target, 95 % t-interval). '
+           'B_crit / B_noise: 95 % percentile bootstrap over seeds (optimistic with 3). None of '
+           'this feeds the planner.', '',
            '| task | fitted B_crit | pilot B_noise | B_crit / B_noise | leave-one-out errors | '
-           'B_simple up to the crossing, B = 32 ... 1024 |', '|---|---|---|---|---|---|']
+           'B_simple up to the crossing [95 % CI], B = 32 ... 1024 |', '|---|---|---|---|---|---|']
   for task, d in zip(tasks, diagnostics):
     b_noise = task['seeds']['model']['b_noise']
     fit = d['fit']
     loo = ', '.join(f'{r["batch"]}: {_pct(r["error"])}' for r in d['leave_one_out'])
-    simple = ', '.join('—' if v['mean'] is None else f'{v["mean"]:.0f}'
+    simple = ', '.join('—' if v['mean'] is None else f'{v["mean"]:.0f}' + (
+        f' [{v["low"]:.0f}, {v["high"]:.0f}]' if v.get('low') is not None else '')
                        for _, v in sorted(d['b_simple'].items()))
     crit = '—' if fit is None else f'{fit["b_crit"]:.0f}'
     ci = d.get('ratio_ci')

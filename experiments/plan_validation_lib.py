@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence
 from anp_jax.configs import default as default_config
 from anp_jax import noise_scale
 from anp_jax.metrics_io import read_metrics, target_crossing
-from anp_jax.research import eval_seam
+from anp_jax.research import eval_seam, stats
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
                                       feasibility, fit_steps_to_target, load_pilot,
@@ -228,8 +228,9 @@ def task_diagnostics(study_dir: str, split: str = 'validation') -> Dict:
     (their mean steps on ``split``): does the functional form hold, and where is B_crit?
   * ``leave_one_out``: each of those batches predicted from the fit to the others.
   * ``b_simple``: per batch, B_simple of each seed over its steps up to its crossing (the
-    window the pilot's B_noise uses), mean over the seeds that reached the target: is the noise
-    scale a property of the task, or of the batch that measures it?
+    window the pilot's B_noise uses), mean over the seeds that reached the target with its
+    t-interval (`stats.mean_interval`; none from one seed): is the noise scale a property of the
+    task, or of the batch that measures it?
   """
   with open(os.path.join(study_dir, 'points.json')) as f:
     points = json.load(f)
@@ -258,8 +259,10 @@ def task_diagnostics(study_dir: str, split: str = 'validation') -> Dict:
         b = noise_scale.window_b_simple(records, end_step=crossing['step'])
         if b is not None:
           values.append(b)
+    interval = stats.mean_interval(values) if len(values) > 1 else None
     out['b_simple'][batch] = {'mean': statistics.mean(values) if values else None,
-                              'each': values}
+                              'low': interval and interval['low'],
+                              'high': interval and interval['high'], 'each': values}
   pilot = next((int(p['fields']['batch_size']) for p in points
                 if p['point'].startswith(PILOT_PREFIX)), None)
   if out['fit'] and pilot in out['b_simple'] and out['b_simple'][pilot]['each']:
