@@ -203,6 +203,11 @@ def test_the_finetuning_table_is_the_committed_statistics():
           in doc)
   assert d['low'] > 0  # "the paired difference excludes 0".
   assert f"by {100 * d['low']:.0f} to {100 * d['high']:.0f} points" in doc
+  # Steps to a target: no interval runs below the first evaluation (a crossing can't be earlier).
+  rows = stats_['steps_to_target']
+  cells = [r[arm] for r in rows for arm in ('finetune', 'scratch')]
+  assert min(c['low'] for c in cells if c['low'] is not None) == 20
+  assert any(c.get('clipped') for c in cells)
 
 
 def noise_floor():

@@ -108,6 +108,19 @@ def test_a_seed_that_diverged_is_counted_not_dropped():
     stats.censored_summary([None], ['lost'], [79])
 
 
+
+def test_a_complete_interval_is_cut_at_the_floor_no_seed_can_go_below():
+  """Steps 20, 40, 20 from evaluations every 20 steps: the t-interval reaches below 0 steps; with
+  floor=20 it is cut there and marked, the mean and the upper end unchanged."""
+  free = stats.censored_summary([20.0, 40.0, 20.0], ['reached'] * 3, [200] * 3)
+  assert free['low'] < 0
+  cut = stats.censored_summary([20.0, 40.0, 20.0], ['reached'] * 3, [200] * 3, floor=20)
+  assert cut['low'] == 20 and cut['clipped'] is True
+  assert (cut['mean'], cut['high']) == (free['mean'], free['high'])
+  inside = stats.censored_summary([40.0, 50.0, 60.0], ['reached'] * 3, [79] * 3, floor=20)
+  assert inside['low'] > 20 and 'clipped' not in inside
+  assert stats.format_summary(cut) == f"27 [20, {cut['high']:.0f}]"
+
 def test_a_final_metric_has_no_mean_when_a_seed_diverged():
   s = stats.value_summary([0.30, None, 0.34], ['reached', 'diverged', 'missed'])
   assert s['kind'] == 'diverged' and s['mean'] is None and s['diverged'] == 1

@@ -221,7 +221,8 @@ def detectable_difference(sd: float, n_a: int, n_b: int, level: float = LEVEL) -
 
 
 def censored_summary(values: Sequence[Optional[float]], outcomes: Sequence[str],
-                     budgets: Sequence[float], level: float = LEVEL, method: str = 't') -> Dict:
+                     budgets: Sequence[float], level: float = LEVEL, method: str = 't',
+                     floor: Optional[float] = None) -> Dict:
   """Steps (or examples) to a target over seeds, misses counted (see the module docstring).
 
   ``values[i]``: seed i's steps to the target, None if it did not reach it; ``outcomes[i]``:
@@ -232,6 +233,10 @@ def censored_summary(values: Sequence[Optional[float]], outcomes: Sequence[str],
   * 'censored': some did not; ``mean`` None, ``lower_bound`` (mean with each miss at its
     budget), ``median`` (None when half or more missed: it lies beyond the budget).
   * 'unfinished': a seed is still training; no statistic yet.
+
+  ``floor``: the least value a seed can record (e.g. the first evaluated step). A 'complete'
+  interval that reaches below it is cut there and marked ``clipped`` (a t-interval of 3 seeds
+  can run below 0 steps; no seed can).
 
   and always the counts ``n``, ``reached``, ``missed``, ``diverged``, ``unfinished``.
   """
@@ -251,7 +256,10 @@ def censored_summary(values: Sequence[Optional[float]], outcomes: Sequence[str],
   if counts['unfinished']:
     return dict(out, kind='unfinished')
   if counts['reached'] == len(values):
-    return dict(out, **mean_interval(values, level, method), kind='complete')
+    complete = dict(out, **mean_interval(values, level, method), kind='complete')
+    if floor is not None and complete['low'] is not None and complete['low'] < floor:
+      complete.update(low=float(floor), clipped=True)
+    return complete
   at_least = [v if v is not None else float(b) for v, b in zip(values, budgets)]
   ordered = sorted(values, key=lambda v: math.inf if v is None else v)
   n = len(ordered)

@@ -44,6 +44,7 @@ def aggregate(per_seed: Sequence[Mapping], method: str = 't') -> Dict:
   out['paired_difference'] = stats.mean_interval(diffs, method=method)
   reference = math.fsum(final['scratch']) / len(per_seed)
   budget = per_seed[0]['preset']['finetune_steps']
+  first_eval = per_seed[0]['preset']['eval_every_steps']  # No seed can record fewer steps.
   rows = []
   for fraction in transfer.TARGET_FRACTIONS:
     target = fraction * reference
@@ -52,7 +53,7 @@ def aggregate(per_seed: Sequence[Mapping], method: str = 't') -> Dict:
       steps = [transfer.steps_to_target(s['runs'][arm]['test_curve'], target) for s in per_seed]
       row[arm] = stats.censored_summary(
           steps, ['missed' if v is None else 'reached' for v in steps],
-          [budget] * len(steps), method=method)
+          [budget] * len(steps), method=method, floor=first_eval)
       row[f'{arm}_per_seed'] = steps
     rows.append(row)
   out['steps_to_target'] = rows
@@ -108,7 +109,8 @@ def write_report(per_seed: Sequence[Mapping], out_dir: str, command: str = '',
             f'test top-1 from scratch ({100 * agg["reference_test_top1"]:.1f} %); first '
             f'evaluated step at or above it (evaluations every {p["eval_every_steps"]} steps), '
             f'a seed that never reaches it counts at the {p["finetune_steps"]}-step budget '
-            '(a lower bound).', '',
+            '(a lower bound). An interval is cut at the first evaluation '
+            f'({p["eval_every_steps"]} steps), below which no seed can record a crossing.', '',
             '| target (x scratch final) | ANP top-1 | steps fine-tuned | steps from scratch | '
             'per seed (fine-tuned; scratch) |', '|---|---|---|---|---|']
   for r in agg['steps_to_target']:
