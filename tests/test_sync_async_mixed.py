@@ -340,3 +340,29 @@ def test_mapped_arms_on_their_own_devices_in_two_invocations_end_to_end(data_dir
   assert '| async-08 | 4 | 7; 28 |' in summary and 'Published figures on the test split' in summary
   assert '## Each arm against sync, both at their own chosen rate' in summary
   assert '| mixed-n02 | 16 |' in summary
+  assert '## Noise floor: seed-to-seed spread' in summary and '| sync | 2 |' in summary
+
+
+def test_the_noise_floor_is_the_spread_over_seeds_at_the_chosen_rate():
+  """Per arm, the SD over the seeds of its chosen rate only (the other rate's runs ignored), the
+  test split when evaluated, and nothing where a seed missed the target or diverged."""
+  from anp_jax.research import stats
+  arms = [{'name': 'sync', 'lr_chosen': True, 'lr_mult': 1.0},
+          {'name': 'async-16', 'lr_chosen': True, 'lr_mult': 0.5}]
+  grid = [dict(arm='sync', lr_mult=1.0, seed=s, has_test=True, status='finished',
+               test_examples_to_target=e, examples_to_target=1.0, final_top1=0.5,
+               **{'test/anp_top1': t}) for s, e, t in ((0, 1000, .30), (1, 1200, .32),
+                                                        (2, 1400, .28))]
+  grid += [dict(arm='sync', lr_mult=2.0, seed=0, has_test=True, status='finished',
+                test_examples_to_target=99999, **{'test/anp_top1': 0.9})]
+  grid += [dict(arm='async-16', lr_mult=0.5, seed=s, has_test=True, status=st,
+                test_examples_to_target=e, **{'test/anp_top1': t})
+           for s, e, t, st in ((0, None, .1, 'finished'), (1, 5000, .3, 'finished'),
+                               (2, None, None, 'diverged'))]
+  floor = {f['arm']: f for f in sam.noise_floor(arms, grid)}
+  assert floor['sync']['n'] == 3
+  assert floor['sync']['examples']['sd'] == pytest.approx(200.0)
+  assert floor['sync']['top1']['sd'] == pytest.approx(0.02)
+  assert floor['sync']['examples']['detectable'] == pytest.approx(
+      stats.detectable_difference(200.0, 3, 3))
+  assert floor['async-16']['examples'] is None and floor['async-16']['top1'] is None

@@ -36,6 +36,7 @@ training ResNet-50 on the MUSA2 ANP training split; `predicted_epoch` gives its 
 """
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
@@ -523,6 +524,33 @@ def comparisons(arms: Sequence[Dict], grid_rows: Sequence[Dict], reference: str 
   return out
 
 
+def noise_floor(arms: Sequence[Dict], grid_rows: Sequence[Dict]) -> List[Dict]:
+  """Per arm at its chosen rate, how much its seeds differ (`stats.spread`): examples to the
+  target on the published split (only when every seed reached it) and the final top-1 (test when
+  evaluated; only when no seed diverged), each with the smallest difference of two such means
+  that a 95 % interval could tell from 0 (`stats.detectable_difference`, this arm's SD)."""
+  out = []
+  for a in arms:
+    runs = chosen_runs(a, grid_rows)
+    if len(runs) < 2:
+      continue
+    key = _split(runs) + 'examples_to_target'
+    item = {'arm': a['name'], 'n': len(runs), 'examples': None, 'top1': None}
+    examples = [g.get(key) for g in runs]
+    if None not in examples:
+      item['examples'] = stats.spread(examples)
+      item['examples']['detectable'] = stats.detectable_difference(
+          item['examples']['sd'], len(runs), len(runs))
+    final = [g.get('test/anp_top1', g.get('final_top1')) if g.get('status') != 'diverged'
+             else None for g in runs]
+    if None not in final and all(math.isfinite(v) for v in final):
+      item['top1'] = stats.spread(final)
+      item['top1']['detectable'] = stats.detectable_difference(
+          item['top1']['sd'], len(runs), len(runs))
+    out.append(item)
+  return out
+
+
 def _interval(x: Optional[Dict], key: str, spec: str, scale: float = 1.0) -> str:
   if x is None:
     return '—'
@@ -635,6 +663,25 @@ def write_summary(ex: Experiment) -> str:
       lines.append(f'| {c["arm"]} | {c["staleness_examples"] or 0:,.0f} | '
                    + (_interval(ratio, 'ratio', '.2f') if ratio else 'censored: see above')
                    + f' | {_interval(c["top1_difference"], "diff", "+.1f", 100)} |')
+  floor = noise_floor(rows, grid_rows) if several else []
+  if floor:
+    lines += ['', '## Noise floor: seed-to-seed spread at each arm\'s chosen rate', '',
+              f'The same configuration with another seed (initialisation, data order, '
+              f'augmentation): standard deviation over seeds ({split} split), its coefficient of '
+              'variation, and the smallest difference between two such means (as many seeds '
+              'each) that a 95 % interval separates from 0; a difference in the tables above '
+              'smaller than that is within the noise.', '',
+              '| arm | seeds | examples to target: SD (CV); detectable | final top-1: SD; '
+              'detectable (points) |', '|---|---|---|---|']
+    for f in floor:
+      ex_ = f['examples']
+      t1 = f['top1']
+      lines.append(
+          f'| {f["arm"]} | {f["n"]} | '
+          + ('— (a seed missed the target)' if ex_ is None else
+             f'{ex_["sd"]:,.0f} ({100 * ex_["cv"]:.0f} %); {ex_["detectable"]:,.0f}')
+          + ' | ' + ('— (a seed diverged)' if t1 is None else
+                     f'{100 * t1["sd"]:.2f}; {100 * t1["detectable"]:.1f}') + ' |')
   lines += ['', '![accuracy vs epochs](accuracy_vs_epochs.png)',
             '![accuracy vs predicted time](accuracy_vs_time.png)', '']
   path = os.path.join(ex.out, 'summary.md')
