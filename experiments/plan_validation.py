@@ -10,7 +10,8 @@ Reads committed results only (no training):
    batch never counted), whether the measured steps fall inside the predicted band, and each
    crossing's share of its run's budget. A separate pilot (`pilot_b128/`) is checked against
    what the current trainer computes for its config and flagged if an earlier trainer made it.
-2. Methods: ``experiments/results/sync_async_mixed_cpu/results.json`` — the asynchrony penalty
+2. Methods: ``experiments/results/sync_async_mixed_unmapped_cpu/results.json`` (one seed, the
+   earlier 128-per-update mapping) — the asynchrony penalty
    (censored fit: an arm that missed a level is a lower bound) with its leave-one-staleness-out
    errors, and each arm's epochs to a level predicted from the sync arm and the penalty fitted
    to the *other* arms.
@@ -54,7 +55,7 @@ PILOT_COMMAND = ('python experiments/batch_size_sweep.py --preset cpu --out work
                  '--config.log_every_steps=6 --stop_at_target && cp '
                  'workdirs/pilot_b128/runs/b00128-linear-warmup-lrx1-s0/{metrics.jsonl,'
                  'config.json,sweep_run.json} experiments/results/plan_validation/pilot_b128/')
-METHODS = os.path.join(HERE, 'results', 'sync_async_mixed_cpu', 'results.json')
+METHODS = os.path.join(HERE, 'results', 'sync_async_mixed_unmapped_cpu', 'results.json')
 RECIPE_EPOCHS, RECIPE_BATCH, ANP_TRAIN = 30, 128, pm.MUSA2_TRAIN_IMAGES
 # B_noise of ResNet-50 on ANP is not measured here; the assumed range: the CPU proxy's B_simple
 # at B=128 (low end: read from the committed sweep, linear rule + warmup) and Goyal et al.'s flat
@@ -131,12 +132,16 @@ experiment's own mapping; it cannot measure K80 time), so they compare epochs, n
 {methods}
 
 Reading: every arm runs on 16 devices at its best learning rate of a grid extended until the
-choice is interior (`sync_async_mixed_cpu/summary.md`). No asynchronous arm reaches 25 %; the
-measured factors are not linear in the staleness (to 10.3 % top-1: 2.11 at x = 3, 4.33 at 7,
-3.83 at 15), so no slope through the origin fits them: leave one staleness out, the censored fit
-errs by {loo_async}. The slope is {slope:.3g} (was 0.437 when the steepest lower bound set it; the
+choice is interior (`sync_async_mixed_unmapped_cpu/summary.md`: one seed, 128 examples per update
+for every arm, the mapping before issue 32). No asynchronous arm reaches 25 %; the measured
+factors are not linear in the staleness (to 10.3 % top-1: 2.11 at x = 3, 4.33 at 7, 3.83 at
+15), so no slope through the origin fits them: leave one staleness out, the censored fit errs by
+{loo_async}. The slope is {slope:.3g} (was 0.437 when the steepest lower bound set it; the
 measured factors alone give {ordinary:.3g}). Local SGD's factors (0.97–1.13 at H ≤ 16) are
-within one seed's noise. **Not done:** several seeds per arm, a staleness-aware mixed arm.
+within one seed's noise. **Not done:** several seeds per arm, a staleness-aware mixed arm. The
+mapped 3-seed study (`sync_async_mixed_cpu/`, docs/studies.md section 3) trains each arm at its
+own examples per update, so its factors mix the batch size with the staleness; the penalty is
+not refitted on it.
 
 ## 3. The seed paper's cluster (MinoTauro, 4 K80 devices per node)
 

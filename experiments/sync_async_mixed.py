@@ -1,7 +1,7 @@
 """Synchronous vs simulated asynchronous vs local SGD: accuracy per epoch and per predicted hour,
 each arm at its own best learning rate.
 
-  python experiments/sync_async_mixed.py --preset cpu --out workdirs/sam        # ~60 min
+  python experiments/sync_async_mixed.py --preset cpu --out DIR --nodes ''  # 1st of 2: see preset
   python experiments/sync_async_mixed.py --preset cpu --out DIR --dry_run       # grid + estimate
   python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # ~75 s (CI)
   python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
@@ -60,11 +60,12 @@ final/best top-1, predicted epoch time and cluster, chosen lr, the grid's outcom
 seeds), ``DIR/accuracy_vs_epochs.png``, ``DIR/accuracy_vs_time.png`` and ``DIR/summary.md``.
 
 Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--preset NAME``;
-get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm on 16
-devices (sync, async-16 with and without staleness-aware lr, mixed with 4 workers of 4 devices and
-8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1, 2 (24 runs) and up to 2
-extensions per arm at the grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 +
-local-n2-h2, half an epoch each. ``--config.x=y`` overrides the preset's config (not the fields
+get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm
+mapped to 16 K80s of 32 images (sync, async-16 with and without momentum compensation, mixed
+with 4 workers of 4 devices and 8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1,
+2 and 3 seeds (72 runs; two invocations, see the preset) and up to 3 extensions per arm at the
+grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 + local-n2-h2, half an
+epoch each. ``--config.x=y`` overrides the preset's config (not the fields
 the arms set: method, async_sgd, local_sgd, batch_size, seed).
 """
 

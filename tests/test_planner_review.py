@@ -107,7 +107,7 @@ def test_the_committed_penalty_is_no_longer_the_censored_points_floor():
   """The committed sync/async/mixed results: the async slope was 0.437, the bound from mixed-4
   never reaching 60 % of sync's best; the measured factors alone give about 0.22."""
   from conftest import ROOT
-  with open(f'{ROOT}/experiments/results/sync_async_mixed_cpu/results.json') as f:
+  with open(f'{ROOT}/experiments/results/sync_async_mixed_unmapped_cpu/results.json') as f:
     rows = json.load(f)
   pen = plan.convergence_penalty(rows)['async']
   ordinary = plan.penalty.fit_penalty(pen.points, [], (0.3, 0.45)).slope

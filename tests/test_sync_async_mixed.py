@@ -179,7 +179,7 @@ def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path,
   text = capsys.readouterr().out
   assert ('72 runs (0 finished earlier) = 8 points x 3 seed(s) x lr multipliers [0.5, 1, 2]'
           in text)
-  assert 'at most 1 time(s) each: up to 24 more runs' in text
+  assert 'at most 3 time(s) each: up to 72 more runs' in text
   assert 'estimated' in text and not out.exists()
   for run, batch in (('sync', 512), ('async-16', 32), ('async-16-comp-s2', 32),
                      ('mixed-n04', 128), ('mixed-n08', 64), ('local-n4-h04', 512)):
@@ -279,30 +279,58 @@ def test_an_edge_rate_extends_the_grid_until_interior_or_the_limit(data_dir, tmp
 
 
 def studies_row(r):
-  """An arm's row of docs/studies.md's sync/async/mixed table, from its results.json record."""
+  """An arm's row of docs/studies.md's mapped sync/async/mixed table, from its results.json
+  record: every figure over the seeds of its chosen rate, on the test split."""
+  from anp_jax.research import stats
+  st = r['statistics']
   lr = f'{r["lr"]:.3g} (x{r["lr_mult"]:g}{", edge" if r["lr_edge"] else ""})'
-  grid = ', '.join(f'{g["lr_mult"]:g}' for g in r['lr_grid'])
-  reached = r['examples_to_target']
-  return (f'| {r["name"]} | {lr} | {grid} | {100 * r["final_top1"]:.1f} % | '
-          f'{"not reached" if reached is None else f"{reached:,.0f}"} | '
-          f'{r["epochs"] * r["predicted_epoch_s"] / 3600:.2f} h |')
+  tried = ', '.join(f'{m:g}' for m in st['lr_tried'])
+  examples = st['test_examples_to_target']
+  hours = lambda x: x / r['train_size'] * r['predicted_epoch_s'] / 3600
+  if examples['kind'] == 'complete':
+    time = (f'{hours(examples["mean"]):.2f} [{hours(examples["low"]):.2f}, '
+            f'{hours(examples["high"]):.2f}]')
+  else:
+    time = f'≥ {hours(examples["lower_bound"]):.2f}'
+  return (f'| {r["name"]} | {r["batch"]} | {r["staleness"]:g}; {r["staleness_examples"]:,.0f} | '
+          f'{lr} | {tried} | {stats.format_summary(st["final"]["test/anp_top1"], ".1f", 100)} % | '
+          f'{stats.format_summary(examples, ",.0f")} | {time} |')
 
 
-def test_the_studies_table_is_the_committed_results():
+def _summary_rows(text, heading):
+  """The table rows of `heading`'s section of a summary.md."""
+  section = text.split(heading, 1)[1].split('\n## ', 1)[0]
+  return [line for line in section.splitlines() if line.startswith('| ')
+          and not line.startswith('| arm |')]
+
+
+def test_the_studies_table_is_the_committed_mapped_study():
+  """docs/studies.md section 3 is the committed mapped study: every arm with 3 seeds at its
+  chosen rate, per-update batches and staleness in examples as on 16 K80s (sync 512, async-16
+  32 with 15 x 32 = 480 examples of staleness), each row, comparison and noise-floor row as the
+  results and summary give them."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu',
-                         'results.json')) as f:
-    rows = json.load(f)
+  here = os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu')
+  rows = {r['name']: r for r in json.load(open(os.path.join(here, 'results.json')))}
   doc = open(os.path.join(root, 'docs', 'studies.md')).read()
-  assert {'sync', 'mixed-n04', 'mixed-n08', 'async-16'} <= {r['name'] for r in rows}
-  for r in rows:
-    assert studies_row(r) in doc, studies_row(r)
-  # The table is labelled as what it is: one run per arm and rate (one seed, no interval).
-  with open(os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu',
-                         'grid.json')) as f:
-    grid = json.load(f)
-  points = [(g['arm'], g['lr_mult']) for g in grid]
-  assert len(points) == len(set(points)) and 'one seed per arm' in doc
+  section = doc.split('## 3. ', 1)[1].split('\n## ', 1)[0]
+  assert {'sync', 'async-16', 'async-16-comp', 'mixed-n04', 'mixed-n08', 'local-n4-h01',
+          'local-n4-h04', 'local-n4-h16'} <= set(rows)
+  assert {n: r['batch'] for n, r in rows.items() if not n.startswith('local')} == {
+      'sync': 512, 'async-16': 32, 'async-16-comp': 32, 'mixed-n04': 128, 'mixed-n08': 64}
+  assert rows['async-16']['staleness_examples'] == 480
+  for r in rows.values():
+    assert r['statistics']['seeds'] == 3 and r['statistics']['published_split'] == 'test'
+    assert studies_row(r) in section, studies_row(r)
+    grid = {g['lr_mult'] for g in r['lr_grid']}
+    # The chosen rate is interior, or the row says "edge" and the text names the arm.
+    assert (min(grid) < r['lr_mult'] < max(grid)) or (r['lr_edge'] and f'`{r["name"]}`' in section)
+  summary = open(os.path.join(here, 'summary.md')).read()
+  for heading in ('## Each arm against sync', '## Noise floor'):
+    quoted = _summary_rows(summary, heading)
+    assert len(quoted) == len(rows) - (heading.startswith('## Each'))
+    for line in quoted:
+      assert line in section, line
 
 
 @pytest.mark.slow(240)
@@ -366,3 +394,50 @@ def test_the_noise_floor_is_the_spread_over_seeds_at_the_chosen_rate():
   assert floor['sync']['examples']['detectable'] == pytest.approx(
       stats.detectable_difference(200.0, 3, 3))
   assert floor['async-16']['examples'] is None and floor['async-16']['top1'] is None
+
+
+def test_the_mapped_studys_claims_are_inside_their_intervals():
+  """docs/studies.md section 3's claims, recomputed from the committed mapped study."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  here = os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu')
+  rows = {r['name']: r for r in json.load(open(os.path.join(here, 'results.json')))}
+  grid = json.load(open(os.path.join(here, 'grid.json')))
+  doc = open(os.path.join(root, 'docs', 'studies.md')).read()
+  section = ' '.join(doc.split('## 3. ', 1)[1].split('\n## ', 1)[0].split())
+  ratio = {c['arm']: c['examples_ratio'] for c in sam.comparisons(list(rows.values()), grid)}
+  fmt = lambda r: f'{r["ratio"]:.2f} [{r["low"]:.2f}, {r["high"]:.2f}]'
+  # Local SGD: every interval contains 1 and reaches past 1.3.
+  for arm in ('local-n4-h01', 'local-n4-h04', 'local-n4-h16'):
+    assert ratio[arm]['low'] < 1 < 1.3 < ratio[arm]['high'] and fmt(ratio[arm]) in section
+  # Asynchrony: excluded 1 for async-16, -comp and mixed-8, not for mixed-4.
+  for arm in ('async-16', 'async-16-comp', 'mixed-n08'):
+    assert ratio[arm]['low'] > 1 and fmt(ratio[arm]) in section
+  assert ratio['mixed-n04']['low'] < 1 and fmt(ratio['mixed-n04']) in section
+  # No ordering by staleness: the three asynchronous intervals overlap pairwise.
+  for a, b in (('mixed-n04', 'mixed-n08'), ('mixed-n08', 'async-16'), ('mixed-n04', 'async-16')):
+    assert ratio[a]['low'] < ratio[b]['high'] and ratio[b]['low'] < ratio[a]['high']
+  # Compensation: same examples (overlapping intervals), best rate 8x higher; the plain arm's
+  # outcomes at x1 (2 missed, 1 diverged) and x2 (3 diverged) on validation.
+  plain, comp = (rows[n]['statistics']['test_examples_to_target'] for n in ('async-16',
+                                                                             'async-16-comp'))
+  assert plain['low'] < comp['high'] and comp['low'] < plain['high']
+  assert rows['async-16-comp']['lr_mult'] / rows['async-16']['lr_mult'] == 8
+  outcomes = lambda m: sorted(g['outcome'] for g in rows['async-16']['lr_grid']
+                              if g['lr_mult'] == m)
+  assert outcomes(1.0) == ['diverged', 'missed', 'missed'] and outcomes(2.0) == ['diverged'] * 3
+  # The edge arms are named; the budget fractions quoted.
+  assert {n for n, r in rows.items() if r['lr_edge']} == {'async-16', 'mixed-n08'}
+  share = {n: r['statistics']['test_examples_to_target']['mean'] / 64000 for n, r in rows.items()}
+  sync_like = [share[n] for n in share if n == 'sync' or n.startswith('local')]
+  asynchronous = [share[n] for n in share if n not in ('sync',) and not n.startswith('local')]
+  assert f'{100 * min(sync_like):.0f}–{100 * max(sync_like):.0f} %' in section
+  assert f'{100 * min(asynchronous):.0f}–{100 * max(asynchronous):.0f} %' in section
+  # Predicted time: the examples ratio times the epoch-time ratio, interval scaled alike.
+  k = rows['async-16']['predicted_epoch_s'] / rows['sync']['predicted_epoch_s']
+  r = ratio['async-16']
+  assert f'{k * r["ratio"]:.2f} times sync\'s' in section
+  assert f'[{k * r["low"]:.2f}, {k * r["high"]:.2f}]' in section and k * r['low'] > 1
+  # Top-1 at equal examples: every interval at least 30 points wide.
+  widths = [c['top1_difference']['high'] - c['top1_difference']['low']
+            for c in sam.comparisons(list(rows.values()), grid)]
+  assert min(widths) > 0.3

@@ -22,13 +22,15 @@ momentum, with an application to deep learning", Allerton 2016: explicit momentu
 384 examples) and N = 8 of 2 (64 per update, staleness 7 = 448 examples); local SGD over 4 nodes
 x 4 devices (512 per step = 4 nodes x 128) averaging every H = 1, 4, 16 steps. BatchNorm over
 the 32 images of one device (ghost BN over 32), as on the cluster. The rate grid is centred on
-the square-root rule (0.4 per 256: 0.57 at 512, 0.14 at 32), x0.5, 1, 2, extended once beyond
-an edge choice. With ``--stop_at_target`` each run ends at the later of its validation and test
-crossings (examples to the target are the comparison); an arm that misses trains 8 epochs.
+the square-root rule (0.4 per 256: 0.57 at 512, 0.14 at 32), x0.5, 1, 2, extended by factors of
+2 beyond an edge choice, at most three times. With ``--stop_at_target`` each run ends at the
+later of its validation and test crossings (examples to the target are the comparison); an arm
+that misses trains 8 epochs.
 
 Time (``--dry_run`` prints the estimate; ~700 img/s on the loaded 2 cores): 8 arms x 3 rates x
 3 seeds = 72 runs, most stopping at 2-5 epochs (~15 s an epoch with the evaluations) ≈ 1.7 h,
-plus extension runs. Not yet run under this mapping: docs/studies.md, section 3.
+plus extension runs. Results: ``experiments/results/sync_async_mixed_cpu/`` (docs/studies.md,
+section 3, with what it cost).
 """
 
 from anp_jax.configs import sweep_cpu
@@ -54,5 +56,5 @@ def get_config():
 def get_sweep():
   return dict(workers=(16,), nodes=(4,), sync_every=(1, 4, 16), aware=(False,),
               compensate=(False, True), mixed=(4, 8), mixed_aware=(False,), cpu_devices=1,
-              lr_grid=(0.5, 1.0, 2.0), lr_extensions=1, seeds=(0, 1, 2), target_top1=0.25,
+              lr_grid=(0.5, 1.0, 2.0), lr_extensions=3, seeds=(0, 1, 2), target_top1=0.25,
               device_batch=32, sync_devices=16, images_per_s=520.0, overhead_s=15.0)

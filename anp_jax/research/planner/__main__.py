@@ -47,7 +47,7 @@ cli.define_positive_ints('batches', None, 'Global batch sizes (default: the pilo
 flags.DEFINE_string('methods', 'sync,mixed', f'Comma-separated, of {planner.PLAN_METHODS}.')
 cli.define_positive_ints('sync_periods', [4], 'H for local_sgd.')
 flags.DEFINE_string('penalty_results',
-                    os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_cpu',
+                    os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_unmapped_cpu',
                                  'results.json'),
                     'sync_async_mixed.py results.json for the asynchrony penalty.')
 flags.DEFINE_string('workload', 'resnet50', f'{sorted(pm.WORKLOADS)}, or "pilot" (the pilot '
