@@ -372,28 +372,55 @@ def test_mapped_arms_on_their_own_devices_in_two_invocations_end_to_end(data_dir
 
 
 def test_the_noise_floor_is_the_spread_over_seeds_at_the_chosen_rate():
-  """Per arm, the SD over the seeds of its chosen rate only (the other rate's runs ignored), the
-  test split when evaluated, and nothing where a seed missed the target or diverged."""
-  from anp_jax.research import stats
-  arms = [{'name': 'sync', 'lr_chosen': True, 'lr_mult': 1.0},
-          {'name': 'async-16', 'lr_chosen': True, 'lr_mult': 0.5}]
-  grid = [dict(arm='sync', lr_mult=1.0, seed=s, has_test=True, status='finished',
-               test_examples_to_target=e, examples_to_target=1.0, final_top1=0.5,
-               **{'test/anp_top1': t}) for s, e, t in ((0, 1000, .30), (1, 1200, .32),
-                                                        (2, 1400, .28))]
-  grid += [dict(arm='sync', lr_mult=2.0, seed=0, has_test=True, status='finished',
-                test_examples_to_target=99999, **{'test/anp_top1': 0.9})]
-  grid += [dict(arm='async-16', lr_mult=0.5, seed=s, has_test=True, status=st,
-                test_examples_to_target=e, **{'test/anp_top1': t})
-           for s, e, t, st in ((0, None, .1, 'finished'), (1, 5000, .3, 'finished'),
-                               (2, None, None, 'diverged'))]
-  floor = {f['arm']: f for f in sam.noise_floor(arms, grid)}
-  assert floor['sync']['n'] == 3
+  """Per arm, the SD over the seeds of its chosen rate, read from the runner's statistics (the
+  test split when evaluated), and nothing where a seed missed the target or diverged."""
+  from anp_jax.research import stats, study_results
+
+  def row(seed, examples, top1, outcome='reached'):
+    return {'seed': seed, 'status': 'diverged' if outcome == 'diverged' else 'finished',
+            'outcome': outcome, 'test_outcome': outcome, 'has_test': True, 'total_steps': 100,
+            'batch': 32, 'steps_to_target': None if examples is None else examples / 32,
+            'examples_to_target': examples, 'test_examples_to_target': examples,
+            'test_steps_to_target': None if examples is None else examples / 32,
+            'test/anp_top1': top1, 'eval/anp_top1': top1}
+
+  def point(rows):
+    return study_results.point_statistics(rows, 'eval/anp_top1', ['anp_top1'])
+  sync = [row(0, 1000, .30), row(1, 1200, .32), row(2, 1400, .28)]
+  slow = [row(0, None, .1, 'missed'), row(1, 2000, .3), row(2, 3000, .2)]
+  bad = [row(0, 1000, .3), row(1, 2000, .3), row(2, None, None, 'diverged')]
+  arms = [{'name': 'sync', 'lr_chosen': True, 'statistics': point(sync)},
+          {'name': 'async-16', 'lr_chosen': True, 'statistics': point(slow)},
+          {'name': 'mixed-n08', 'lr_chosen': True, 'statistics': point(bad)},
+          {'name': 'none', 'lr_chosen': False, 'statistics': None}]
+  floor = {f['arm']: f for f in sam.noise_floor(arms)}
+  assert set(floor) == {'sync', 'async-16', 'mixed-n08'} and floor['sync']['n'] == 3
   assert floor['sync']['examples']['sd'] == pytest.approx(200.0)
-  assert floor['sync']['top1']['sd'] == pytest.approx(0.02)
+  assert floor['sync']['examples']['cv'] == pytest.approx(200.0 / 1200.0)
+  assert floor['sync']['top1']['sd'] == pytest.approx(stats.spread([.30, .32, .28])['sd'])
   assert floor['sync']['examples']['detectable'] == pytest.approx(
       stats.detectable_difference(200.0, 3, 3))
-  assert floor['async-16']['examples'] is None and floor['async-16']['top1'] is None
+  assert floor['async-16']['examples'] is None and floor['async-16']['top1']['n'] == 3
+  assert floor['mixed-n08']['examples'] is None and floor['mixed-n08']['top1'] is None
+
+
+def test_the_committed_noise_floor_is_the_spread_of_the_chosen_runs():
+  """On the committed mapped study, the noise floor read from the runner's statistics equals the
+  spread recomputed from the grid's runs at each arm's chosen rate (one source, no drift)."""
+  from anp_jax.research import stats
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  here = os.path.join(root, 'experiments', 'results', 'sync_async_mixed_cpu')
+  arms = json.load(open(os.path.join(here, 'results.json')))
+  grid = json.load(open(os.path.join(here, 'grid.json')))
+  floor = {f['arm']: f for f in sam.noise_floor(arms)}
+  assert len(floor) == len(arms)
+  for a in arms:
+    runs = sam.chosen_runs(a, grid)
+    assert len(runs) == floor[a['name']]['n'] == 3
+    examples = [g['test_examples_to_target'] for g in runs]
+    assert floor[a['name']]['examples']['sd'] == pytest.approx(stats.spread(examples)['sd'])
+    top1 = [g['test/anp_top1'] for g in runs]
+    assert floor[a['name']]['top1']['sd'] == pytest.approx(stats.spread(top1)['sd'])
 
 
 def test_the_mapped_studys_claims_are_inside_their_intervals():

@@ -36,7 +36,6 @@ training ResNet-50 on the MUSA2 ANP training split; `predicted_epoch` gives its 
 """
 
 import dataclasses
-import math
 import os
 import re
 from typing import Any, Dict, List, Optional, Sequence
@@ -524,30 +523,35 @@ def comparisons(arms: Sequence[Dict], grid_rows: Sequence[Dict], reference: str 
   return out
 
 
-def noise_floor(arms: Sequence[Dict], grid_rows: Sequence[Dict]) -> List[Dict]:
-  """Per arm at its chosen rate, how much its seeds differ (`stats.spread`): examples to the
-  target on the published split (only when every seed reached it) and the final top-1 (test when
-  evaluated; only when no seed diverged), each with the smallest difference of two such means
-  that a 95 % interval could tell from 0 (`stats.detectable_difference`, this arm's SD)."""
+def _spread_of(summary: Optional[Dict]) -> Optional[Dict]:
+  """{'mean', 'sd', 'cv', 'n', 'detectable'} of a statistics summary over seeds (the runner's
+  `stats.censored_summary` / `stats.value_summary`), or None unless every seed has a value
+  ('complete') and there are at least two."""
+  if not summary or summary.get('kind') != 'complete' or summary.get('sd') is None or (
+      summary['n'] < 2):
+    return None
+  mean, sd, n = summary['mean'], summary['sd'], summary['n']
+  return {'n': n, 'mean': mean, 'sd': sd, 'cv': sd / mean if mean else None,
+          'detectable': stats.detectable_difference(sd, n, n)}
+
+
+def noise_floor(arms: Sequence[Dict]) -> List[Dict]:
+  """Per arm at its chosen rate, how much its seeds differ, read from the runner's statistics
+  over those seeds (``arm['statistics']``, the same figures as the main table): examples to the
+  target on the published split (only when every seed reached it) and the final top-1 on it
+  (only when no seed diverged), each with the smallest difference of two such means that a
+  95 % interval could tell from 0 (`stats.detectable_difference`, this arm's SD)."""
   out = []
   for a in arms:
-    runs = chosen_runs(a, grid_rows)
-    if len(runs) < 2:
+    point = a.get('statistics')
+    if not a.get('lr_chosen') or not point or point.get('seeds', 0) < 2:
       continue
-    key = _split(runs) + 'examples_to_target'
-    item = {'arm': a['name'], 'n': len(runs), 'examples': None, 'top1': None}
-    examples = [g.get(key) for g in runs]
-    if None not in examples:
-      item['examples'] = stats.spread(examples)
-      item['examples']['detectable'] = stats.detectable_difference(
-          item['examples']['sd'], len(runs), len(runs))
-    final = [g.get('test/anp_top1', g.get('final_top1')) if g.get('status') != 'diverged'
-             else None for g in runs]
-    if None not in final and all(math.isfinite(v) for v in final):
-      item['top1'] = stats.spread(final)
-      item['top1']['detectable'] = stats.detectable_difference(
-          item['top1']['sd'], len(runs), len(runs))
-    out.append(item)
+    test = point.get('published_split') == 'test'
+    final = point.get('final') or {}
+    out.append({'arm': a['name'], 'n': point['seeds'],
+                'examples': _spread_of(point['test_examples_to_target' if test
+                                             else 'examples_to_target']),
+                'top1': _spread_of(final.get('test/anp_top1' if test else 'eval/anp_top1'))})
   return out
 
 
@@ -663,7 +667,7 @@ def write_summary(ex: Experiment) -> str:
       lines.append(f'| {c["arm"]} | {c["staleness_examples"] or 0:,.0f} | '
                    + (_interval(ratio, 'ratio', '.2f') if ratio else 'censored: see above')
                    + f' | {_interval(c["top1_difference"], "diff", "+.1f", 100)} |')
-  floor = noise_floor(rows, grid_rows) if several else []
+  floor = noise_floor(rows) if several else []
   if floor:
     lines += ['', '## Noise floor: seed-to-seed spread at each arm\'s chosen rate', '',
               f'The same configuration with another seed (initialisation, data order, '
