@@ -63,7 +63,7 @@ Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--pr
 get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm
 mapped to 16 K80s of 32 images (sync, async-16 with and without momentum compensation, mixed
 with 4 workers of 4 devices and 8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1,
-2 and 3 seeds (72 runs; two invocations, see the preset) and up to 3 extensions per arm at the
+2 and 3 seeds (72 runs; two invocations, see the preset) and up to 4 extensions per arm at the
 grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 + local-n2-h2, half an
 epoch each. ``--config.x=y`` overrides the preset's config (not the fields
 the arms set: method, async_sgd, local_sgd, batch_size, seed).

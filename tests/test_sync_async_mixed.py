@@ -179,7 +179,7 @@ def test_dry_run_estimates_the_cpu_preset_and_trains_nothing(data_dir, tmp_path,
   text = capsys.readouterr().out
   assert ('72 runs (0 finished earlier) = 8 points x 3 seed(s) x lr multipliers [0.5, 1, 2]'
           in text)
-  assert 'at most 3 time(s) each: up to 72 more runs' in text
+  assert 'at most 4 time(s) each: up to 96 more runs' in text
   assert 'estimated' in text and not out.exists()
   for run, batch in (('sync', 512), ('async-16', 32), ('async-16-comp-s2', 32),
                      ('mixed-n04', 128), ('mixed-n08', 64), ('local-n4-h04', 512)):
@@ -453,8 +453,10 @@ def test_the_mapped_studys_claims_are_inside_their_intervals():
   outcomes = lambda m: sorted(g['outcome'] for g in rows['async-16']['lr_grid']
                               if g['lr_mult'] == m)
   assert outcomes(1.0) == ['diverged', 'missed', 'missed'] and outcomes(2.0) == ['diverged'] * 3
-  # The edge arms are named; the budget fractions quoted.
-  assert {n for n, r in rows.items() if r['lr_edge']} == {'async-16', 'mixed-n08'}
+  # Every arm's chosen rate is interior (a fourth extension took the last two edge arms lower);
+  # the budget fractions quoted.
+  assert not {n for n, r in rows.items() if r['lr_edge']}
+  assert 'Every arm\'s chosen rate is interior' in section
   share = {n: r['statistics']['test_examples_to_target']['mean'] / 64000 for n, r in rows.items()}
   sync_like = [share[n] for n in share if n == 'sync' or n.startswith('local')]
   asynchronous = [share[n] for n in share if n not in ('sync',) and not n.startswith('local')]

@@ -23,7 +23,8 @@ momentum, with an application to deep learning", Allerton 2016: explicit momentu
 x 4 devices (512 per step = 4 nodes x 128) averaging every H = 1, 4, 16 steps. BatchNorm over
 the 32 images of one device (ghost BN over 32), as on the cluster. The rate grid is centred on
 the square-root rule (0.4 per 256: 0.57 at 512, 0.14 at 32), x0.5, 1, 2, extended by factors of
-2 beyond an edge choice, at most three times. With ``--stop_at_target`` each run ends at the
+2 beyond an edge choice, at most four times (the fourth made the last two edge arms,
+async-16 and mixed-8, interior). With ``--stop_at_target`` each run ends at the
 later of its validation and test crossings (examples to the target are the comparison); an arm
 that misses trains 8 epochs.
 
@@ -56,5 +57,5 @@ def get_config():
 def get_sweep():
   return dict(workers=(16,), nodes=(4,), sync_every=(1, 4, 16), aware=(False,),
               compensate=(False, True), mixed=(4, 8), mixed_aware=(False,), cpu_devices=1,
-              lr_grid=(0.5, 1.0, 2.0), lr_extensions=3, seeds=(0, 1, 2), target_top1=0.25,
+              lr_grid=(0.5, 1.0, 2.0), lr_extensions=4, seeds=(0, 1, 2), target_top1=0.25,
               device_batch=32, sync_devices=16, images_per_s=520.0, overhead_s=15.0)
