@@ -10,13 +10,15 @@
 * `trainer_mismatch`: whether a committed pilot's recorded sizes are what today's trainer
   computes for its config (a pilot of an earlier trainer is no evidence about this one);
 * `heldout_task`, `pooled_score`, `feasibility_check`: the held-out tasks' studies (preset
-  ``study_plan_validation``) scored: errors out of sample, band coverage, budget flags.
+  ``study_plan_validation``) scored: errors out of sample, band coverage, budget flags;
+  `calibrate_factor`: the B_crit / B_noise factor from tasks' fits.
 """
 
 import json
+import math
 import os
 import statistics
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from anp_jax.configs import default as default_config
 from anp_jax import noise_scale
@@ -27,6 +29,7 @@ from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to
                                       feasibility, fit_steps_to_target, load_pilot,
                                       penalty_kind, pilot_model, pilot_train_size, plan_row,
                                       run_record, score_predictions)
+from anp_jax.research.planner import steps_model
 from anp_jax.research.planner.inputs import DEFAULT_METRIC, chosen_metric, recorded_target
 
 
@@ -156,7 +159,60 @@ def seed_paper_rows(penalties: Dict, b_noise: float, b_noise_range: Sequence[flo
 PILOT_PREFIX = 'pilot_'  # The study's point whose seeds are the planner's pilot.
 
 
-def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation') -> Dict:
+def calibrate_factor(pairs: Sequence[Sequence[float]]) -> Dict:
+  """B_crit / B_noise from tasks' (fitted B_crit, pilot B_noise) pairs: the geometric mean of the
+  ratios (``factor``), their log-sd (``log_sd``, None from one task) and ``tasks``; `steps_model.
+  B_CRIT_FACTOR` is this over the committed tasks a, b, c."""
+  ratios = [b_crit / b_noise for b_crit, b_noise in pairs]
+  if not ratios or min(ratios) <= 0:
+    raise ValueError(f'calibrate_factor needs positive ratios, got {ratios}.')
+  logs = [math.log(r) for r in ratios]
+  return {'factor': math.exp(statistics.mean(logs)),
+          'log_sd': statistics.stdev(logs) if len(logs) > 1 else None,
+          'tasks': len(logs), 'ratios': ratios}
+
+
+def task_factor_pair(task: Dict, diagnostics: Dict) -> Sequence[float]:
+  """A scored task's (fitted B_crit on its measured means, its pilot's measured B_noise)."""
+  if not diagnostics.get('fit'):
+    raise ValueError(f'{task["study"]}: too few batches reached the target to fit B_crit.')
+  return diagnostics['fit']['b_crit'], task['seeds']['model']['b_noise']
+
+
+def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[Dict],
+                        metric=None, target=None):
+  """Per study, the factor it is scored with (None: the planner's default; a calibration task:
+  the other calibration tasks' `calibrate_factor`), and the check of the default against all
+  the calibration tasks (None without any)."""
+  unscored = [heldout_task(d, metric, target, factor={'factor': 1.0, 'log_sd': None,
+                                                     'tasks': 0})
+              if d in calibration else None for d in dirs]
+  pairs = {d: task_factor_pair(t, g)
+           for d, t, g in zip(dirs, unscored, diagnostics) if d in calibration}
+  out = {}
+  for d in dirs:
+    if d not in calibration:
+      out[d] = None
+      continue
+    others = [p for o, p in pairs.items() if o != d]
+    if not others:
+      raise ValueError(f'--calibration {d}: leaving it out leaves no task to calibrate on.')
+    out[d] = calibrate_factor(others)
+  check = None
+  if pairs:
+    c = calibrate_factor(list(pairs.values()))
+    check = dict(c, default=steps_model.B_CRIT_FACTOR,
+                 default_log_sd=steps_model.B_CRIT_FACTOR_LOG_SD,
+                 default_tasks=steps_model.B_CRIT_FACTOR_TASKS,
+                 matches=(round(c['factor'], 3) == steps_model.B_CRIT_FACTOR
+                          and c['log_sd'] is not None
+                          and round(c['log_sd'], 4) == steps_model.B_CRIT_FACTOR_LOG_SD
+                          and c['tasks'] == steps_model.B_CRIT_FACTOR_TASKS))
+  return out, check
+
+
+def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation',
+                 factor: Optional[Dict] = None) -> Dict:
   """The planner's predictions for one held-out task's study against its measured points.
 
   The pilot is the point named ``pilot_...`` (all its seeds; the first seed alone as the
@@ -169,6 +225,11 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
   the points' validation steps; 'test' the same target value on the test split: the pilot's
   test crossing predicts the points' test steps (the split the studies publish; the runs
   stopped at the later of both crossings, so both are measured).
+
+  ``factor``: B_crit / B_noise as {'factor', 'log_sd', 'tasks'} (e.g. from `calibrate_factor`
+  on other tasks); None: the planner's default (`steps_model.B_CRIT_FACTOR`). Three pilots are
+  scored: ``seeds`` (all the pilot's seeds, this factor: the headline), ``one_seed`` (its first
+  seed alone) and ``uncorrected`` (all seeds, B_crit = B_noise: the planner before the factor).
   """
   if split not in ('validation', 'test'):
     raise ValueError(f'split must be validation or test, got {split!r}.')
@@ -197,8 +258,13 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
                        'test split): score it on validation.')
   out = {'study': study_dir, 'pilot_batch': b0, 'pilot_runs': [r['name'] for r in runs],
          'split': split}
-  for label, model in (('seeds', load_pilot(dirs, metric, target)),
-                       ('one_seed', load_pilot(dirs[:1], metric, target))):
+  given = {} if factor is None else {'b_crit_factor': factor['factor'],
+                                     'factor_log_sd': factor['log_sd'] or 0.0,
+                                     'factor_tasks': factor['tasks']}
+  out['factor'] = factor
+  for label, model in (('seeds', load_pilot(dirs, metric, target, **given)),
+                       ('one_seed', load_pilot(dirs[:1], metric, target, **given)),
+                       ('uncorrected', load_pilot(dirs, metric, target, b_crit_factor=1.0))):
     predicted = []
     for p in points:
       batch, s = int(p['fields']['batch_size']), p[key]
@@ -213,6 +279,8 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
           'budget_share': share, 'feasibility': flag,
           'extrapolated': model.extrapolation(batch)})
     out[label] = {'model': {'s_min': model.s_min, 'b_noise': model.b_noise,
+                            'b_crit': model.b_crit, 'b_crit_factor': model.b_crit_factor,
+                            'factor_log_sd': model.factor_log_sd,
                             'seed_log_sd': model.seed_log_sd, 'seed_source': model.seed_source,
                             'target': model.notes['target'], 'metric': model.notes['metric'],
                             'b_simple_late': model.notes.get('b_simple_late')},

@@ -64,7 +64,10 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   assert model.b_noise == pytest.approx(236.0)
   # The late window = steps 21..40: 200 + 2 * mean(22..40) = 262.
   assert model.notes['b_simple_late'] == pytest.approx(262.0)
-  assert model.s_min == pytest.approx(35 / (1 + 236 / 64))
+  # B_crit = the calibrated factor x B_noise; S(B) goes through the pilot's steps at its batch.
+  k = plan.B_CRIT_FACTOR
+  assert model.b_crit == pytest.approx(k * 236.0)
+  assert model.s_min == pytest.approx(35 / (1 + k * 236 / 64))
   assert len(model.alternatives) == 4  # Sub-windows of the window up to the crossing.
   # B_noise's part of the band vanishes at the pilot batch; the seeds' spread (the pilot's and
   # the new run's, the default when one pilot) does not.
@@ -75,7 +78,10 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   assert (lo, hi) == pytest.approx((35 * math.exp(-width), 35 * math.exp(width)))
   central, lo, hi = model.steps(512)
   assert lo < central * math.exp(-width) and hi > central * math.exp(width)
-  assert model.e_min == pytest.approx(model.s_min * model.b_noise)
+  assert model.e_min == pytest.approx(model.s_min * model.b_crit)
+  # Given a factor, it is taken as exact: 1 is B_crit = B_noise.
+  exact = plan.load_pilot(_write_pilot(tmp_path / 'p1', drift=2.0), target=0.3, b_crit_factor=1)
+  assert exact.s_min == pytest.approx(35 / (1 + 236 / 64)) and exact.factor_log_var(512) == 0
 
 
 def test_pilot_errors_say_what_to_change(tmp_path):
@@ -112,7 +118,7 @@ def test_the_pilots_steps_to_target_are_the_sweeps_interpolated_crossing(tmp_pat
   the same run as a sweep row had 81.8.)"""
   evals = {20: 0.10, 40: 0.15, 60: 0.20, 80: 0.249, 100: 0.26}
   model = plan.load_pilot(_write_pilot(tmp_path / 'p', batch=128, trace=256.0, steps=100,
-                                       evals=evals), target=0.25)
+                                       evals=evals), target=0.25, b_crit_factor=1.0)
   crossing = 80 + (0.25 - 0.249) / (0.26 - 0.249) * 20
   assert model.notes['pilot_steps'] == pytest.approx(crossing)
   assert model.s_min == pytest.approx(crossing / (1 + 256 / 128))

@@ -109,8 +109,9 @@ def test_coverage_and_errors_are_scored_out_of_sample():
 
 def _late_pilot(tmp_path, **config):
   """B0 = 128, S0 = 135 (crossing interpolated between steps 130 and 140), B_noise 128, a
-  10-epoch budget of 24 x 250 = 6000 examples (469 steps at B0), cosine decay. Predicted:
-  S(512) = 84 of 118 steps (72 %: late), S(1024) = 76 of 59 (unreachable)."""
+  10-epoch budget of 24 x 250 = 6000 examples (469 steps at B0), cosine decay. Predicted with
+  B_crit = B_noise (``b_crit_factor=1``, as the plans below take it): S(512) = 84 of 118 steps
+  (72 %: late), S(1024) = 76 of 59 (unreachable)."""
   return _write_pilot(tmp_path / 'late', batch=128, trace=128.0, steps=160, reach_step=140,
                       num_epochs=10.0, synthetic={'num_pairs': 24, 'train_per_class': 250,
                                                   'num_adjectives': 8, 'num_nouns': 8,
@@ -125,7 +126,8 @@ def test_configurations_late_in_their_budget_are_flagged_and_never_the_fastest(t
   'unreachable', and neither is picked (the faster ones passed over are named, with why)."""
   pilot = _late_pilot(tmp_path)
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro',
-                      nodes=[16], batches=[128, 256, 512, 1024], workload='resnet20')
+                      nodes=[16], batches=[128, 256, 512, 1024], workload='resnet20',
+                      b_crit_factor=1.0)
   budget = p.model.budget
   assert budget.train_size == 6000 and budget.steps(512) == 118 and budget.steps(1024) == 59
   by_batch = {r.global_batch: r for r in p.rows}
@@ -145,7 +147,7 @@ def test_configurations_late_in_their_budget_are_flagged_and_never_the_fastest(t
          ' of 6,000 examples' in text and "(the input's, carried to batch B" in text
   # A target no configuration reaches before 60 % of its budget: no pick, and it says why.
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro', nodes=[16],
-                      batches=[1024], workload='resnet20')
+                      batches=[1024], workload='resnet20', b_crit_factor=1.0)
   assert p.fastest is None and p.cheapest is None
   assert 'Fastest: none' in plan.format_plan(p)
 

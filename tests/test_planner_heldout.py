@@ -4,16 +4,18 @@ experiments/plan_validation_heldout.py on it, end to end with the preset's tiny 
 simulated devices (the pilot's noise scale needs two; the tiny batches fit no more)."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
+from anp_jax.research import planner
 from conftest import ROOT, run_experiment, subprocess_env
 
 
 def test_the_real_tasks_dry_run_lists_the_pilot_and_its_multiples(tmp_path):
-  for variant in ('a', 'b', 'c'):
+  for variant in ('a', 'b', 'c', 'd', 'e', 'f'):
     r = subprocess.run([sys.executable, 'experiments/study.py', '--preset',
                         f'plan_validation:{variant}', '--out', str(tmp_path / variant),
                         '--stop_at_target', '--dry_run'], env=subprocess_env(2), cwd=ROOT,
@@ -38,7 +40,9 @@ def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
   results = json.loads((out / 'results.json').read_text())
   (task,) = results['tasks']
   assert task['pilot_batch'] == 32 and len(task['pilot_runs']) == 2
-  for label in ('seeds', 'one_seed'):
+  assert task['factor'] is None and task['seeds']['model']['b_crit_factor'] == pytest.approx(
+      planner.B_CRIT_FACTOR) and task['uncorrected']['model']['b_crit_factor'] == 1.0
+  for label in ('seeds', 'one_seed', 'uncorrected'):
     rows = {row['batch']: row for row in task[label]['score']['rows']}
     assert sorted(rows) == [16, 32, 64]
     assert rows[32]['in_sample'] and not rows[32]['counted']
@@ -50,7 +54,9 @@ def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
         assert row['inside'] == (row['low'] <= row['measured'] <= row['high'])
       elif not row['in_sample']:  # A seed missed: no mean, the counts instead.
         assert row['measured'] is None and row['reached'] < row['seeds']
-  pooled = results['pooled']['seeds']
+  ((title, scores),) = results['pooled']  # One group: the held-out tasks.
+  assert title.startswith('held out (task') and set(scores) == {'seeds', 'one_seed', 'uncorrected'}
+  pooled = scores['seeds']
   assert pooled['n'] == sum(r['counted'] for r in task['seeds']['score']['rows'])
   assert set(pooled['targets_met']) == {'median_abs_error', 'max_abs_error', 'coverage'}
   text = (out / 'report.md').read_text()
@@ -143,17 +149,14 @@ def test_the_test_split_scoring_predicts_test_crossings_from_the_pilots_test_cro
     validation.heldout_task(str(study), split='test')
 
 
-def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_batch(tmp_path):
-  """`task_diagnostics`: on points whose means follow S = 20 (1 + 200 / B) exactly, the fit
-  recovers B_crit = 200 and every leave-one-out error is 0; B_simple per batch is the window up
-  to each seed's crossing (here trace / |G|² = the batch-dependent value written)."""
-  from experiments import plan_validation_lib as validation
+def _exact_study(study, s_min=20.0, b_crit=200.0, pilot=64, batches=(32, 64, 128, 256)):
+  """A plan_validation study whose points' mean steps follow S = s_min (1 + b_crit / B) exactly
+  (2 identical seeds), each run logging B_simple = its batch (trace = B, |G|² = 1)."""
   from test_plan import _write_pilot
-  study = tmp_path / 'study'
   points, rows = [], []
-  for batch in (32, 64, 128, 256):
-    steps = 20.0 * (1 + 200.0 / batch)
-    name = ('pilot_' if batch == 64 else '') + f'b{batch:05d}'
+  for batch in batches:
+    steps = s_min * (1 + b_crit / batch)
+    name = ('pilot_' if batch == pilot else '') + f'b{batch:05d}'
     for seed in (0, 1):
       run = f'{name}-lrx1-s{seed}'
       reach = int(10 * (steps // 10 + 1))  # The first evaluation at or after the crossing.
@@ -166,6 +169,15 @@ def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_
                    'steps_to_target': _summary([steps, steps])})
   (study / 'points.json').write_text(json.dumps(points))
   (study / 'results.json').write_text(json.dumps(rows))
+  return study
+
+
+def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_batch(tmp_path):
+  """`task_diagnostics`: on points whose means follow S = 20 (1 + 200 / B) exactly, the fit
+  recovers B_crit = 200 and every leave-one-out error is 0; B_simple per batch is the window up
+  to each seed's crossing (here trace / |G|² = the batch-dependent value written)."""
+  from experiments import plan_validation_lib as validation
+  study = _exact_study(tmp_path / 'study')
   d = validation.task_diagnostics(str(study))
   assert d['fit']['b_crit'] == pytest.approx(200.0) and d['fit']['s_min'] == pytest.approx(20.0)
   assert all(abs(r['error']) < 1e-9 for r in d['leave_one_out'])
@@ -174,3 +186,35 @@ def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_
   # Identical seeds: the bootstrap interval of B_crit / the pilot's B_noise is the point.
   assert d['ratio_ci']['low'] == pytest.approx(200.0 / 64.0)
   assert d['ratio_ci']['high'] == pytest.approx(200.0 / 64.0)
+
+
+def test_calibration_tasks_are_scored_with_the_other_tasks_factor(tmp_path):
+  """`--calibration`: each calibration task is scored with the factor the other calibration
+  tasks give (geometric mean of their fitted B_crit / pilot B_noise, with their log-sd), every
+  other task with the planner's default; the report checks the default against all of them."""
+  from experiments import plan_validation_lib as validation
+  # Pilot B_noise 64 (its batch); fitted B_crit 128, 256, 512: ratios 2, 4, 8.
+  dirs = [str(_exact_study(tmp_path / f't{k}', b_crit=64.0 * k)) for k in (2, 4, 8)]
+  dirs.append(str(_exact_study(tmp_path / 'held', b_crit=100.0)))
+  diagnostics = [validation.task_diagnostics(d) for d in dirs]
+  factor, check = validation.calibration_factors(dirs, set(dirs[:3]), diagnostics)
+  assert factor[dirs[3]] is None  # Held out: the planner's default.
+  assert factor[dirs[0]]['factor'] == pytest.approx(math.sqrt(4 * 8))  # The others': 4 and 8.
+  assert factor[dirs[0]]['log_sd'] == pytest.approx(math.log(2) / math.sqrt(2))
+  assert factor[dirs[1]]['factor'] == pytest.approx(4.0) and factor[dirs[1]]['tasks'] == 2
+  assert check['factor'] == pytest.approx(4.0) and check['tasks'] == 3 and not check['matches']
+  task = validation.heldout_task(dirs[0], factor=factor[dirs[0]])
+  assert task['seeds']['model']['b_crit'] == pytest.approx(64.0 * math.sqrt(32))
+  assert task['uncorrected']['model']['b_crit'] == pytest.approx(64.0)
+  out = tmp_path / 'scored'
+  r = run_experiment('plan_validation_heldout.py', '--studies', ','.join(dirs), '--calibration',
+                     ','.join(dirs[:3]), '--out', str(out))
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((out / 'results.json').read_text())
+  titles = [title for title, _ in results['pooled']]
+  assert titles[0].startswith('held out (held') and titles[1].startswith('calibration (t2, t4')
+  text = (out / 'report.md').read_text()
+  assert 're-calibrate `B_CRIT_FACTOR`' in text and 'leaving this one out' in text
+  r = run_experiment('plan_validation_heldout.py', '--studies', dirs[0], '--calibration',
+                     dirs[1], '--out', str(tmp_path / 'x'))
+  assert r.returncode == 2 and 'not among --studies' in r.stderr

@@ -1,4 +1,4 @@
-"""Study preset: the planner's steps-to-target predictions on held-out tasks (variants a, b, c).
+"""Study preset: the planner's steps-to-target predictions on held-out tasks (variants a-f).
 
   .venv/bin/python experiments/study.py --preset plan_validation:a --out workdirs/plan_heldout/a \
       --stop_at_target --dry_run                                          # runs + estimate
@@ -15,6 +15,15 @@ at width 0.5, dataset seed 0):
 * ``a``: 48 ANPs, 10 % label noise, dataset seed 1; target 25 % ANP top-1 (chance 2.1 %);
 * ``b``: 16 ANPs, 20 % label noise, 24 px images, dataset seed 2; target 40 % (chance 6.3 %);
 * ``c``: 32 ANPs, 5 % label noise, ResNet-20 at width 1.0, dataset seed 3; target 30 %.
+
+Tasks a, b and c were scored first (`experiments/results/plan_validation/heldout/`); their
+fitted B_crit / pilot B_noise ratios calibrate the planner's `B_CRIT_FACTOR`
+(`anp_jax/research/planner/steps_model.py`). Tasks d, e and f were fixed with that factor,
+before any of their runs, to score it on tasks that played no part in it:
+
+* ``d``: 24 ANPs, 15 % label noise, 20 px images, dataset seed 4; target 35 % (chance 4.2 %);
+* ``e``: 40 ANPs, 5 % label noise, ResNet-20 at width 0.75, dataset seed 5; target 25 %;
+* ``f``: 20 ANPs, 25 % label noise, dataset seed 6; target 35 % (chance 5 %).
 
 Points: the global batch 32, 64, 128 (the pilot: point ``pilot_b00128``), 256, 512, 1024, each at
 3 seeds, at the pilot's schedule carried by the linear rule (base lr 0.2 per 256, 1 warmup
@@ -40,6 +49,12 @@ TASKS = {
            'synthetic.image_size': 24, 'image_size': 24, 'crop_padding': 3}, 0.40, 400.0),
     'c': ({'synthetic.num_pairs': 32, 'synthetic.label_noise': 0.05, 'synthetic.seed': 3,
            'model.width': 1.0}, 0.30, 300.0),
+    'd': ({'synthetic.num_pairs': 24, 'synthetic.label_noise': 0.15, 'synthetic.seed': 4,
+           'synthetic.image_size': 20, 'image_size': 20, 'crop_padding': 2}, 0.35, 550.0),
+    'e': ({'synthetic.num_pairs': 40, 'synthetic.label_noise': 0.05, 'synthetic.seed': 5,
+           'model.width': 0.75}, 0.25, 500.0),
+    'f': ({'synthetic.num_pairs': 20, 'synthetic.label_noise': 0.25, 'synthetic.seed': 6},
+          0.35, 800.0),
 }
 TINY_PILOT_BATCH = 32
 
@@ -51,7 +66,7 @@ def _check(variant: str) -> None:
 
 
 def get_config(variant: str = 'a'):
-  """The task's run config at the pilot's batch; ``variant`` a, b, c (tasks) or tiny (tests)."""
+  """The task's run config at the pilot's batch; ``variant`` a-f (tasks) or tiny (tests)."""
   _check(variant)
   if variant == 'tiny':
     c = sweep_tiny.get_config()

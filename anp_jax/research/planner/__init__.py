@@ -10,8 +10,10 @@ Two halves, joined by time to target = steps to target x time per step:
   target follow S(B) = S_min (1 + B_noise / B) and examples E(B) = E_min (1 + B / B_noise). From
   a *pilot* at batch B0 (one run, or several seeds of one configuration) that reached the target
   after S0 steps and logged the noise scale (`anp_jax.noise_scale`: the two EMAs tr(Σ) and
-  |G|²), B_noise is the ratio of their means over the window up to the target crossing and
-  S_min = S0 / (1 + B_noise / B0) (`inputs.load_pilot`, `pilot_model`). From a *sweep* with two
+  |G|²), B_noise is the ratio of their means over the window up to the target crossing,
+  B_crit = `B_CRIT_FACTOR` x B_noise (calibrated on held-out tasks, where the fitted B_crit was
+  1.7-2.05x the pilot's B_noise; its uncertainty joins the band) and S_min = S0 / (1 + B_crit /
+  B0) (`inputs.load_pilot`, `pilot_model`). From a *sweep* with two
   or more batch sizes reaching the target, S_min and B_crit are fitted directly
   (`fit_steps_to_target`) and the measured B_simple is shown next to them (`sweep_model`).
   Every prediction carries an approximate 90 % band (`StepsModel.steps`): B_noise's
@@ -53,14 +55,14 @@ from anp_jax.research.planner.output import (format_plan, pareto_front, plan_to_
 from anp_jax.research.planner.penalty import (Penalty, censored_slope, convergence_penalty,
                                               epochs_to_level, fit_penalty, penalty_kind)
 from anp_jax.research.planner.scoring import WITHIN, describe_score, score_predictions
-from anp_jax.research.planner.steps_model import (BAND_LEVEL, DEFAULT_SEED_LOG_SD,
+from anp_jax.research.planner.steps_model import (B_CRIT_FACTOR, BAND_LEVEL, DEFAULT_SEED_LOG_SD,
                                                   VALIDATED_RATIOS, StepsModel,
                                                   fit_steps_to_target, log_sd_over_seeds,
                                                   pilot_model, sweep_model, sweep_points)
 from anp_jax.research.planner.time_to_target import PLAN_METHODS, Plan, Row, make_plan, plan_row
 
 __all__ = [
-    'BAND_LEVEL', 'Budget', 'DEEP_DECAY_FRACTION', 'DEFAULT_SEED_LOG_SD', 'PENALTY_FIELDS',
+    'B_CRIT_FACTOR', 'BAND_LEVEL', 'Budget', 'DEEP_DECAY_FRACTION', 'DEFAULT_SEED_LOG_SD', 'PENALTY_FIELDS',
     'PLAN_METHODS', 'Penalty', 'Plan', 'PlanError', 'Row', 'SWEEP_FIELDS', 'StepsModel',
     'VALIDATED_RATIOS', 'WITHIN', 'build_plan', 'censored_slope', 'check_rows',
     'cluster_from_dict', 'convergence_penalty', 'describe_score', 'epochs_to_level',

@@ -32,6 +32,9 @@ flags.DEFINE_string('metric', None, "The metric whose target is planned for (def
                     "--target it must be the pilot's recorded target metric.")
 flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's recorded "
                    "target, or the sweep's target).")
+flags.DEFINE_float('b_crit_factor', None, 'Pilot only: B_crit / B_noise (default: '
+                   f'{planner.B_CRIT_FACTOR:g}, calibrated on held-out tasks with its '
+                   'uncertainty in the band; 1 is B_crit = B_noise; a given value is exact).')
 flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
 flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
 flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '
@@ -58,7 +61,7 @@ flags.DEFINE_integer('sprint_batch', None, "SPRINT's target global batch (defaul
 flags.DEFINE_string('out', None, 'Directory for plan.md, plan.json and the PNGs.')
 
 # `build_plan`'s arguments, each the flag of the same name.
-_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'rule', 'warmup', 'use', 'cluster', 'nodes',
+_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'b_crit_factor', 'rule', 'warmup', 'use', 'cluster', 'nodes',
                'batches', 'methods', 'sync_periods', 'penalty_results', 'workload',
                'dataset_size', 'sprint_batch')
 
@@ -93,6 +96,9 @@ def main(argv) -> int:
       if given:
         raise planner.PlanError(f'{", ".join(given)} choose(s) what to read from a --sweep; '
                                 'they do not apply to --pilot: drop them.')
+    if FLAGS.sweep is not None and FLAGS['b_crit_factor'].present:
+      raise planner.PlanError('--b_crit_factor carries a pilot\'s B_noise to B_crit; a --sweep '
+                              'fits B_crit itself: drop it.')
     if out:
       _check_out(out)
     plan = planner.build_plan(**args)

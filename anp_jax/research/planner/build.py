@@ -16,7 +16,7 @@ from anp_jax.research.planner.time_to_target import Plan, make_plan
 
 def build_plan(*, pilot=None, sweep: Optional[str] = None,
                metric: Optional[str] = None, target: Optional[float] = None,
-               rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
+               b_crit_factor: Optional[float] = None, rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
                sync_periods: Sequence[int] = (4,), penalty_results: Optional[str] = None,
@@ -44,7 +44,7 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
   if sprint_batch is not None and sprint_batch <= 0:
     raise PlanError(f'--sprint_batch {sprint_batch}: give a global batch size > 0.')
   if pilot:
-    model = load_pilot(pilot, metric, target)
+    model = load_pilot(pilot, metric, target, b_crit_factor=b_crit_factor)
   else:
     model = load_sweep(sweep, rule, warmup, target, use)
   method_list = [m for m in methods.split(',') if m]

@@ -14,6 +14,7 @@ from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import eval_seam
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.budget import Budget
+from anp_jax.research.planner import steps_model
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.steps_model import (StepsModel, log_sd_over_seeds, pilot_model,
                                                   sweep_arm, sweep_model, sweep_points)
@@ -111,7 +112,8 @@ def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
 
 
 def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = None,
-               windows: int = 4) -> StepsModel:
+               windows: int = 4, b_crit_factor: Optional[float] = None,
+               factor_log_sd: float = 0.0, factor_tasks: int = 0) -> StepsModel:
   """The steps model of one pilot run's workdir, or of several seeds of one configuration.
 
   ``pilot``: a workdir (``metrics.jsonl`` + ``config.json``), a list of them or a string of
@@ -125,6 +127,11 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   model when its training split's size is known. Every pilot must be synchronous
   (``config.method`` 'sync'; runs recorded before the field existed were): the model's steps
   are synchronous updates, to which the plan adds the asynchrony penalty itself.
+
+  ``b_crit_factor``: B_crit / B_noise; None takes `steps_model.B_CRIT_FACTOR` with its
+  uncertainty (calibrated on held-out tasks); a given value (1: McCandlish et al.'s B_crit ~
+  B_noise) is taken as exact unless ``factor_log_sd`` (its log-sd over ``factor_tasks``
+  calibration tasks) comes with it.
   """
   dirs = pilot_dirs(pilot)
   for workdir in dirs:
@@ -150,9 +157,22 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   if train_size:
     fields['budget'] = Budget.from_config(config, train_size)
   names = ', '.join(os.path.basename(os.path.normpath(d)) for d in dirs)
+  if b_crit_factor is None:
+    fields.update(b_crit_factor=steps_model.B_CRIT_FACTOR,
+                  factor_log_sd=steps_model.B_CRIT_FACTOR_LOG_SD,
+                  factor_tasks=steps_model.B_CRIT_FACTOR_TASKS)
+    factor_source = steps_model.B_CRIT_FACTOR_SOURCE
+  elif factor_log_sd:
+    fields.update(b_crit_factor=b_crit_factor, factor_log_sd=factor_log_sd,
+                  factor_tasks=factor_tasks)
+    factor_source = f'given: {b_crit_factor:.4g}, log-sd {factor_log_sd:.3g} over {factor_tasks} tasks'
+  else:
+    fields['b_crit_factor'] = b_crit_factor
+    factor_source = f'--b_crit_factor {b_crit_factor:g}, taken as exact'
   model = pilot_model(batch, sum(crossings) / len(runs),
                       sum(r.b_noise for r in runs) / len(runs),
                       [b for r in runs for b in r.windows], source=f'pilot {names}', **fields)
+  model.notes['b_crit_factor_source'] = factor_source
   late = [r.late for r in runs if r.late]
   model.notes.update(metric=metric, target=target, target_source=target_source,
                      b_simple_window=f'steps up to the target crossing')

@@ -35,13 +35,22 @@ def describe_model(plan: Plan) -> List[str]:
               f'; leave-one-batch-out fits {min(b):.4g}-{max(b):.4g}')
   window = m.notes.get('b_simple_window')
   late = m.notes.get('b_simple_late')
-  lines.append(f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_noise:.4g} / B), '
+  factor = ''
+  if m.b_crit_factor != 1.0:
+    factor = (f'; B_crit = {m.b_crit_factor:.4g} x B_noise' + (
+        f' (log-sd {m.factor_log_sd:.3g} over {m.factor_tasks} calibration tasks: '
+        f'{m.notes["b_crit_factor_source"]})' if m.notes.get('b_crit_factor_source') else
+        ' (given)'))
+  elif m.notes.get('b_crit_factor_source'):
+    factor = f'; B_crit = B_noise ({m.notes["b_crit_factor_source"]})'
+  lines.append(f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_crit:.4g} / B), '
                f'E_min = {m.e_min:.4g} examples; B_noise {m.b_noise:.4g}'
                + (f' over the {window}' if window else '') + spread
                + (f'; the late window (second half of the run) gives {late:.4g}' if late else '')
-               + '.')
+               + factor + '.')
   shown = {k: v for k, v in m.notes.items()
-           if k not in ('metric', 'target', 'target_source', 'b_simple_window')}
+           if k not in ('metric', 'target', 'target_source', 'b_simple_window',
+                        'b_crit_factor_source')}
   if shown:
     lines.append('Estimates: ' + ', '.join(f'{k} = {v:.4g}' if isinstance(v, float) else
                                             f'{k} = {v}' for k, v in shown.items()) + '.')
@@ -49,6 +58,7 @@ def describe_model(plan: Plan) -> List[str]:
       f'Band: an approximate {100 * BAND_LEVEL:.0f} % prediction interval of one run\'s steps '
       f'(log-normal): B_noise\'s uncertainty ('
       + ('the sub-windows\' spread' if m.spread == 'windows' else 'the jackknife of the fit')
+      + ('), the B_crit / B_noise factor\'s (as a new task\'s' if m.factor_log_sd else '')
       + f'), the run-to-run spread ({m.seed_source})'
       + (f' of the run and of the {m.anchor_runs:g} pilot run(s) it is anchored on'
          if math.isfinite(m.anchor_runs) else ' of the run') + ' and, on asynchronous and '
