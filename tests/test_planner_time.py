@@ -72,6 +72,11 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
                          f'--config.data_dir={data_dir}', timeout=900)
   assert again.returncode == 0, again.stderr[-3000:]
   assert again.stdout.count('finished before, reused') == 8
+  # The report says its timings are from the earlier invocation, and its steps model is B_crit's.
+  again_results = json.loads((out / 'results.json').read_text())
+  assert len(again_results['reused']) == 8 and results['reused'] == []
+  assert 'Runs reused from an earlier invocation, timed then' in (out / 'report.md').read_text()
+  assert 'B_crit = ' in again_results['steps_model']
 
 
 def test_two_calibration_batches_give_the_fixed_cost_per_step_and_the_model_uses_it():
