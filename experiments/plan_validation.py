@@ -88,8 +88,10 @@ one seed per arm of a simulated proxy; the seed paper's cluster against three pu
 from abstracts. Errors are out of sample: the pilot's own batch size, predicted exactly by
 construction, is never counted. Every band is an approximate 90 % prediction interval of one
 run's steps (`planner.BAND_LEVEL`); "inside" says whether the measured value fell in it. Not
-here: held-out tasks with several seeds per batch size, and measured wall-clock time (both need
-new runs: see docs/planner.md, "Validation").
+here: held-out tasks with several seeds per batch size (`heldout/`, which also calibrates and
+scores the planner's B_crit / B_noise factor) and measured wall-clock time (`time/`); see
+docs/planner.md, "Validation". Section 1 takes B_crit = B_simple (the sweep's late window, no
+factor); the separate pilot below is read as the planner reads a pilot, with the factor.
 
 ## 1. Statistical side: steps to 25 % top-1 against batch size (`cpu` sweep preset)
 
@@ -152,7 +154,8 @@ ResNet-50, batch 128 on one node = 32 per K80 device) reaches its accuracy after
 epochs** of {anp_train:,} images, S0 = {s0:.0f} steps at B0 = 128; **B_noise** of ResNet-50 on ANP
 is not measured: assumed {b_mid:.0f} (the geometric mean of {b_low:.0f}, the CPU proxy's B_simple,
 and {b_high:.0f}, the batch up to which Goyal et al. found ImageNet accuracy flat), with the two
-ends as its range; sync keeps 32 images per device (global 128 × nodes, the paper's weak
+ends as its range, and taken as B_crit directly (no B_crit / B_noise factor: that range spans
+16x, the factor's calibration tasks 1.7-2.05x); sync keeps 32 images per device (global 128 × nodes, the paper's weak
 scaling), mixed-asynchronous sends one node's 128 images per update with the staleness
 `perfmodel` simulates; the asynchrony penalty is section 2's fit; hardware times are
 `perfmodel.minotauro()` defaults (all-reduce for sync, one parameter server for mixed). The

@@ -242,38 +242,59 @@ HELDOUT = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'heldo
 
 def test_the_heldout_planner_figures_are_the_committed_studies_rescored():
   """docs/studies.md section 5 quotes the planner's held-out scores: rescoring the committed
-  studies (the pilots' metrics.jsonl, the points' statistics) gives them, and the text's reading
-  (targets not met on validation, misses systematic in sign) follows from them."""
+  studies (the pilots' metrics.jsonl, the points' statistics; a, b, c each with the factor of the
+  other two, d, e, f with the planner's default) gives them, and the text's reading follows."""
   import sys
   sys.path.insert(0, os.path.join(ROOT, 'experiments'))
   import plan_validation_lib as validation
   doc = _studies()
-  studies = [os.path.join(HELDOUT, t) for t in 'abc']
-  for split, label in (('validation', 'validation'), ('test', 'test')):
-    tasks = [validation.heldout_task(d, split=split) for d in studies]
-    # Quoted: the planner before the B_crit / B_noise factor (B_crit = B_noise).
-    pooled = validation.pooled_score(tasks, 'uncorrected')
-    inside = sum(bool(r['inside']) for t in tasks for r in t['uncorrected']['score']['rows']
+  studies = [os.path.join(HELDOUT, t) for t in 'abcdef']
+  calibration = set(studies[:3])
+  diagnostics = [validation.task_diagnostics(d) for d in studies]
+  factor, check = validation.calibration_factors(studies, calibration, diagnostics)
+  assert check['matches'] and [round(r, 2) for r in check['ratios']] == [2.05, 1.95, 1.69]
+
+  def row(split, tasks, label, what):
+    pooled = validation.pooled_score(tasks, label)
+    inside = sum(bool(r['inside']) for t in tasks for r in t[label]['score']['rows']
                  if r['counted'])
-    assert pooled['n'] == 15
-    assert (f'| {label} | {100 * pooled["median_abs_error"]:.1f} % | '
-            f'{100 * pooled["max_abs_error"]:.1f} % | {100 * pooled["coverage"]:.1f} % '
-            f'({inside}/15) |') in doc
+    cells = (f'| {split} | {what} | {pooled["n"]} | {100 * pooled["median_abs_error"]:.1f} % | '
+             f'{100 * pooled["max_abs_error"]:.1f} % | {100 * pooled["coverage"]:.1f} % '
+             f'({inside}/{pooled["n"]}) |')
+    assert cells in doc, cells
+    return pooled
+  scored = {}
+  for split in ('validation', 'test'):
+    tasks = [validation.heldout_task(d, split=split, factor=factor[d]) for d in studies]
+    scored[split] = tasks
+    held, cal = tasks[3:], tasks[:3]
+    with_k = row(split, held, 'seeds', 'd, e, f (k = 1.891, held out)')
+    without = row(split, held, 'uncorrected', 'd, e, f (B_crit = B_noise)')
+    assert all(with_k['targets_met'].values())
+    # The decision rule: k stays the default only if it beats B_crit = B_noise (validation).
     if split == 'validation':
-      assert not any(pooled['targets_met'].values())
-      errors = {}
-      for t, task in zip('abc', tasks):
-        rows = {r['batch']: r for r in task['uncorrected']['score']['rows']}
-        cells = ' | '.join(f'{100 * rows[b]["error"]:+.1f} %' for b in (32, 64, 256, 512, 1024))
-        assert f'| {t} | {cells} |' in doc
-        errors.update({(t, b): rows[b]['error'] for b in (32, 64, 256, 512, 1024)})
-      below = sum(errors[(t, b)] < 0 for t in 'abc' for b in (32, 64))
-      above = sum(errors[(t, b)] > 0 for t in 'abc' for b in (256, 512, 1024))
-      assert (below, above) == (6, 8) and all(errors[(t, 1024)] > 0 for t in 'abc')
-      assert 'too few steps (6 of 6 points), above it too many (8 of 9, all three at 8x)' in doc
-    else:
-      assert pooled['targets_met'] == {'median_abs_error': True, 'max_abs_error': False,
-                                       'coverage': True}
+      assert with_k['median_abs_error'] < without['median_abs_error']
+      assert all(row(split, cal, 'seeds', 'a, b, c (k from the other two)')['targets_met'].values())
+      assert not any(row(split, cal, 'uncorrected', 'a, b, c (B_crit = B_noise)')
+                     ['targets_met'].values())
+  tasks = scored['validation']
+  negative = 0
+  for t, task in zip('abcdef', tasks):
+    rows = {r['batch']: r for r in task['seeds']['score']['rows']}
+    cells = ' | '.join('—' if rows[b]['error'] is None else f'{100 * rows[b]["error"]:+.1f} %'
+                       for b in (32, 64, 256, 512, 1024))
+    assert f'| {t} | {cells} |' in doc
+    if t in 'def':
+      negative += sum(r['counted'] and r['error'] < 0 for r in rows.values())
+  assert negative == 11 and '11 of the 12 held-out errors are negative' in doc
+  # The fitted ratios of the new tasks, with their bootstrap intervals.
+  for t, task, d in zip('def', tasks[3:], diagnostics[3:]):
+    ratio = d['fit']['b_crit'] / task['seeds']['model']['b_noise']
+    ci = d['ratio_ci']
+    assert f'{ratio:.2f} [{ci["low"]:.2f}, {ci["high"]:.2f}] ({t})' in doc
+  one = validation.pooled_score(tasks[3:], 'one_seed')
+  assert (f'median {100 * one["median_abs_error"]:.1f} %, worst '
+          f'{100 * one["max_abs_error"]:.1f} %') in doc and not all(one['targets_met'].values())
 
 
 TIME = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'time')

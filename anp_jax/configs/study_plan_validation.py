@@ -3,9 +3,10 @@
   .venv/bin/python experiments/study.py --preset plan_validation:a --out workdirs/plan_heldout/a \
       --stop_at_target --dry_run                                          # runs + estimate
   .venv/bin/python experiments/study.py --preset plan_validation:a --out workdirs/plan_heldout/a \
-      --stop_at_target                                                    # then :b and :c
-  .venv/bin/python experiments/plan_validation_heldout.py --studies workdirs/plan_heldout/a,\
-workdirs/plan_heldout/b,workdirs/plan_heldout/c --out experiments/results/plan_validation/heldout
+      --stop_at_target                                                    # then :b ... :f
+  H=workdirs/plan_heldout; .venv/bin/python experiments/plan_validation_heldout.py \
+      --studies $H/a,$H/b,$H/c,$H/d,$H/e,$H/f --calibration $H/a,$H/b,$H/c \
+      --out experiments/results/plan_validation/heldout
 
 Question: does a pilot at B0 = 128 predict the steps to a target at 1/4 ... 8x its batch on a
 task the planner was not tuned on? Each variant is one generated task that differs from the one
@@ -34,7 +35,8 @@ predicted from them and scored out of sample (`experiments/plan_validation_heldo
 Time (``--dry_run`` prints the bound for any overrides): 18 runs per task, each to its target
 or its 10-epoch budget; at the sweep's ~800 img/s (width 1.0: ~300, 24 px: ~400) a run that
 trains its whole budget takes 100-270 s, one stopped at a target after ~3 epochs about a third
-of that, plus ~20 s of set-up; about 20-40 min per task on 2 free cores. ``:tiny`` is the tests'
+of that, plus ~20 s of set-up; about 20-40 min per task on 2 free cores (measured: a 22, b 12,
+c 18, d 13, e 17, f 17 min). ``:tiny`` is the tests'
 variant: the tests' 8-class dataset, batches 16, 32 (the pilot) and 64, 2 seeds, 2 epochs.
 """
 
