@@ -62,7 +62,8 @@ from anp_jax.research.planner.steps_model import (B_CRIT_FACTOR, BAND_LEVEL, DEF
 from anp_jax.research.planner.time_to_target import PLAN_METHODS, Plan, Row, make_plan, plan_row
 
 __all__ = [
-    'B_CRIT_FACTOR', 'BAND_LEVEL', 'Budget', 'DEEP_DECAY_FRACTION', 'DEFAULT_SEED_LOG_SD', 'PENALTY_FIELDS',
+    'B_CRIT_FACTOR', 'BAND_LEVEL', 'Budget', 'DEEP_DECAY_FRACTION', 'DEFAULT_SEED_LOG_SD',
+    'PENALTY_FIELDS',
     'PLAN_METHODS', 'Penalty', 'Plan', 'PlanError', 'Row', 'SWEEP_FIELDS', 'StepsModel',
     'VALIDATED_RATIOS', 'WITHIN', 'build_plan', 'censored_slope', 'check_rows',
     'cluster_from_dict', 'convergence_penalty', 'describe_score', 'epochs_to_level',

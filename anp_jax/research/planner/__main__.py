@@ -61,9 +61,9 @@ flags.DEFINE_integer('sprint_batch', None, "SPRINT's target global batch (defaul
 flags.DEFINE_string('out', None, 'Directory for plan.md, plan.json and the PNGs.')
 
 # `build_plan`'s arguments, each the flag of the same name.
-_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'b_crit_factor', 'rule', 'warmup', 'use', 'cluster', 'nodes',
-               'batches', 'methods', 'sync_periods', 'penalty_results', 'workload',
-               'dataset_size', 'sprint_batch')
+_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'b_crit_factor', 'rule', 'warmup', 'use',
+               'cluster', 'nodes', 'batches', 'methods', 'sync_periods', 'penalty_results',
+               'workload', 'dataset_size', 'sprint_batch')
 
 
 # Path flags, `~` expanded (the shell leaves it alone in ``--flag=~/x``).

@@ -16,7 +16,8 @@ from anp_jax.research.planner.time_to_target import Plan, make_plan
 
 def build_plan(*, pilot=None, sweep: Optional[str] = None,
                metric: Optional[str] = None, target: Optional[float] = None,
-               b_crit_factor: Optional[float] = None, rule: Optional[str] = None, warmup: Optional[str] = None, use: str = 'fit',
+               b_crit_factor: Optional[float] = None, rule: Optional[str] = None,
+               warmup: Optional[str] = None, use: str = 'fit',
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
                sync_periods: Sequence[int] = (4,), penalty_results: Optional[str] = None,

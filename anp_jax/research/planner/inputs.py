@@ -165,7 +165,8 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   elif factor_log_sd:
     fields.update(b_crit_factor=b_crit_factor, factor_log_sd=factor_log_sd,
                   factor_tasks=factor_tasks)
-    factor_source = f'given: {b_crit_factor:.4g}, log-sd {factor_log_sd:.3g} over {factor_tasks} tasks'
+    factor_source = (f'given: {b_crit_factor:.4g}, log-sd {factor_log_sd:.3g} over '
+                     f'{factor_tasks} tasks')
   else:
     fields['b_crit_factor'] = b_crit_factor
     factor_source = f'--b_crit_factor {b_crit_factor:g}, taken as exact'
