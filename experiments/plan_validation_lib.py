@@ -172,11 +172,16 @@ def calibrate_factor(pairs: Sequence[Sequence[float]]) -> Dict:
           'tasks': len(logs), 'ratios': ratios}
 
 
+def _fitted_b_crit(study_dir: str, diagnostics: Dict) -> float:
+  """B_crit fitted to a task's measured means (`task_diagnostics`)."""
+  if not diagnostics.get('fit'):
+    raise ValueError(f'{study_dir}: too few batches reached the target to fit B_crit.')
+  return diagnostics['fit']['b_crit']
+
+
 def task_factor_pair(task: Dict, diagnostics: Dict) -> Sequence[float]:
   """A scored task's (fitted B_crit on its measured means, its pilot's measured B_noise)."""
-  if not diagnostics.get('fit'):
-    raise ValueError(f'{task["study"]}: too few batches reached the target to fit B_crit.')
-  return diagnostics['fit']['b_crit'], task['seeds']['model']['b_noise']
+  return _fitted_b_crit(task['study'], diagnostics), task['seeds']['model']['b_noise']
 
 
 def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[Dict],
@@ -184,11 +189,10 @@ def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[
   """Per study, the factor it is scored with (None: the planner's default; a calibration task:
   the other calibration tasks' `calibrate_factor`), and the check of the default against all
   the calibration tasks (None without any)."""
-  unscored = [heldout_task(d, metric, target, factor={'factor': 1.0, 'log_sd': None,
-                                                     'tasks': 0})
-              if d in calibration else None for d in dirs]
-  pairs = {d: task_factor_pair(t, g)
-           for d, t, g in zip(dirs, unscored, diagnostics) if d in calibration}
+  # The pilot's measured B_noise does not depend on the factor: read it once, unscored.
+  pairs = {d: (_fitted_b_crit(d, g),
+               load_pilot(pilot_runs(d)[2], metric, target, b_crit_factor=1.0).b_noise)
+           for d, g in zip(dirs, diagnostics) if d in calibration}
   out = {}
   for d in dirs:
     if d not in calibration:
@@ -209,6 +213,23 @@ def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[
                           and round(c['log_sd'], 4) == steps_model.B_CRIT_FACTOR_LOG_SD
                           and c['tasks'] == steps_model.B_CRIT_FACTOR_TASKS))
   return out, check
+
+
+def pilot_runs(study_dir: str):
+  """A plan_validation study's (points, its pilot point's runs by seed, their run directories)."""
+  with open(os.path.join(study_dir, 'points.json')) as f:
+    points = json.load(f)
+  with open(os.path.join(study_dir, 'results.json')) as f:
+    rows = json.load(f)
+  pilots = [p for p in points if p['point'].startswith(PILOT_PREFIX)]
+  if len(pilots) != 1:
+    raise ValueError(f'{study_dir}: expected one point named {PILOT_PREFIX}..., the pilot, got '
+                     f'{[p["point"] for p in pilots]}: is it a study of the plan_validation '
+                     'preset?')
+  pilot = pilots[0]
+  runs = sorted((r for r in rows if r['point'] == pilot['point']
+                 and r['lr_mult'] == pilot['lr_mult']), key=lambda r: r['seed'])
+  return points, runs, [os.path.join(study_dir, 'runs', r['name']) for r in runs]
 
 
 def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation',
@@ -233,19 +254,8 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
   """
   if split not in ('validation', 'test'):
     raise ValueError(f'split must be validation or test, got {split!r}.')
-  with open(os.path.join(study_dir, 'points.json')) as f:
-    points = json.load(f)
-  with open(os.path.join(study_dir, 'results.json')) as f:
-    rows = json.load(f)
-  pilots = [p for p in points if p['point'].startswith(PILOT_PREFIX)]
-  if len(pilots) != 1:
-    raise ValueError(f'{study_dir}: expected one point named {PILOT_PREFIX}..., the pilot, got '
-                     f'{[p["point"] for p in pilots]}: is it a study of the plan_validation '
-                     'preset?')
-  pilot = pilots[0]
-  runs = sorted((r for r in rows if r['point'] == pilot['point']
-                 and r['lr_mult'] == pilot['lr_mult']), key=lambda r: r['seed'])
-  dirs = [os.path.join(study_dir, 'runs', r['name']) for r in runs]
+  points, runs, dirs = pilot_runs(study_dir)
+  pilot = next(p for p in points if p['point'].startswith(PILOT_PREFIX))
   b0 = int(pilot['fields']['batch_size'])
   key = 'steps_to_target'
   if split == 'test':
