@@ -1,10 +1,10 @@
 """experiments/plan_time_validation.py: predicted vs measured time to target, end to end.
 
-Correctness only (the tiny config on a loaded machine: no timing is asserted): two calibrations
-(two batches: the fixed cost per step), the pilot and five configurations (1 process x 1 and 2
-devices, 2 processes, three batch sizes)
-run the real trainer to the target; the report holds every configuration's prediction, its
-measurement and the errors of the model and of both baselines.
+Correctness only (the tiny config on a loaded machine: no timing is asserted): calibrations at
+two batches (the step time interpolated between them), the pilot and six configurations (1
+process x 1 and 2 devices and 2 processes at two batch sizes), two seeds each, run the real
+trainer to the target; the report holds every configuration's prediction, its measured mean with
+an interval and the errors of the model and of both baselines.
 """
 
 import json
@@ -15,95 +15,169 @@ from conftest import run_experiment
 
 TINY = ('--config=anp_jax/configs/tiny.py', '--config.num_train_steps=-1',
         '--config.num_epochs=2.0', '--config.eval_every_epochs=0.5',
-        '--metric=eval/anp_top1', '--target=0.05', '--batches=16,32', '--pilot_batch=32',
-        '--calibration_batch=32', '--calibration_steps=6', '--calibration_small_batch=16',
-        '--tiny_batch=8')
+        '--metric=eval/anp_top1', '--target=0.05', '--batches=16,64', '--pilot_batch=32',
+        '--calibration_batches=8,128', '--calibration_steps=6', '--seeds=2')
+MEASURED = [f'measure-{shape}-b{b}' for b in (16, 64) for shape in ('1x1', '1x2', '2x1')]
 
 
 def test_dry_run_lists_the_runs_and_bounds_their_cost(data_dir, tmp_path):
   r = run_experiment('plan_time_validation.py', '--out', str(tmp_path / 'out'), '--dry_run',
                      *TINY, f'--config.data_dir={data_dir}')
   assert r.returncode == 0, r.stderr[-3000:]
-  for name in ('calibration-1x1-b16', 'calibration-1x1-b32', 'pilot-1x2-b32', 'measure-1x1-b8',
-               'measure-1x1-b16', 'measure-1x2-b16', 'measure-1x2-b32', 'measure-2x1-b32'):
-    assert name in r.stdout
+  runs = r.stdout.splitlines()[0]
+  assert runs.startswith('16 runs in ')
+  for name in ['calibration-1x1-b8', 'calibration-1x1-b128', 'pilot-1x2-b32-s0',
+               'pilot-1x2-b32-s1'] + [f'{m}-s{s}' for m in MEASURED for s in (0, 1)]:
+    assert name in runs
   assert 'At most' in r.stdout and 'anp_jax.main' in r.stdout
   assert not (tmp_path / 'out').exists()  # A dry run trains and writes nothing.
 
 
-@pytest.mark.slow(240)
+@pytest.mark.slow(300)
 def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_dir, tmp_path):
   out = tmp_path / 'out'
   r = run_experiment('plan_time_validation.py', '--out', str(out), *TINY,
-                     f'--config.data_dir={data_dir}', timeout=900)
+                     f'--config.data_dir={data_dir}', timeout=1200)
   assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
   results = json.loads((out / 'results.json').read_text())
   rows = {row['name']: row for row in results['rows']}
-  assert set(rows) == {'pilot-1x2-b32', 'measure-1x1-b8', 'measure-1x1-b16', 'measure-1x2-b16',
-                       'measure-1x2-b32', 'measure-2x1-b32'}
+  assert set(rows) == {'pilot-1x2-b32'} | set(MEASURED)
   assert {(row['processes'], row['devices']) for row in rows.values()} >= {(1, 1), (1, 2), (2, 1)}
   cal = results['calibration']
-  assert cal['step_s'] > 0 and cal['eval_s'] > 0 and cal['fixed_s'] >= 0
-  # Two calibration batches: the fixed cost per step is the intercept of the line through them.
-  assert cal['small_batch'] == 16 and 0 < cal['small_step_s']
-  per_image = (cal['step_s'] - cal['small_step_s']) / (32 - 16)
-  assert cal['overhead_s'] == pytest.approx(
-      min(max(cal['small_step_s'] - 16 * per_image, 0.0), cal['small_step_s']))
+  assert [b for b, _ in cal['points']] == [8, 128] and all(t > 0 for _, t in cal['points'])
+  assert cal['eval_s'] > 0 and cal['fixed_s'] >= 0
+  assert cal['reference_batch'] == 8  # Nearest the pilot's 32 in ratio (4x either way: smaller).
+  # The steps model is the pilot's two seeds.
+  assert 'from 2 seed(s) of pilot-1x2-b32' in results['steps_model']
   for row in rows.values():
     p, m = row['predicted'], row['measured']
+    assert row['seeds'] == [0, 1] and m['runs'] == 2 and len(m['seeds']) == 2
     assert m['stopped_at_target'] and m['crossing'] is not None
-    # The loop runs to the first evaluation at or after the crossing, a multiple of its cadence.
-    assert m['steps'] % p['eval_every'] == 0 and m['steps'] >= m['crossing']
+    walls = [run['wall_s'] for run in m['seeds']]
+    assert m['wall_s'] == pytest.approx(sum(walls) / 2)
+    assert m['wall_low'] < m['wall_s'] < m['wall_high'] or walls[0] == walls[1]
+    for run in m['seeds']:  # The loop runs to the first evaluation at or after the crossing.
+      assert run['steps'] % p['eval_every'] == 0 and run['steps'] >= run['crossing']
     assert p['loop_steps'] % p['eval_every'] == 0 and p['loop_steps'] >= p['steps'] - 1e-9
     for kind in ('model', 'constant', 'one_parameter'):
-      assert p['loop_s'][kind] > 0 and m['wall_s'] > 0
+      assert p['loop_s'][kind] > 0
       assert row['errors'][kind]['loop'] == pytest.approx(p['loop_s'][kind] / m['wall_s'] - 1)
-    # Baselines from the calibration alone: constant images/s, and images/s per device.
-    assert row['batch'] / p['step_s']['constant'] == pytest.approx(
-        cal['batch'] / cal['step_s'])
+    # Baselines from the reference calibration alone: constant images/s, and per device.
+    assert row['batch'] / p['step_s']['constant'] == pytest.approx(8 / cal['points'][0][1])
     assert p['step_s']['one_parameter'] == pytest.approx(
         p['step_s']['constant'] / (row['processes'] * row['devices']))
+    assert row['calibrated_batch']
   summary = results['summary']
-  assert summary['throughput_span'] >= 1
+  assert summary['configurations'] == 6  # The pilot's (steps in sample) is not summarised.
+  assert summary['model']['loop'] == pytest.approx(
+      sum(abs(rows[n]['errors']['model']['loop']) for n in MEASURED) / 6)
+  assert summary['throughput_span'] >= 1 and summary['max_loop_half_width'] >= 0
   text = (out / 'report.md').read_text()
   assert 'performance model' in text and 'constant images/s' in text and 'Targets:' in text
+  assert 'Each configuration ran 2 seed(s)' in text
   # Rerun: every finished run is reused, nothing retrains, the same report.
   again = run_experiment('plan_time_validation.py', '--out', str(out), *TINY,
                          f'--config.data_dir={data_dir}', timeout=900)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count('finished before, reused') == 8
+  assert again.stdout.count('finished before, reused') == 16
   # The report says its timings are from the earlier invocation, and its steps model is B_crit's.
   again_results = json.loads((out / 'results.json').read_text())
-  assert len(again_results['reused']) == 8 and results['reused'] == []
+  assert len(again_results['reused']) == 16 and results['reused'] == []
   assert 'Runs reused from an earlier invocation, timed then' in (out / 'report.md').read_text()
   assert 'B_crit = ' in again_results['steps_model']
+  assert again_results['rows'] == results['rows']
 
 
-def test_two_calibration_batches_give_the_fixed_cost_per_step_and_the_model_uses_it():
-  """A step on b images takes overhead + b x cost: the line through the two calibration runs
-  recovers both, and the performance model then predicts a small batch's slower images/s where
-  the constant baseline cannot (before: one calibration batch, no fixed cost)."""
+def _ptv():
+  import os
   import sys
   from conftest import ROOT
-  import os
   sys.path.insert(0, os.path.join(ROOT, 'experiments'))
   import plan_time_validation as ptv
+  return ptv
+
+
+def test_the_step_time_is_interpolated_between_the_calibration_batches_and_the_model_uses_it():
+  """A CPU's step time is not linear in the batch (before: a line through two calibrations
+  gave batch 16 a fixed cost larger than its whole measured step): the model now takes the
+  calibrated curve, linear between the batches around the one asked for, and its end segments
+  beyond them (scaled with the batch where the segment's fixed cost would be negative)."""
+  ptv = _ptv()
   from anp_jax.research import perfmodel as pm
-  overhead, cost = 0.004, 0.0008  # 4 ms + 0.8 ms per image.
+  step = {32: 0.020, 128: 0.060, 512: 0.280}  # Concave then convex: no single line fits.
 
-  def run(batch, steps=60, evals=3):
-    step = overhead + batch * cost
-    return {'images_per_s': batch / step, 'eval_s': 0.5, 'steps': steps, 'evals': evals,
-            'wall_s': 10.0 + steps * step + evals * 0.5}
+  def run(batch, steps=90, evals=3, fixed=8.0):
+    return {'images_per_s': batch / step[batch], 'eval_s': 0.7 + batch / 1e4, 'steps': steps,
+            'evals': evals, 'wall_s': fixed + steps * step[batch] + evals * (0.7 + batch / 1e4)}
 
-  cal = ptv.Calibration.from_run(run(128), 128, run(16), 16)
-  assert cal.overhead_s == pytest.approx(overhead) and cal.fixed_s == pytest.approx(10.0)
-  assert ptv.Calibration.from_run(run(128), 128).overhead_s == 0.0
-  with pytest.raises(ValueError, match='below the calibration batch'):
-    ptv.Calibration.from_run(run(128), 128, run(256), 256)
+  cal = ptv.Calibration.from_runs({b: run(b) for b in step}, 128)
+  assert cal.points == ((32, 0.020), (128, 0.060), (512, 0.280))
+  assert cal.fixed_s == pytest.approx(8.0) and cal.eval_s == pytest.approx(0.7 + 128 / 1e4)
+  for b, t in step.items():
+    assert cal.step_at(b) == pytest.approx(t)
+  assert cal.step_at(64) == pytest.approx(0.020 + 32 * 0.040 / 96)
+  assert cal.step_at(256) == pytest.approx(0.060 + 128 * 0.220 / 384)
+  # Below 32: the first segment's line (fixed cost 0.020 - 32 x 0.040 / 96 > 0).
+  assert cal.step_at(16) == pytest.approx(0.020 - 16 * 0.040 / 96)
+  # Beyond 512: the last segment's fixed cost is negative, so 512's time scaled with the batch.
+  assert cal.step_at(1024) == pytest.approx(0.280 * 2)
+  assert cal.in_range(64) and not cal.in_range(16) and not cal.in_range(1024)
+  assert cal.images_per_s == pytest.approx(128 / 0.060)
+  one = ptv.Calibration.from_runs({128: run(128)}, 128)
+  assert one.step_at(64) == pytest.approx(0.030)  # One batch: proportional.
+  with pytest.raises(ValueError, match='not a calibration batch'):
+    ptv.Calibration.from_runs({128: run(128)}, 64)
   links = pm.Interconnect(intra_node_bandwidth=1e9, intra_node_latency=1e-4,
                           inter_node_bandwidth=1e9, inter_node_latency=1e-4)
   workload = pm.Workload(name='w', flops_per_image_fwd=1e6, param_bytes=4e3, dataset_size=8000)
-  times = ptv.step_times(cal, workload, links, ptv.Layout(1, 1, 8))
-  assert times['model'] == pytest.approx(overhead + 8 * cost, rel=1e-6)
-  assert times['constant'] == pytest.approx(8 / (128 / (overhead + 128 * cost)))
+  times = ptv.step_times(cal, workload, links, ptv.Layout(1, 1, 64))
+  assert times['model'] == pytest.approx(cal.step_at(64), rel=1e-6)
+  assert times['constant'] == pytest.approx(64 / (128 / 0.060))
+  # Two devices on the same cores: the pool runs the global batch, plus the all-reduce.
+  two = ptv.step_times(cal, workload, links, ptv.Layout(1, 2, 64))
+  assert cal.step_at(64) < two['model'] < cal.step_at(64) + 0.01
+  assert two['one_parameter'] == pytest.approx(times['constant'] / 2)
+
+
+def test_layouts_measure_every_shape_at_every_batch_with_seeds_and_refuse_in_sample_ones():
+  ptv = _ptv()
+  plan = ptv.layouts([64, 256], 128, 2, [32, 128, 512], 3)
+  assert [l.name for l in plan[:6]] == [
+      'calibration-1x1-b32', 'calibration-1x1-b128', 'calibration-1x1-b512',
+      'pilot-1x2-b128-s0', 'pilot-1x2-b128-s1', 'pilot-1x2-b128-s2']
+  measured = [l for l in plan if l.role == 'measure']
+  assert len(measured) == 18
+  assert {(l.processes, l.devices, l.batch) for l in measured} == {
+      (p, d, b) for b in (64, 256) for p, d in ptv.SHAPES}
+  assert {l.seed for l in measured} == {0, 1, 2}
+  with pytest.raises(ValueError, match='also a calibration batch'):
+    ptv.layouts([32, 256], 128, 2, [32, 512], 3)
+  with pytest.raises(ValueError, match='the pilot'):
+    ptv.layouts([128, 256], 128, 2, [32, 512], 3)
+  with pytest.raises(ValueError, match='--seeds'):
+    ptv.layouts([64], 128, 2, [32], 0)
+
+
+def test_a_configurations_seeds_are_scored_by_their_mean_and_the_summary_leaves_the_pilot_out():
+  ptv = _ptv()
+  from anp_jax.research import stats
+  runs = [{'wall_s': w, 'steps': 100 + 10 * i, 'evals': 4, 'crossing': 95.0 + i,
+           'stopped_at_target': True, 'images_per_s': 1000.0 + i, 'eval_s': 0.7}
+          for i, w in enumerate((30.0, 33.0, 36.0))]
+  m = ptv.aggregate(runs)
+  ci = stats.mean_interval([30.0, 33.0, 36.0])
+  assert m['wall_s'] == pytest.approx(33.0) and m['steps'] == pytest.approx(110)
+  assert (m['wall_low'], m['wall_high']) == pytest.approx((ci['low'], ci['high']))
+  missed = ptv.aggregate(runs[:2] + [dict(runs[2], crossing=None, stopped_at_target=False)])
+  assert missed['crossing'] is None and not missed['stopped_at_target']
+
+  def row(role, err, rate):
+    e = {'loop': err, 'time_side': err / 2, 'images_per_s': err / 4}
+    return {'role': role, 'errors': {k: e for k in ('model', 'constant', 'one_parameter')},
+            'measured': dict(m, images_per_s=rate)}
+
+  s = ptv.summarise([row('pilot', 0.9, 100.0), row('measure', -0.1, 1000.0),
+                     row('measure', 0.3, 2000.0)])
+  assert s['configurations'] == 2 and s['model']['loop'] == pytest.approx(0.2)
+  assert s['throughput_span'] == pytest.approx(2.0) and s['worst_loop'] == pytest.approx(0.3)
+  assert s['max_loop_half_width'] == pytest.approx((ci['high'] - 33.0) / 33.0)
