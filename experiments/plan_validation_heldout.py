@@ -67,7 +67,9 @@ def _factor_text(task):
 def task_lines(task):
   """One task's section: the pilot, the table (all seeds' pilot; seed 0 alone; B_crit =
   B_noise), the scores of the three."""
-  seeds, one, raw = task['seeds'], task['one_seed'], task['uncorrected']
+  seeds, one, raw, two = (task['seeds'], task['one_seed'], task['uncorrected'],
+                          task['two_batch'])
+  two_rows = two['score']['rows'] or [None] * len(seeds['score']['rows'])
   m = seeds['model']
   lines = [f'### {task["study"]}', '',
            f'Pilot: {len(task["pilot_runs"])} seeds at B0 = {task["pilot_batch"]} '
@@ -78,9 +80,14 @@ def task_lines(task):
            f'{m["seed_source"]}.', '',
            '| batch | ×pilot | predicted (90 % band for the mean) | measured mean (95 % CI) | '
            'error | inside | predicted share of budget | flag | late crossings | seed 0 '
-           'alone | error | B_crit = B_noise (band) | error |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
-  for r, o, u in zip(seeds['score']['rows'], one['score']['rows'], raw['score']['rows']):
+           'alone | error | B_crit = B_noise (band) | error | pilots at B0 and '
+           f'{validation.TWO_BATCH_RATIO} B0 (band) | error |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for r, o, u, t in zip(seeds['score']['rows'], one['score']['rows'], raw['score']['rows'],
+                        two_rows):
+    fitted = ('— | —' if t is None else
+              f'{t["predicted"]:.0f} ({t["low"]:.0f}–{t["high"]:.0f}) | '
+              + ('in sample' if t['in_sample'] else _pct(t['error'])))
     share = '—' if r['budget_share'] is None else f'{100 * r["budget_share"]:.0f} %'
     inside = '—' if r['inside'] is None else ('yes' if r['inside'] else 'no')
     error = 'in sample' if r['in_sample'] else _pct(r['error'])
@@ -89,10 +96,15 @@ def task_lines(task):
                  f'{r["feasibility"]} | {r["late_crossings"]} | {o["predicted"]:.0f} | '
                  f'{"in sample" if o["in_sample"] else _pct(o["error"])} | '
                  f'{u["predicted"]:.0f} ({u["low"]:.0f}–{u["high"]:.0f}) | '
-                 f'{"in sample" if u["in_sample"] else _pct(u["error"])} |')
+                 f'{"in sample" if u["in_sample"] else _pct(u["error"])} | {fitted} |')
   lines += ['', planner.describe_score(seeds['score'], 'predictions from the pilot\'s seeds'),
             planner.describe_score(one['score'], 'predictions from seed 0 alone'),
-            planner.describe_score(raw['score'], 'predictions with B_crit = B_noise'), '']
+            planner.describe_score(raw['score'], 'predictions with B_crit = B_noise'),
+            (f'Pilots at B0 and {validation.TWO_BATCH_RATIO} B0: not available ('
+             f'{two["unavailable"]}).' if two.get('unavailable') else
+             f'Pilots at B0 and {validation.TWO_BATCH_RATIO} B0: S(B) = '
+             f'{two["model"]["s_min"]:.4g} (1 + {two["model"]["b_crit"]:.4g} / B) fitted. '
+             + planner.describe_score(two['score'], 'their predictions')), '']
   return lines
 
 
@@ -102,7 +114,8 @@ def _has_test(study_dir) -> bool:
 
 
 LABELS = (('seeds', 'all the pilot\'s seeds'), ('one_seed', 'seed 0 alone'),
-          ('uncorrected', 'all seeds, B_crit = B_noise'))
+          ('uncorrected', 'all seeds, B_crit = B_noise'),
+          ('two_batch', f'pilots at B0 and {validation.TWO_BATCH_RATIO} B0, B_crit fitted'))
 
 
 def _pooled_rows(pooled):
@@ -111,6 +124,9 @@ def _pooled_rows(pooled):
     p = pooled[label]
     f = p['feasibility']
     fmt = lambda v: '—' if v is None else f'{100 * v:.1f} %'
+    if p.get('unavailable'):
+      name += (f' (not {", ".join(p["unavailable"])}: a seed missed at '
+               f'{validation.TWO_BATCH_RATIO} B0)')
     rows.append((name, f'{p["n"]} | {fmt(p["median_abs_error"])} | '
                        f'{fmt(p["max_abs_error"])} | {fmt(p["coverage"])} | '
                        f'{f["missed_flagged"]}/{f["missed"]} | {f["flagged_but_reached"]} |'))
@@ -206,7 +222,12 @@ def write(out, tasks, test_tasks=None, diagnostics=None, calibration=(),
            'are those whose fits set the default factor: each is scored with the factor of the '
            'others (leave one task out). The held-out tasks were fixed after the factor and '
            'are scored with the default: they are the planner\'s out-of-sample test. "B_crit '
-           '= B_noise" is the planner before the factor, beside it.', '',
+           '= B_noise" is the planner before the factor, beside it. "Pilots at B0 and '
+           f'{validation.TWO_BATCH_RATIO} B0" is the planner given every seed of the pilot and '
+           f'of the point at {validation.TWO_BATCH_RATIO}x its batch: S_min and B_crit fitted '
+           'to their means, no factor, scored on the other points (both batches in sample); '
+           'where a seed at the second batch missed the target the planner refuses the pair '
+           'and the task is not scored. This pair was fixed before its scores were seen.', '',
            'Two scorings: on **validation** (the pilot\'s recorded target, the split the '
            'planner is given: its crossing predicts the points\' validation crossings) and on '
            '**test** (the same target value: the pilot\'s test crossing predicts the points\' '

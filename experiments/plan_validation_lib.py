@@ -25,8 +25,9 @@ from anp_jax import noise_scale
 from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import eval_seam, stats
 from anp_jax.research import perfmodel as pm
-from anp_jax.research.planner import (StepsModel, convergence_penalty, epochs_to_level,
-                                      feasibility, fit_steps_to_target, load_pilot,
+from anp_jax.research.planner import (PlanError, StepsModel, convergence_penalty,
+                                      epochs_to_level, feasibility, fit_steps_to_target,
+                                      load_pilot,
                                       penalty_kind, pilot_model, pilot_train_size, plan_row,
                                       run_record, score_predictions)
 from anp_jax.research.planner import steps_model
@@ -232,6 +233,25 @@ def pilot_runs(study_dir: str):
   return points, runs, [os.path.join(study_dir, 'runs', r['name']) for r in runs]
 
 
+# The second pilot of the two-batch scoring: at this multiple of the pilot's batch.
+TWO_BATCH_RATIO = 4
+
+
+def point_runs(study_dir: str, batch: int) -> List[str]:
+  """The run directories of a study's point at ``batch`` (its chosen rate), [] if none."""
+  with open(os.path.join(study_dir, 'points.json')) as f:
+    points = json.load(f)
+  with open(os.path.join(study_dir, 'results.json')) as f:
+    rows = json.load(f)
+  chosen = [p for p in points if int(p['fields']['batch_size']) == batch]
+  if not chosen:
+    return []
+  p = chosen[0]
+  runs = sorted((r for r in rows if r['point'] == p['point'] and r['lr_mult'] == p['lr_mult']),
+                key=lambda r: r['seed'])
+  return [os.path.join(study_dir, 'runs', r['name']) for r in runs]
+
+
 def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation',
                  factor: Optional[Dict] = None) -> Dict:
   """The planner's predictions for one held-out task's study against its measured points.
@@ -251,6 +271,10 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
   on other tasks); None: the planner's default (`steps_model.B_CRIT_FACTOR`). Three pilots are
   scored: ``seeds`` (all the pilot's seeds, this factor: the headline), ``one_seed`` (its first
   seed alone) and ``uncorrected`` (all seeds, B_crit = B_noise: the planner before the factor).
+  A fourth, ``two_batch``, is the planner given pilots at two batch sizes: every seed of the
+  pilot and of the point at `TWO_BATCH_RATIO` x its batch (S_min and B_crit fitted, no factor),
+  scored on the other points; where the planner refuses that pair (a seed of the second batch
+  missed the target) it holds the reason (``unavailable``) and no scored points.
   """
   if split not in ('validation', 'test'):
     raise ValueError(f'split must be validation or test, got {split!r}.')
@@ -272,9 +296,19 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
                                      'factor_log_sd': factor['log_sd'] or 0.0,
                                      'factor_tasks': factor['tasks']}
   out['factor'] = factor
-  for label, model in (('seeds', load_pilot(dirs, metric, target, **given)),
-                       ('one_seed', load_pilot(dirs[:1], metric, target, **given)),
-                       ('uncorrected', load_pilot(dirs, metric, target, b_crit_factor=1.0))):
+  models = [('seeds', load_pilot(dirs, metric, target, **given), [b0]),
+            ('one_seed', load_pilot(dirs[:1], metric, target, **given), [b0]),
+            ('uncorrected', load_pilot(dirs, metric, target, b_crit_factor=1.0), [b0])]
+  second = TWO_BATCH_RATIO * b0
+  second_dirs = point_runs(study_dir, second)
+  try:
+    if not second_dirs:
+      raise PlanError(f'the study has no point at {second}')
+    models.append(('two_batch', load_pilot(dirs + second_dirs, metric, target), [b0, second]))
+  except PlanError as e:
+    out['two_batch'] = {'unavailable': str(e), 'pilot_batches': [b0, second],
+                        'score': {'rows': []}}
+  for label, model, in_sample in models:
     predicted = []
     for p in points:
       batch, s = int(p['fields']['batch_size']), p[key]
@@ -294,7 +328,8 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
                             'seed_log_sd': model.seed_log_sd, 'seed_source': model.seed_source,
                             'target': model.notes['target'], 'metric': model.notes['metric'],
                             'b_simple_late': model.notes.get('b_simple_late')},
-                  'score': score_predictions(predicted, in_sample=[b0], max_batch=8 * b0)}
+                  'pilot_batches': in_sample,
+                  'score': score_predictions(predicted, in_sample=in_sample, max_batch=8 * b0)}
   return out
 
 
@@ -375,13 +410,16 @@ HELDOUT_TARGETS = {'median_abs_error': 0.15, 'max_abs_error': 0.30, 'coverage': 
 def pooled_score(tasks: Sequence[Dict], label: str = 'seeds') -> Dict:
   """The counted (out-of-sample) points of every task together: errors, coverage, targets met."""
   counted = [r for t in tasks for r in t[label]['score']['rows'] if r['counted']]
+  unavailable = [os.path.basename(os.path.normpath(t['study'])) for t in tasks
+                 if t[label].get('unavailable')]
   errors = sorted(abs(r['error']) for r in counted)
   banded = [r for r in counted if r['inside'] is not None]
   out = {'n': len(counted),
          'median_abs_error': statistics.median(errors) if errors else None,
          'max_abs_error': max(errors) if errors else None,
          'coverage': sum(r['inside'] for r in banded) / len(banded) if banded else None,
-         'feasibility': feasibility_check([r for t in tasks for r in t[label]['score']['rows']])}
+         'feasibility': feasibility_check([r for t in tasks for r in t[label]['score']['rows']]),
+         'unavailable': unavailable}
   out['targets_met'] = {k: out[k] is not None and (out[k] >= v if k == 'coverage' else out[k] <= v)
                         for k, v in HELDOUT_TARGETS.items()}
   return out

@@ -55,7 +55,11 @@ def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
       elif not row['in_sample']:  # A seed missed: no mean, the counts instead.
         assert row['measured'] is None and row['reached'] < row['seeds']
   ((title, scores),) = results['pooled']  # One group: the held-out tasks.
-  assert title.startswith('held out (task') and set(scores) == {'seeds', 'one_seed', 'uncorrected'}
+  assert title.startswith('held out (task') and set(scores) == {'seeds', 'one_seed', 'uncorrected',
+                                                                'two_batch'}
+  # No point at 4x the pilot's 32 in this tiny study: no two-batch pilot, and it says why.
+  assert 'no point at 128' in task['two_batch']['unavailable']
+  assert scores['two_batch']['n'] == 0 and scores['two_batch']['unavailable'] == ['task']
   pooled = scores['seeds']
   assert pooled['n'] == sum(r['counted'] for r in task['seeds']['score']['rows'])
   assert set(pooled['targets_met']) == {'median_abs_error', 'max_abs_error', 'coverage'}

@@ -297,6 +297,79 @@ def test_the_heldout_planner_figures_are_the_committed_studies_rescored():
           f'{100 * one["max_abs_error"]:.1f} %') in doc and not all(one['targets_met'].values())
 
 
+def test_the_two_batch_pilot_figures_are_the_committed_studies_rescored():
+  """Section 5's pilots at B0 and 4 B0: rescoring the committed studies gives the table (a-e; f
+  refused: a seed missed at 512), the single pilot with k on the same points, and the reading."""
+  import statistics
+  import sys
+  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+  import plan_validation_lib as validation
+  doc = _studies()
+  studies = [os.path.join(HELDOUT, t) for t in 'abcdef']
+  diagnostics = [validation.task_diagnostics(d) for d in studies]
+  factor, _ = validation.calibration_factors(studies, set(studies[:3]), diagnostics)
+  upper = lambda rows: statistics.median(r['high'] / r['predicted'] for r in rows)
+  for split in ('validation', 'test'):
+    tasks = [validation.heldout_task(d, split=split, factor=factor[d]) for d in studies]
+    assert 'never reached' in tasks[5]['two_batch']['unavailable']
+    assert all(not t['two_batch'].get('unavailable') for t in tasks[:5])
+    assert tasks[0]['two_batch']['pilot_batches'] == [128, 512]
+    pooled = validation.pooled_score(tasks[:5], 'two_batch')
+    counted = [r for t in tasks[:5] for r in t['two_batch']['score']['rows'] if r['counted']]
+    inside = sum(r['inside'] for r in counted)
+    assert (f'| {split} | a-e, pilots at 128 and 512 | {pooled["n"]} | '
+            f'{100 * pooled["median_abs_error"]:.1f} % | {100 * pooled["max_abs_error"]:.1f} % | '
+            f'{100 * pooled["coverage"]:.1f} % ({inside}/{pooled["n"]}) | '
+            f'{upper(counted):.2f} |') in doc
+    if split != 'validation':
+      continue
+    assert sum(r['error'] < 0 for r in counted) == 12 and '12 of the 19 errors are negative' in doc
+    worst = max(counted, key=lambda r: abs(r['error']))
+    assert (worst['batch'], tasks.index(next(t for t in tasks if worst in
+                                             t['two_batch']['score']['rows']))) == (1024, 1)
+    assert f'b at 1024, twice the larger pilot batch, {100 * worst["error"]:+.1f} %' in doc
+    at32 = {t: next(r for r in task['two_batch']['score']['rows'] if r['batch'] == 32)['error']
+            for t, task in zip('bd', (tasks[1], tasks[3]))}
+    assert all(round(100 * e) == -23 for e in at32.values())
+    # The single pilot with k on the same points.
+    same = [r for t in tasks[:5] for r in t['seeds']['score']['rows']
+            if r['counted'] and r['batch'] in {x['batch'] for x in t['two_batch']['score']['rows']
+                                               if x['counted']}]
+    errors = sorted(abs(r['error']) for r in same)
+    assert len(same) == 19
+    assert (f'| validation | a-e, the pilot at 128 with k, the same 19 points | 19 | '
+            f'{100 * statistics.median(errors):.1f} % | {100 * max(errors):.1f} % | '
+            f'100.0 % ({sum(r["inside"] for r in same)}/19) | {upper(same):.2f} |') in doc
+    assert statistics.median(errors) > pooled['median_abs_error']  # "about the same" median,
+    assert max(errors) < pooled['max_abs_error']  # "the worst is worse",
+    assert upper(same) <= upper(counted)  # "its bands are no narrower".
+
+
+def test_the_time_tasks_implied_factor_quoted_is_the_committed_run():
+  """Section 5's bullet on the time validation's task: the mean crossings over its three layouts,
+  the B_crit / B_noise they imply, and the errors of k and of B_crit = B_noise there."""
+  import re
+  doc = _studies()
+  results = json.load(open(os.path.join(TIME, 'results.json')))
+  b_noise = float(re.search(r'B_noise ([0-9.]+)', results['steps_model']).group(1))
+  pilot = next(r for r in results['rows'] if r['role'] == 'pilot')
+  s0, b0 = pilot['measured']['crossing'], pilot['batch']
+  mean, k_pred = {}, {}
+  for batch in (64, 256):
+    rows = [r for r in results['rows'] if r['role'] == 'measure' and r['batch'] == batch]
+    assert len(rows) == 3
+    mean[batch] = sum(r['measured']['crossing'] for r in rows) / 3
+    k_pred[batch] = rows[0]['predicted']['steps']
+  assert f'({mean[64]:.0f} steps at 64, {mean[256]:.0f} at\n256'.replace('\n', ' ') in doc
+  c = (mean[64] - mean[256]) / (1 / 64 - 1 / 256)
+  b_crit = c / (mean[256] - c / 256)
+  assert f'B_crit ≈ {b_crit / b_noise:.2f} x the 3-seed pilot' in doc
+  one = {b: s0 * (1 + b_noise / b) / (1 + b_noise / b0) for b in (64, 256)}
+  pct = lambda p, b: f'{100 * (p / mean[b] - 1):.0f} %'
+  assert (f'k predicts them at {pct(k_pred[64], 64)} (64) and {pct(k_pred[256], 256)} (256), '
+          f'B_crit = B_noise at {pct(one[64], 64)} and {pct(one[256], 256)}') in doc
+
+
 TIME = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'time')
 
 

@@ -25,7 +25,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..')
 FLAGS = flags.FLAGS
 flags.DEFINE_string('pilot', None, "A pilot run's workdir (metrics.jsonl with noise-scale logs), "
                     'or several seeds of one configuration, comma-separated (their spread is '
-                    "the band's run-to-run part).")
+                    "the band's run-to-run part), at one batch size or at several (S_min and "
+                    'B_crit are then fitted to their mean steps, without --b_crit_factor).')
 flags.DEFINE_string('sweep', None, 'A finished batch_size_sweep.py directory (results.json).')
 flags.DEFINE_string('metric', None, "The metric whose target is planned for (default: the "
                     "pilot's recorded target metric; with --target: eval/anp_top1). Without "

@@ -60,13 +60,18 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
   if any(n > the_cluster.nodes or n < 1 for n in counts):
     raise PlanError(f'--nodes {counts}: the cluster has 1..{the_cluster.nodes} nodes.')
   # Default batch sizes: what the inputs cover, where the model has been checked. A pilot's
-  # batch B0 x 1/4 ... 8 (`steps_model.VALIDATED_RATIOS`); a sweep's own batch sizes (those of
-  # its fit). Sizes the user did not choose that split over none of the node counts' devices
-  # are dropped, not refused (`make_plan`). Batches the user gives beyond are planned, marked
-  # extrapolated.
+  # batch B0 x 1/4 ... 8 (`steps_model.VALIDATED_RATIOS`); pilots at several batch sizes, their
+  # validated range (`steps_model.MULTI_VALIDATED_RATIOS`) in factors of 2 from the smallest; a
+  # sweep's own batch sizes (those of its fit). Sizes the user did not choose that split over
+  # none of the node counts' devices are dropped, not refused (`make_plan`). Batches the user
+  # gives beyond are planned, marked extrapolated.
   default = not batches
   if default and 'fit_batches' in model.notes:
     batches = list(model.notes['fit_batches'])
+  elif default and 'pilot_batches' in model.notes:
+    lo, hi = model.validated
+    batches = [int(lo * 2 ** k) for k in range(round(math.log2(hi / lo)) + 1)
+               if (lo * 2 ** k).is_integer()]
   elif default:
     b0 = int(model.notes.get('pilot_batch', 128))
     lo, hi = VALIDATED_RATIOS

@@ -99,22 +99,29 @@ def flat_config(config) -> Dict[str, object]:
 
 
 def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
-  """Several pilots must be seeds of one configuration: configs equal but for the seeds."""
+  """Several pilots must be seeds of one configuration, or of one configuration at several batch
+  sizes: configs equal but for the seeds and ``batch_size`` (the learning rate follows the
+  batch by the config's rule)."""
   first = dict(flat_config(runs[0].config), target_metric=chosen_metric(runs[0].config))
   for run in runs[1:]:
     other = dict(flat_config(run.config), target_metric=chosen_metric(run.config))
     differ = sorted(k for k in set(first) | set(other)
-                    if k not in PILOT_SEED_FIELDS and first.get(k) != other.get(k))
+                    if k not in PILOT_SEED_FIELDS + ('batch_size',)
+                    and first.get(k) != other.get(k))
     if differ:
       raise PlanError(f'The pilots {runs[0].workdir!r} and {run.workdir!r} differ in '
-                      f'{differ[:6]}: several pilots must be seeds of one configuration (they '
-                      f'may differ only in {list(PILOT_SEED_FIELDS)}).')
+                      f'{differ[:6]}: several pilots must be seeds of one configuration, at one '
+                      'batch size or several (they may differ only in '
+                      f'{list(PILOT_SEED_FIELDS) + ["batch_size"]}).')
 
 
 def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = None,
                windows: int = 4, b_crit_factor: Optional[float] = None,
                factor_log_sd: float = 0.0, factor_tasks: int = 0) -> StepsModel:
-  """The steps model of one pilot run's workdir, or of several seeds of one configuration.
+  """The steps model of one pilot run's workdir, or of several seeds of one configuration, or
+  of that configuration at several batch sizes (seeds each): then S_min and B_crit are fitted to
+  the batches' mean steps (`steps_model.multi_batch_pilot_model`; no factor, and
+  ``b_crit_factor`` is refused).
 
   ``pilot``: a workdir (``metrics.jsonl`` + ``config.json``), a list of them or a string of
   comma-separated ones. S0 is the steps to target as the sweep counts them
@@ -144,6 +151,14 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   ((metric, target, target_source),) = targets
   runs = [read_pilot(d, metric, target, windows) for d in dirs]
   _check_same_configuration(runs)
+  by_batch = {}
+  for r in runs:
+    by_batch.setdefault(int(r.config.batch_size), []).append(r)
+  if len(by_batch) > 1:
+    if b_crit_factor is not None:
+      raise PlanError('--b_crit_factor carries one pilot\'s B_noise to B_crit; pilots at '
+                      f'{len(by_batch)} batch sizes fit B_crit itself. Drop one of them.')
+    return _multi_batch_model(by_batch, metric, target, target_source)
   crossings = [r.crossing for r in runs]
   config = runs[0].config
   batch = int(config.batch_size)
@@ -181,6 +196,28 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
     model.notes['b_simple_late'] = sum(late) / len(late)
   if len(runs) > 1:
     model.notes['pilot_steps_each'] = [round(c, 1) for c in crossings]
+  return model
+
+
+def _multi_batch_model(by_batch: Dict[int, List[PilotRun]], metric: str, target: float,
+                       target_source: str) -> StepsModel:
+  """Pilots at several batch sizes: `steps_model.multi_batch_pilot_model` on their crossings,
+  with the budget of the smallest batch's pilot (the pilots share epochs and schedule) and each
+  batch's B_noise (up to the crossing, mean over its seeds) shown beside the fit."""
+  first = by_batch[min(by_batch)][0]
+  fields = {}
+  train_size = pilot_train_size(first.workdir, first.config, first.records)
+  if train_size:
+    fields['budget'] = Budget.from_config(first.config, train_size)
+  names = ', '.join(os.path.basename(os.path.normpath(r.workdir))
+                    for b in sorted(by_batch) for r in by_batch[b])
+  model = steps_model.multi_batch_pilot_model(
+      {b: [r.crossing for r in rs] for b, rs in by_batch.items()},
+      source=f'pilots at {len(by_batch)} batch sizes: {names}', **fields)
+  model.notes.update(metric=metric, target=target, target_source=target_source,
+                     b_noise_by_batch=', '.join(
+                         f'{sum(r.b_noise for r in rs) / len(rs):.4g} at {b}'
+                         for b, rs in sorted(by_batch.items())))
   return model
 
 

@@ -43,8 +43,10 @@ def describe_model(plan: Plan) -> List[str]:
         ' (given)'))
   elif m.notes.get('b_crit_factor_source'):
     factor = f'; B_crit = B_noise ({m.notes["b_crit_factor_source"]})'
+  noise = (f'B_crit fitted to the pilots\' mean steps at {len(m.fit_points)} batch sizes'
+           if m.fit_points else f'B_noise {m.b_noise:.4g}')
   lines.append(f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_crit:.4g} / B), '
-               f'E_min = {m.e_min:.4g} examples; B_noise {m.b_noise:.4g}'
+               f'E_min = {m.e_min:.4g} examples; {noise}'
                + (f' over the {window}' if window else '') + spread
                + (f'; the late window (second half of the run) gives {late:.4g}' if late else '')
                + factor + '.')
@@ -57,11 +59,14 @@ def describe_model(plan: Plan) -> List[str]:
   lines.append(
       f'Band: an approximate {100 * BAND_LEVEL:.0f} % prediction interval of one run\'s steps '
       f'(log-normal): B_noise\'s uncertainty ('
-      + ('the sub-windows\' spread' if m.spread == 'windows' else 'the jackknife of the fit')
+      + {'windows': 'the sub-windows\' spread', 'jackknife': 'the jackknife of the fit',
+         'fit': 'none apart: B_crit is fitted to the pilots\' batch sizes'}.get(m.spread, m.spread)
       + ('), the B_crit / B_noise factor\'s (as a new task\'s' if m.factor_log_sd else '')
       + f'), the run-to-run spread ({m.seed_source})'
       + (f' of the run and of the {m.anchor_runs:g} pilot run(s) it is anchored on'
-         if math.isfinite(m.anchor_runs) else ' of the run') + ' and, on asynchronous and '
+         if math.isfinite(m.anchor_runs) else
+         ' of the run and of the pilots\' seeds, carried through the fit' if m.fit_points else
+         ' of the run') + ' and, on asynchronous and '
       'local-SGD rows, the penalty\'s range, added in quadrature.')
   if m.covered is not None:
     lo, hi = m.covered

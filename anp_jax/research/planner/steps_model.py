@@ -2,8 +2,9 @@
 
 S(B) = S_min (1 + B_crit / B): from one pilot run (`pilot_model`: S_min through its steps to
 target, B_crit its measured noise scale B_noise times `B_CRIT_FACTOR`, calibrated on held-out
-tasks) or fitted to a sweep (`fit_steps_to_target`, `sweep_model`), with alternative (S_min,
-B_noise) pairs that give every prediction its range.
+tasks), fitted to pilots at two or more batch sizes (`multi_batch_pilot_model`) or to a sweep
+(`fit_steps_to_target`, `sweep_model`), with alternative (S_min, B_noise) pairs that give every
+prediction its range.
 """
 
 import dataclasses
@@ -83,6 +84,11 @@ B_CRIT_FACTOR_SOURCE = ('B_crit / B_noise fitted on the held-out tasks a, b, c o
 # beyond are marked extrapolated.
 VALIDATED_RATIOS = (0.25, 8.0)
 
+# The same for a pilot at two batch sizes B1 < B2 (S_min and B_crit fitted, no factor): B1 / 4
+# ... 2 B2, of its smallest and its largest batch (a pilot at B0 and 4 B0 scored on the held-out
+# tasks' other batch sizes, docs/studies.md section 5).
+MULTI_VALIDATED_RATIOS = (0.25, 2.0)
+
 
 @dataclasses.dataclass
 class StepsModel:
@@ -106,6 +112,9 @@ class StepsModel:
   sizes (None: not known). ``source`` says where the model comes from; ``notes`` are the
   estimates shown next to it (e.g. a sweep's fitted B_crit and measured B_simple, its
   ``fit_batches`` and the batch sizes ``excluded`` from its fit with the reason).
+  ``fit_points``: (batch, mean steps, runs) of pilots at several batch sizes whose means S(B)
+  was fitted to (`multi_batch_pilot_model`): their seed noise reaches each prediction through
+  the fit (`anchor_weight`) instead of one anchor's ``anchor_runs``.
   """
   s_min: float
   b_noise: float
@@ -126,6 +135,7 @@ class StepsModel:
   factor_log_sd: float = 0.0
   factor_tasks: int = 0
   anchor_batch: Optional[float] = None
+  fit_points: Tuple[Tuple[float, float, float], ...] = ()
 
   @property
   def b_crit(self) -> float:
@@ -158,18 +168,37 @@ class StepsModel:
     tasks = max(self.factor_tasks, 1)
     return (slope * self.factor_log_sd) ** 2 * (1 + 1 / tasks)
 
+  def anchor_weight(self, batch: float) -> float:
+    """How much of one run's seed variance (log steps) the model's prediction at ``batch``
+    inherits from the runs it rests on: 1 / anchor_runs for one anchor (0 for a sweep's fit,
+    whose jackknife holds its points' noise). With ``fit_points`` (means S_i of n_i runs), the
+    fit's prediction is linear in them, S(B) = Σ h_i(B) S_i (the relative-weighted least squares
+    of `fit_steps_to_target`), so by the delta method
+    Var log S(B) = σ² Σ h_i² S_i² / n_i / S(B)² for a seed log-sd σ: small between the batches, growing beyond them as the fit
+    extrapolates."""
+    if not self.fit_points:
+      return 1 / self.anchor_runs
+    b, s, n = (np.array([p[i] for p in self.fit_points], np.float64) for i in range(3))
+    design = np.stack([np.ones_like(b), 1 / b], axis=1)
+    omega = 1 / s ** 2
+    x = np.array([1.0, 1.0 / batch])
+    h = omega * (design @ np.linalg.solve(design.T @ (design * omega[:, None]), x))
+    central = float(h @ s)
+    return float(np.sum(h ** 2 * s ** 2 / n)) / central ** 2
+
   def band_width(self, batch: float, runs: float = 1, extra_log_var: float = 0.0) -> float:
     """Half the width of the `BAND_LEVEL` band of log steps, with ``extra_log_var`` (another
     independent uncertainty, e.g. a penalty's) added.
 
-    The variance: B_noise's uncertainty, the anchor's seed noise (its runs averaged) and the new
-    runs' seed noise, noise_log_sd² + seed_log_sd² (1/anchor_runs + 1/runs), the factor's
+    The variance: B_noise's uncertainty, the anchor's seed noise (its runs averaged, or carried
+    through a fit: `anchor_weight`) and the new runs' seed noise, noise_log_sd² + seed_log_sd²
+    (anchor_weight + 1/runs), the factor's
     (`factor_log_var`), plus the extra. The normal quantile, or Student's t where a part was
     measured from few values (the seed spread from few seeds, the factor from few tasks: each
     with its degrees of freedom), carried to the sum by Welch-Satterthwaite (the other parts
     counted as known), ν = σ_total⁴ / Σ (σ_part⁴ / ν_part).
     """
-    seed_var = self.seed_log_sd ** 2 * (1 / self.anchor_runs + 1 / runs)
+    seed_var = self.seed_log_sd ** 2 * (self.anchor_weight(batch) + 1 / runs)
     factor_var = self.factor_log_var(batch)
     total_var = self.noise_log_sd(batch) ** 2 + seed_var + factor_var + extra_log_var
     parts = [(seed_var, self.seed_dof), (factor_var, self.factor_tasks - 1)]
@@ -230,6 +259,41 @@ def pilot_model(batch: int, steps: float, b_noise: float,
                     notes={'pilot_batch': batch, 'pilot_steps': steps, 'b_simple': b_noise},
                     b_crit_factor=b_crit_factor, factor_log_sd=factor_log_sd,
                     factor_tasks=factor_tasks, anchor_batch=batch, **fields)
+
+
+def multi_batch_pilot_model(crossings: Dict[int, Sequence[float]], source: str = 'pilots',
+                            **fields) -> StepsModel:
+  """Pilots at two or more batch sizes (``crossings``: each batch's steps to target, one per
+  seed): S_min and B_crit fitted to their mean steps (`fit_steps_to_target`: exact through two
+  batches), with no B_crit / B_noise factor. The band carries the seeds' noise through the fit
+  (`StepsModel.anchor_weight`), the seed spread measured over the seeds (pooled over the batch
+  sizes) where some batch has two, else the default. Covers the pilots' batches; validated over
+  `MULTI_VALIDATED_RATIOS` of the smallest and the largest. ``fields`` set other `StepsModel`
+  fields (budget)."""
+  if len(crossings) < 2:
+    raise PlanError(f'A pilot at several batch sizes needs two or more, got {sorted(crossings)}.')
+  batches = sorted(crossings)
+  means = [float(np.mean(crossings[b])) for b in batches]
+  s_min, b_crit = fit_steps_to_target(batches, means)
+  listed = ', '.join(f'{m:.4g} steps at {b}' for b, m in zip(batches, means))
+  if not (s_min > 0 and 0 < b_crit < math.inf):
+    raise PlanError(f'The pilots ({listed}) do not follow S = S_min (1 + B_crit / B) (fit: '
+                    f'S_min={s_min:.3g}, B_crit={b_crit:.3g}): the larger batch must need fewer '
+                    'steps, but no fewer than the smaller batch\'s steps scaled down by the '
+                    'ratio of the batches. Check the pilots, or pilot one batch size.')
+  sd, dof = log_sd_over_seeds([crossings[b] for b in batches])
+  if sd is not None:
+    fields.update(seed_log_sd=sd, seed_dof=dof,
+                  seed_source=f'measured: pooled over the pilots\' seeds at each batch size '
+                              f'({dof} degree(s) of freedom: Student\'s t quantile), log-sd '
+                              f'{sd:.3f}')
+  lo, hi = batches[0], batches[-1]
+  fields.setdefault('covered', (lo, hi))
+  fields.setdefault('validated', (lo * MULTI_VALIDATED_RATIOS[0], hi * MULTI_VALIDATED_RATIOS[1]))
+  points = tuple((float(b), m, float(len(crossings[b]))) for b, m in zip(batches, means))
+  return StepsModel(s_min, b_crit, [], source=source,
+                    notes={'pilot_batches': batches, 'pilot_steps': listed},
+                    spread='fit', anchor_runs=math.inf, fit_points=points, **fields)
 
 
 def sweep_arm(rows: Sequence[Dict], rule: Optional[str] = None,

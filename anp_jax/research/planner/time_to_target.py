@@ -200,6 +200,7 @@ def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
   passed_over = sorted(((r, r.why_not()) for r in rows if not r.eligible and
                         (fastest is None or r.time < fastest.time)), key=lambda rw: rw[0].time)
   sprint_batch = (sprint_batch or int(model.notes.get('pilot_batch', 0))
+                  or int(min(model.notes.get('pilot_batches', [0])))
                   or min(r.global_batch for r in rows))
   meets = [r for r in rows if r.method == 'sync' and r.global_batch >= sprint_batch]
   sprint = min(meets, key=lambda r: (r.epoch_time, r.devices)) if meets else None
