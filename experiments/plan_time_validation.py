@@ -1,6 +1,6 @@
 """Time to target, predicted and measured on this machine: the planner's time side.
 
-  python experiments/plan_time_validation.py --out workdirs/plan_time      # quiet machine, ~15 min
+  python experiments/plan_time_validation.py --out workdirs/plan_time      # quiet machine, ~16 min
   python experiments/plan_time_validation.py --out workdirs/plan_time --dry_run   # runs, bound
 
 The planner's time to target is steps to target (statistics) x time per step (hardware). This
@@ -11,11 +11,13 @@ batch size, with the real trainer (``python -m anp_jax.main``, stopping at the t
    (spanning the measured batches: the step time of a CPU is not linear in the batch),
    ``--calibration_steps`` steps with a training record and an evaluation at each third. As
    docs/performance-model.md calibrates a device: the step time is the batch over the run's
-   ``train/images_per_s`` (compilation and evaluations are excluded from the rate). The runs
-   give the two other terms of the loop (medians over the runs): the time of one evaluation
-   (an evaluation record's time minus that of the training record of its step) and the fixed
-   start-up (dataset, initialisation, compilation: the run's wall time minus its steps and
-   evaluations).
+   steady images/s (`steady_rate`: over its later half, from the trainer's
+   ``train/images_per_s``, which excludes compilation and evaluations). The runs give the two
+   other terms of the loop (medians over the runs): the time of one evaluation (an evaluation
+   record's time minus that of the training record of its step) and the fixed start-up
+   (dataset, initialisation, compilation, the slower first steps: the run's wall time minus its
+   steps and evaluations). With ``--startup_processes`` (default 2), one more run of that many
+   single-device processes at the reference batch gives a multi-process job's start-up.
 2. **Pilot**: one process, ``--pilot_devices`` devices (the noise scale needs two), batch
    ``--pilot_batch``, ``--seeds`` seeds, to the target: the planner's steps model
    (`planner.load_pilot` over the seeds).
@@ -30,7 +32,7 @@ batch size, with the real trainer (``python -m anp_jax.main``, stopping at the t
    pilot's): a *constant* images/s, and a *one-parameter* images/s proportional to the devices.
 4. **Measurements**: each configuration trained to the target with ``--seeds`` seeds; each run's
    ``final_metrics.json`` ``wall_time_s`` (the trainer's whole loop: build, compile, steps,
-   evaluations, checkpoints) and its ``train/images_per_s``; their means (the whole loop with a
+   evaluations, checkpoints) and its steady images/s; their means (the whole loop with a
    95 % Student-t interval) are what the predictions are scored against.
 
 The report (``report.md``, ``results.json``) gives each configuration's errors (whole loop, the
@@ -94,11 +96,20 @@ class Layout:
 SHAPES = ((1, 1), (1, 2), (2, 1))
 
 
+def reference_batch(calibration_batches: Sequence[int], pilot_batch: int) -> int:
+  """The calibration batch nearest the pilot's (in ratio; the smaller on a tie): the baselines'
+  rate, and the batch of the multi-process start-up calibration."""
+  return min(calibration_batches, key=lambda b: (abs(math.log(b / pilot_batch)), b))
+
+
 def layouts(batches: Sequence[int], pilot_batch: int, pilot_devices: int,
-            calibration_batches: Sequence[int], seeds: int) -> List[Layout]:
-  """The calibrations (one process, one device, one run at each of ``calibration_batches``), the
-  pilot (one process with ``pilot_devices`` at ``pilot_batch``, ``seeds`` seeds) and the measured
-  configurations: every shape of `SHAPES` at every one of ``batches``, ``seeds`` seeds each.
+            calibration_batches: Sequence[int], seeds: int,
+            startup_processes: int = 0) -> List[Layout]:
+  """The calibrations (one process, one device, one run at each of ``calibration_batches``; with
+  ``startup_processes`` > 1, one run of that many single-device processes at the reference
+  batch for their start-up), the pilot (one process with ``pilot_devices`` at ``pilot_batch``,
+  ``seeds`` seeds) and the measured configurations: every shape of `SHAPES` at every one of
+  ``batches``, ``seeds`` seeds each.
 
   Several calibration batches give the step time's curve over the batch (interpolated between
   them); several seeds give each configuration's measured mean with an interval. A measured
@@ -109,6 +120,9 @@ def layouts(batches: Sequence[int], pilot_batch: int, pilot_devices: int,
   if not calibration_batches:
     raise ValueError('Give at least one --calibration_batches value.')
   plan = [Layout(1, 1, b, 'calibration') for b in sorted(set(calibration_batches))]
+  if startup_processes > 1:
+    plan.append(Layout(startup_processes, 1, reference_batch(calibration_batches, pilot_batch),
+                       'calibration'))
   plan += [Layout(1, pilot_devices, pilot_batch, 'pilot', s) for s in range(seeds)]
   for b in batches:
     for processes, devices in SHAPES:
@@ -198,10 +212,32 @@ def launch(command: Sequence[str], layout: Layout, log_path: str, timeout_s: flo
   return time.time() - start
 
 
+def steady_rate(train: Sequence[Dict]) -> Optional[float]:
+  """Images/s over the later half of a run, from its training records' ``train/images_per_s``.
+
+  The trainer logs the average since its first step (the clock restarts after step 1, whose
+  compilation it leaves out, and evaluations are excluded), so the k-th record's training time
+  is (k - 1) x batch / rate, and the rate between two records follows from theirs. The first
+  tens of steps run slower than the rest (the input pipeline and the thread pools warming up):
+  an average over a short run reads that warm-up as step time. The window: from the first
+  record at or past half the last record's step to the last (the last two records if that
+  holds one; the one rate if there is one)."""
+  points = [(r['step'], r['train/images_per_s']) for r in train
+            if r['step'] > 1 and r.get('train/images_per_s', 0) > 0]
+  if not points:
+    return None
+  if len(points) == 1:
+    return points[0][1]
+  window = [p for p in points if p[0] >= points[-1][0] / 2]
+  (ki, ri), (kj, rj) = window[0] if len(window) > 1 else points[-2], points[-1]
+  per_image = (kj - 1) / rj - (ki - 1) / ri  # Seconds per image of the batch, between them.
+  return (kj - ki) / per_image if per_image > 0 else rj
+
+
 def measure(workdir: str, metric: str, target: float) -> Dict:
   """A finished run's measurements: the whole loop's wall time (``final_metrics.json``), its
-  steps and evaluations, the crossing, images/s (its last logged rate: the run's average) and the
-  median time of an evaluation (after a training record of its own step)."""
+  steps and evaluations, the crossing, images/s (`steady_rate`; its whole-run average beside
+  it) and the median time of an evaluation (after a training record of its own step)."""
   with open(os.path.join(workdir, FINAL)) as f:
     final = json.load(f)
   records = read_metrics(workdir)
@@ -215,7 +251,8 @@ def measure(workdir: str, metric: str, target: float) -> Dict:
   return {'wall_s': float(final['wall_time_s']), 'steps': int(final['step']),
           'stopped_at_target': bool(final.get('stopped_at_target')),
           'crossing': crossing['step'] if crossing else None, 'evals': len(evals),
-          'images_per_s': train[-1]['train/images_per_s'] if train else None,
+          'images_per_s': steady_rate(train),
+          'mean_images_per_s': train[-1]['train/images_per_s'] if train else None,
           'eval_s': statistics.median(eval_s) if eval_s else None}
 
 
@@ -224,15 +261,28 @@ class Calibration:
   """What the one-device calibration runs measured (seconds): ``points``, the step time at each
   calibration batch (increasing batches), as a SPRINT-style model measures a device's compute at
   the batches it will run; the time of one evaluation and the fixed start-up (medians over the
-  runs); ``reference_batch``, the calibration batch whose images/s the baselines take."""
+  runs); ``reference_batch``, the calibration batch whose images/s the baselines take. The step
+  time is each run's steady rate (`steady_rate`): the slower first steps fall into the start-up.
+  ``multi_fixed_s``: the start-up of a job of ``multi_processes`` single-device processes (a
+  calibration run of its own: they also initialise the distributed runtime), used for every
+  multi-process layout; None: the one-process start-up stands for all."""
   points: Tuple[Tuple[int, float], ...]
   eval_s: float
   fixed_s: float
   reference_batch: int
+  multi_fixed_s: Optional[float] = None
+  multi_processes: int = 0
+
+  @staticmethod
+  def _fixed(m: Dict, batch: int) -> float:
+    step = batch / m['images_per_s']
+    return max(m['wall_s'] - m['steps'] * step - m['evals'] * m['eval_s'], 0.0)
 
   @classmethod
-  def from_runs(cls, runs: Dict[int, Dict], reference_batch: int) -> 'Calibration':
-    """``runs``: each calibration batch's `measure` record."""
+  def from_runs(cls, runs: Dict[int, Dict], reference_batch: int, multi: Optional[Dict] = None,
+                multi_processes: int = 0) -> 'Calibration':
+    """``runs``: each calibration batch's `measure` record; ``multi``: that of the
+    ``multi_processes``-process start-up calibration at ``reference_batch`` (or None)."""
     if reference_batch not in runs:
       raise ValueError(f'The reference batch {reference_batch} is not a calibration batch '
                        f'({sorted(runs)}).')
@@ -245,9 +295,19 @@ class Calibration:
       step = batch / m['images_per_s']
       points.append((batch, step))
       evals.append(m['eval_s'])
-      fixed.append(max(m['wall_s'] - m['steps'] * step - m['evals'] * m['eval_s'], 0.0))
+      fixed.append(cls._fixed(m, batch))
+    multi_fixed = None
+    if multi is not None:
+      if not multi['images_per_s'] or multi['eval_s'] is None:
+        raise ValueError('The multi-process calibration run logged no training rate or no '
+                         'evaluation after a training record of its step.')
+      multi_fixed = cls._fixed(multi, reference_batch)
     return cls(tuple(points), statistics.median(evals), statistics.median(fixed),
-               reference_batch)
+               reference_batch, multi_fixed, multi_processes if multi is not None else 0)
+
+  def fixed_for(self, processes: int) -> float:
+    """The start-up of a job of ``processes`` processes."""
+    return self.multi_fixed_s if processes > 1 and self.multi_fixed_s is not None else self.fixed_s
 
   def step_at(self, batch: float) -> float:
     """The step time at ``batch``: linear between the two calibration batches around it. Beyond
@@ -314,7 +374,8 @@ def predict(layout: Layout, model: planner.StepsModel, cal: Calibration, workloa
   return {'steps': central, 'steps_band': (low, high), 'loop_steps': steps, 'evals': n_evals,
           'eval_every': setup.eval_every_steps, 'total_steps': setup.total_steps,
           'step_s': per_step,
-          'loop_s': {k: cal.fixed_s + steps * t + n_evals * cal.eval_s
+          'fixed_s': cal.fixed_for(layout.processes),
+          'loop_s': {k: cal.fixed_for(layout.processes) + steps * t + n_evals * cal.eval_s
                      for k, t in per_step.items()}}
 
 
@@ -323,7 +384,7 @@ def score(predicted: Dict, measured: Dict, cal: Calibration, batch: int) -> Dict
   measured steps and evaluations with each predicted step time); images/s."""
   out = {}
   for kind, t in predicted['step_s'].items():
-    time_side = cal.fixed_s + measured['steps'] * t + measured['evals'] * cal.eval_s
+    time_side = predicted['fixed_s'] + measured['steps'] * t + measured['evals'] * cal.eval_s
     out[kind] = {'loop': predicted['loop_s'][kind] / measured['wall_s'] - 1,
                  'time_side': time_side / measured['wall_s'] - 1,
                  'images_per_s': (batch / t) / measured['images_per_s'] - 1
@@ -391,11 +452,16 @@ def write_report(out: str, results: Dict) -> str:
       + (f' Runs reused from an earlier invocation, timed then (this invocation\'s load '
          f'averages are not theirs): {", ".join(results["reused"])}.'
          if results.get('reused') else ''), '',
-      f'Calibration (1 process, 1 device, one run per batch): step time at batch {points}; '
-      f'{cal["eval_s"]:.2f} s per evaluation and {cal["fixed_s"]:.1f} s start-up (medians '
-      'over the calibration runs). The model interpolates the step time between the '
-      'calibration batches (linear in the batch); the baselines take the images/s at batch '
-      f'{cal["reference_batch"]}. Steps model: {results["steps_model"]}.', '',
+      f'Calibration (1 process, 1 device, one run per batch; the step time from each run\'s '
+      f'steady rate over its later half): step time at batch {points}; {cal["eval_s"]:.2f} s '
+      f'per evaluation and {cal["fixed_s"]:.1f} s start-up (medians over the calibration runs; '
+      'the slower first steps are part of the start-up)'
+      + (f'; a job of {cal["multi_processes"]} processes: {cal["multi_fixed_s"]:.1f} s start-up '
+         '(its own calibration run)' if cal.get('multi_fixed_s') is not None else '')
+      + '. The model interpolates the step time between the calibration batches (linear in the '
+      f'batch); the baselines take the images/s at batch {cal["reference_batch"]}. Images/s '
+      'measured: each run\'s steady rate, as calibrated. Steps model: '
+      f'{results["steps_model"]}.', '',
       f'Each configuration ran {seeds} seed(s); "measured" is their mean whole loop with its '
       '95 % Student-t interval, and every error is against that mean.', '',
       '| configuration | batch | steps predicted (90 % band) | crossing measured (mean) | loop '
@@ -438,10 +504,10 @@ def write_report(out: str, results: Dict) -> str:
                'mean much)') + '.',
             '', 'The pilot\'s own configuration is listed with its steps in sample (predicted '
             'exactly by construction); its time is predicted from the calibration like the '
-            'others. What the model leaves out shows in the errors: a start-up that differs with '
-            'the processes (the calibration\'s is used for every run), how much of the host\'s '
-            'cores simulated devices and processes use (the model puts every device of the host '
-            'on one shared pool, calibrated with one device), and the input pipeline.']
+            'others. What the model leaves out shows in the errors: how much of the host\'s cores '
+            'simulated devices and processes use (the model puts every device of the host on one '
+            'shared pool, calibrated with one device), the input pipeline, and a start-up that '
+            'varies from run to run.']
   text = '\n'.join(lines) + '\n'
   with open(os.path.join(out, 'report.md'), 'w') as f:
     f.write(text)
@@ -466,7 +532,8 @@ def _same_config(workdir: str, config) -> List[str]:
 def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, metric: str,
                    target: float, batches: Sequence[int], pilot_batch: int, pilot_devices: int,
                    calibration_batches: Sequence[int], calibration_steps: int,
-                   links_path: str, timeout_s: float, seeds: int = 3, dry_run: bool = False,
+                   links_path: str, timeout_s: float, seeds: int = 3,
+                   startup_processes: int = 2, dry_run: bool = False,
                    log=print) -> Optional[Dict]:
   """Everything above: ``config_file`` with ``overrides`` (its ``--config.x`` values) is every
   run's base. Returns the results (None for a dry run, which only prints the runs and a bound on
@@ -478,7 +545,8 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
   if train_size is None:
     raise ValueError('The config\'s training split size is not known without reading the data '
                      '(dataset "anp"): use the generated dataset for this validation.')
-  plan = layouts(batches, pilot_batch, pilot_devices, calibration_batches, seeds)
+  plan = layouts(batches, pilot_batch, pilot_devices, calibration_batches, seeds,
+                 startup_processes)
   runs = {}
   for l in plan:
     config = run_config(base, l, metric, target, calibration_steps)
@@ -519,10 +587,11 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
       launch(trainer_command(config_file, overrides, fields, workdir), l,
              os.path.join(runs_dir, l.name), timeout_s)
     measured[l] = measure(workdir, metric, target)
-  cals = {l.batch: measured[l] for l in plan if l.role == 'calibration'}
-  # The baselines' rate: the calibration batch nearest the pilot's (in ratio).
-  reference = min(cals, key=lambda b: (abs(math.log(b / pilot_batch)), b))
-  cal = Calibration.from_runs(cals, reference)
+  cals = {l.batch: measured[l] for l in plan if l.role == 'calibration' and l.processes == 1}
+  multi = [l for l in plan if l.role == 'calibration' and l.processes > 1]
+  cal = Calibration.from_runs(cals, reference_batch(sorted(cals), pilot_batch),
+                              measured[multi[0]] if multi else None,
+                              multi[0].processes if multi else 0)
   pilots = [l for l in plan if l.role == 'pilot']
   pilot_dirs = [os.path.join(runs_dir, l.name) for l in pilots]
   model = planner.load_pilot(pilot_dirs, metric, target)
@@ -544,6 +613,7 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
              'config_file': config_file, 'metric': metric, 'target': target,
              'calibration': dataclasses.asdict(cal),
              'calibration_runs': {str(b): m for b, m in cals.items()},
+             'calibration_multi_run': measured[multi[0]] if multi else None,
              'steps_model': f'S(B) = {model.s_min:.4g} (1 + {model.b_crit:.4g} / B) from '
                             f'{len(pilots)} seed(s) of {pilots[0].configuration} (B_noise '
                             f'{model.b_noise:.4g}, B_crit = {model.b_crit_factor:.4g} x B_noise)',
@@ -573,7 +643,7 @@ config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'The run config (defau
 flags.DEFINE_string('out', None, 'Directory for runs/, report.md and results.json.')
 flags.DEFINE_string('metric', planner.inputs.DEFAULT_METRIC, 'The target\'s metric.')
 flags.DEFINE_float('target', 0.25, 'The target value (the cpu preset\'s 25 % ANP top-1).')
-cli.define_positive_ints('batches', [64, 256], 'The measured batches (each on 1 process x 1 '
+cli.define_positive_ints('batches', [96, 384], 'The measured batches (each on 1 process x 1 '
                          'and 2 devices and on 2 processes).')
 flags.DEFINE_integer('pilot_batch', 128, 'The pilot\'s global batch.')
 flags.DEFINE_integer('pilot_devices', 2, 'The pilot\'s devices (the noise scale needs two).')
@@ -581,6 +651,9 @@ cli.define_positive_ints('calibration_batches', [32, 128, 512], 'The one-device 
                          'runs\' batches (spanning the measured ones: the step time is '
                          'interpolated between them).')
 flags.DEFINE_integer('seeds', 3, 'Seeds of the pilot and of every measured configuration.')
+flags.DEFINE_integer('startup_processes', 2, 'Also calibrate the start-up of a job of this many '
+                     'single-device processes (at the reference batch; 0: the one-process '
+                     'start-up stands for every job).')
 flags.DEFINE_integer('calibration_steps', 90, 'The calibration runs\' steps (a multiple of 3: '
                      'three evaluations).')
 flags.DEFINE_string('links', LINKS, 'results.json of experiments/perfmodel_validation.py (this '
@@ -601,7 +674,8 @@ def main(argv) -> int:
                    pilot_devices=FLAGS.pilot_devices,
                    calibration_batches=FLAGS.calibration_batches,
                    calibration_steps=FLAGS.calibration_steps, links_path=FLAGS.links,
-                   timeout_s=FLAGS.timeout, seeds=FLAGS.seeds, dry_run=FLAGS.dry_run)
+                   timeout_s=FLAGS.timeout, seeds=FLAGS.seeds,
+                   startup_processes=FLAGS.startup_processes, dry_run=FLAGS.dry_run)
   except (ValueError, OSError, RuntimeError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return cli.EXIT_USAGE

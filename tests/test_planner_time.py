@@ -25,8 +25,9 @@ def test_dry_run_lists_the_runs_and_bounds_their_cost(data_dir, tmp_path):
                      *TINY, f'--config.data_dir={data_dir}')
   assert r.returncode == 0, r.stderr[-3000:]
   runs = r.stdout.splitlines()[0]
-  assert runs.startswith('16 runs in ')
-  for name in ['calibration-1x1-b8', 'calibration-1x1-b128', 'pilot-1x2-b32-s0',
+  assert runs.startswith('17 runs in ')
+  for name in ['calibration-1x1-b8', 'calibration-1x1-b128', 'calibration-2x1-b8',
+               'pilot-1x2-b32-s0',
                'pilot-1x2-b32-s1'] + [f'{m}-s{s}' for m in MEASURED for s in (0, 1)]:
     assert name in runs
   assert 'At most' in r.stdout and 'anp_jax.main' in r.stdout
@@ -47,6 +48,9 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
   assert [b for b, _ in cal['points']] == [8, 128] and all(t > 0 for _, t in cal['points'])
   assert cal['eval_s'] > 0 and cal['fixed_s'] >= 0
   assert cal['reference_batch'] == 8  # Nearest the pilot's 32 in ratio (4x either way: smaller).
+  # Two processes' start-up: calibrated by a run of its own, used for the 2-process layouts.
+  assert cal['multi_processes'] == 2 and cal['multi_fixed_s'] >= 0
+  assert results['calibration_multi_run']['steps'] == 6
   # The steps model is the pilot's two seeds.
   assert 'from 2 seed(s) of pilot-1x2-b32' in results['steps_model']
   for row in rows.values():
@@ -67,6 +71,8 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
     assert p['step_s']['one_parameter'] == pytest.approx(
         p['step_s']['constant'] / (row['processes'] * row['devices']))
     assert row['calibrated_batch']
+    assert p['fixed_s'] == (cal['multi_fixed_s'] if row['processes'] > 1 else cal['fixed_s'])
+    assert m['images_per_s'] > 0 and all(run['mean_images_per_s'] > 0 for run in m['seeds'])
   summary = results['summary']
   assert summary['configurations'] == 6  # The pilot's (steps in sample) is not summarised.
   assert summary['model']['loop'] == pytest.approx(
@@ -79,10 +85,10 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
   again = run_experiment('plan_time_validation.py', '--out', str(out), *TINY,
                          f'--config.data_dir={data_dir}', timeout=900)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count('finished before, reused') == 16
+  assert again.stdout.count('finished before, reused') == 17
   # The report says its timings are from the earlier invocation, and its steps model is B_crit's.
   again_results = json.loads((out / 'results.json').read_text())
-  assert len(again_results['reused']) == 16 and results['reused'] == []
+  assert len(again_results['reused']) == 17 and results['reused'] == []
   assert 'Runs reused from an earlier invocation, timed then' in (out / 'report.md').read_text()
   assert 'B_crit = ' in again_results['steps_model']
   assert again_results['rows'] == results['rows']
@@ -139,6 +145,36 @@ def test_the_step_time_is_interpolated_between_the_calibration_batches_and_the_m
   assert two['one_parameter'] == pytest.approx(times['constant'] / 2)
 
 
+def test_the_steady_rate_leaves_the_warm_up_out_and_the_start_up_takes_it():
+  """The trainer logs images/s averaged since step 1; the first steps run slower. Before, a
+  90-step calibration at a small batch read that warm-up as step time (866 images/s at batch 32
+  where its last 30 steps ran at ~1,280): now the rate is the later half's, and the warm-up
+  lands in the start-up (wall - steps x step - evaluations)."""
+  ptv = _ptv()
+  batch, step_s, warm_s = 32, 0.01, 1.0
+
+  def elapsed(k):  # Training seconds from step 1 to step k: 1 s of warm-up over steps 1-10.
+    return (k - 1) * step_s + warm_s * min(k - 1, 9) / 9
+
+  records = [{'step': k, 'train/images_per_s': (k - 1) * batch / elapsed(k)}
+             for k in (10, 20, 30, 40)]
+  assert records[-1]['train/images_per_s'] < 0.3 * batch / step_s  # The average: the warm-up.
+  assert ptv.steady_rate(records) == pytest.approx(batch / step_s)
+  assert ptv.steady_rate(records[:1]) == records[0]['train/images_per_s']
+  assert ptv.steady_rate([]) is None
+  run = {'images_per_s': ptv.steady_rate(records), 'eval_s': 0.5, 'steps': 40, 'evals': 2,
+         'wall_s': 8.0 + elapsed(40) + step_s + 2 * 0.5}
+  cal = ptv.Calibration.from_runs({batch: run}, batch)
+  assert cal.points == ((batch, pytest.approx(step_s)),)
+  # Start-up: 8 s, the first step (compilation), and the warm-up beyond the steady steps.
+  assert cal.fixed_s == pytest.approx(8.0 + warm_s)
+  # A two-process start-up calibration, for the multi-process layouts only.
+  two = ptv.Calibration.from_runs({batch: run}, batch, dict(run, wall_s=run['wall_s'] + 3.0), 2)
+  assert two.fixed_for(1) == pytest.approx(cal.fixed_s)
+  assert two.fixed_for(2) == pytest.approx(cal.fixed_s + 3.0) and two.multi_processes == 2
+  assert cal.fixed_for(2) == cal.fixed_s  # None calibrated: the one-process start-up.
+
+
 def test_layouts_measure_every_shape_at_every_batch_with_seeds_and_refuse_in_sample_ones():
   ptv = _ptv()
   plan = ptv.layouts([64, 256], 128, 2, [32, 128, 512], 3)
@@ -156,6 +192,10 @@ def test_layouts_measure_every_shape_at_every_batch_with_seeds_and_refuse_in_sam
     ptv.layouts([128, 256], 128, 2, [32, 512], 3)
   with pytest.raises(ValueError, match='--seeds'):
     ptv.layouts([64], 128, 2, [32], 0)
+  # The multi-process start-up calibration: at the calibration batch nearest the pilot's.
+  plan = ptv.layouts([96, 384], 128, 2, [32, 128, 512], 3, startup_processes=2)
+  assert [l.name for l in plan if l.role == 'calibration'][-1] == 'calibration-2x1-b128'
+  assert ptv.reference_batch([8, 128], 32) == 8 and ptv.reference_batch([32, 512], 128) == 32
 
 
 def test_a_configurations_seeds_are_scored_by_their_mean_and_the_summary_leaves_the_pilot_out():
