@@ -8,7 +8,9 @@ study_plan_validation.py``: one generated task, the global batch at 1/4 ... 8x t
 several seeds, stopping at the target). Reads its ``points.json`` and ``results.json`` and the
 pilot point's run directories (no training), and writes ``report.md``, ``results.json`` and
 ``steps_heldout.png`` into ``--out``: per task the pilot's prediction at every batch (from all
-the pilot's seeds, from its first seed alone, and with B_crit = B_noise) with its 90 % band for
+the pilot's seeds, from its first seed alone, with B_crit = B_noise, and from pilots at two
+batch sizes: every seed of the pilot and of the point at 4x its batch, B_crit fitted, both
+batches in sample, refused where a seed there missed the target) with its 90 % band for
 the mean of the point's seeds, the measured mean and its 95 % interval, the error out of sample
 (the pilot's batch never counted), whether the measured mean lies inside the band, and each
 point's predicted share of its budget against what its seeds did; pooled over the tasks, the
