@@ -173,8 +173,8 @@ class StepsModel:
     inherits from the runs it rests on: 1 / anchor_runs for one anchor (0 for a sweep's fit,
     whose jackknife holds its points' noise). With ``fit_points`` (means S_i of n_i runs), the
     fit's prediction is linear in them, S(B) = Σ h_i(B) S_i (the relative-weighted least squares
-    of `fit_steps_to_target`), so by the delta method
-    Var log S(B) = σ² Σ h_i² S_i² / n_i / S(B)² for a seed log-sd σ: small between the batches, growing beyond them as the fit
+    of `fit_steps_to_target`), so by the delta method Var log S(B) = σ² Σ h_i² S_i² / n_i /
+    S(B)² for a seed log-sd σ: small between the batches, growing beyond them as the fit
     extrapolates."""
     if not self.fit_points:
       return 1 / self.anchor_runs
@@ -192,11 +192,10 @@ class StepsModel:
 
     The variance: B_noise's uncertainty, the anchor's seed noise (its runs averaged, or carried
     through a fit: `anchor_weight`) and the new runs' seed noise, noise_log_sd² + seed_log_sd²
-    (anchor_weight + 1/runs), the factor's
-    (`factor_log_var`), plus the extra. The normal quantile, or Student's t where a part was
-    measured from few values (the seed spread from few seeds, the factor from few tasks: each
-    with its degrees of freedom), carried to the sum by Welch-Satterthwaite (the other parts
-    counted as known), ν = σ_total⁴ / Σ (σ_part⁴ / ν_part).
+    (anchor_weight + 1/runs), the factor's (`factor_log_var`), plus the extra. The normal
+    quantile, or Student's t where a part was measured from few values (the seed spread from few
+    seeds, the factor from few tasks: each with its degrees of freedom), carried to the sum by
+    Welch-Satterthwaite (the other parts counted as known), ν = σ_total⁴ / Σ (σ_part⁴ / ν_part).
     """
     seed_var = self.seed_log_sd ** 2 * (self.anchor_weight(batch) + 1 / runs)
     factor_var = self.factor_log_var(batch)
