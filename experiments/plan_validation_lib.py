@@ -216,40 +216,38 @@ def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[
   return out, check
 
 
-def pilot_runs(study_dir: str):
-  """A plan_validation study's (points, its pilot point's runs by seed, their run directories)."""
+def _study(study_dir: str):
+  """A study's (points, run rows): its ``points.json`` and ``results.json``."""
   with open(os.path.join(study_dir, 'points.json')) as f:
     points = json.load(f)
   with open(os.path.join(study_dir, 'results.json')) as f:
-    rows = json.load(f)
+    return points, json.load(f)
+
+
+def _chosen_runs(study_dir: str, rows: Sequence[Dict], point: Dict):
+  """A point's runs at its chosen rate, by seed, and their run directories."""
+  runs = sorted((r for r in rows if r['point'] == point['point']
+                 and r['lr_mult'] == point['lr_mult']), key=lambda r: r['seed'])
+  return runs, [os.path.join(study_dir, 'runs', r['name']) for r in runs]
+
+
+def _pilot_point(study_dir: str, points: Sequence[Dict]) -> Dict:
   pilots = [p for p in points if p['point'].startswith(PILOT_PREFIX)]
   if len(pilots) != 1:
     raise ValueError(f'{study_dir}: expected one point named {PILOT_PREFIX}..., the pilot, got '
                      f'{[p["point"] for p in pilots]}: is it a study of the plan_validation '
                      'preset?')
-  pilot = pilots[0]
-  runs = sorted((r for r in rows if r['point'] == pilot['point']
-                 and r['lr_mult'] == pilot['lr_mult']), key=lambda r: r['seed'])
-  return points, runs, [os.path.join(study_dir, 'runs', r['name']) for r in runs]
+  return pilots[0]
+
+
+def pilot_runs(study_dir: str):
+  """A plan_validation study's (points, its pilot point's runs by seed, their run directories)."""
+  points, rows = _study(study_dir)
+  return (points, *_chosen_runs(study_dir, rows, _pilot_point(study_dir, points)))
 
 
 # The second pilot of the two-batch scoring: at this multiple of the pilot's batch.
 TWO_BATCH_RATIO = 4
-
-
-def point_runs(study_dir: str, batch: int) -> List[str]:
-  """The run directories of a study's point at ``batch`` (its chosen rate), [] if none."""
-  with open(os.path.join(study_dir, 'points.json')) as f:
-    points = json.load(f)
-  with open(os.path.join(study_dir, 'results.json')) as f:
-    rows = json.load(f)
-  chosen = [p for p in points if int(p['fields']['batch_size']) == batch]
-  if not chosen:
-    return []
-  p = chosen[0]
-  runs = sorted((r for r in rows if r['point'] == p['point'] and r['lr_mult'] == p['lr_mult']),
-                key=lambda r: r['seed'])
-  return [os.path.join(study_dir, 'runs', r['name']) for r in runs]
 
 
 def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation',
@@ -278,8 +276,9 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
   """
   if split not in ('validation', 'test'):
     raise ValueError(f'split must be validation or test, got {split!r}.')
-  points, runs, dirs = pilot_runs(study_dir)
-  pilot = next(p for p in points if p['point'].startswith(PILOT_PREFIX))
+  points, rows = _study(study_dir)
+  pilot = _pilot_point(study_dir, points)
+  runs, dirs = _chosen_runs(study_dir, rows, pilot)
   b0 = int(pilot['fields']['batch_size'])
   key = 'steps_to_target'
   if split == 'test':
@@ -300,7 +299,8 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
             ('one_seed', load_pilot(dirs[:1], metric, target, **given), [b0]),
             ('uncorrected', load_pilot(dirs, metric, target, b_crit_factor=1.0), [b0])]
   second = TWO_BATCH_RATIO * b0
-  second_dirs = point_runs(study_dir, second)
+  second_point = next((p for p in points if int(p['fields']['batch_size']) == second), None)
+  second_dirs = _chosen_runs(study_dir, rows, second_point)[1] if second_point else []
   try:
     if not second_dirs:
       raise PlanError(f'the study has no point at {second}')
