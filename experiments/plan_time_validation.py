@@ -274,9 +274,13 @@ class Calibration:
   multi_processes: int = 0
 
   @staticmethod
-  def _fixed(m: Dict, batch: int) -> float:
+  def _step_and_fixed(m: Dict, batch: int, what: str) -> Tuple[float, float]:
+    """A calibration run's step time at ``batch`` and its start-up (wall - steps - evals)."""
+    if not m['images_per_s'] or m['eval_s'] is None:
+      raise ValueError(f'The calibration run {what} logged no training rate or no evaluation '
+                       'after a training record of its step: nothing to calibrate on.')
     step = batch / m['images_per_s']
-    return max(m['wall_s'] - m['steps'] * step - m['evals'] * m['eval_s'], 0.0)
+    return step, max(m['wall_s'] - m['steps'] * step - m['evals'] * m['eval_s'], 0.0)
 
   @classmethod
   def from_runs(cls, runs: Dict[int, Dict], reference_batch: int, multi: Optional[Dict] = None,
@@ -288,20 +292,14 @@ class Calibration:
                        f'({sorted(runs)}).')
     points, evals, fixed = [], [], []
     for batch, m in sorted(runs.items()):
-      if not m['images_per_s'] or m['eval_s'] is None:
-        raise ValueError(f'The calibration run at batch {batch} logged no training rate or no '
-                         'evaluation after a training record of its step: nothing to calibrate '
-                         'on.')
-      step = batch / m['images_per_s']
+      step, start = cls._step_and_fixed(m, batch, f'at batch {batch}')
       points.append((batch, step))
       evals.append(m['eval_s'])
-      fixed.append(cls._fixed(m, batch))
+      fixed.append(start)
     multi_fixed = None
     if multi is not None:
-      if not multi['images_per_s'] or multi['eval_s'] is None:
-        raise ValueError('The multi-process calibration run logged no training rate or no '
-                         'evaluation after a training record of its step.')
-      multi_fixed = cls._fixed(multi, reference_batch)
+      multi_fixed = cls._step_and_fixed(multi, reference_batch,
+                                        f'of {multi_processes} processes')[1]
     return cls(tuple(points), statistics.median(evals), statistics.median(fixed),
                reference_batch, multi_fixed, multi_processes if multi is not None else 0)
 
@@ -371,12 +369,12 @@ def predict(layout: Layout, model: planner.StepsModel, cal: Calibration, workloa
   steps = loop_steps(central, setup.eval_every_steps, setup.total_steps)
   n_evals = evaluations(steps, setup.eval_every_steps, setup.total_steps)
   per_step = step_times(cal, workload, links, layout)
+  fixed = cal.fixed_for(layout.processes)
   return {'steps': central, 'steps_band': (low, high), 'loop_steps': steps, 'evals': n_evals,
           'eval_every': setup.eval_every_steps, 'total_steps': setup.total_steps,
           'step_s': per_step,
-          'fixed_s': cal.fixed_for(layout.processes),
-          'loop_s': {k: cal.fixed_for(layout.processes) + steps * t + n_evals * cal.eval_s
-                     for k, t in per_step.items()}}
+          'fixed_s': fixed,
+          'loop_s': {k: fixed + steps * t + n_evals * cal.eval_s for k, t in per_step.items()}}
 
 
 def score(predicted: Dict, measured: Dict, cal: Calibration, batch: int) -> Dict:
