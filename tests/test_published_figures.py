@@ -413,6 +413,11 @@ def test_the_time_validation_figures_are_the_committed_run():
   crossings = [r['measured']['crossing'] for r in r384]
   assert (f'predicts {r384[0]["predicted"]["steps"]:.0f} steps to the target against mean '
           f'crossings of {min(crossings):.0f} to {max(crossings):.0f}') in doc
+  each = [run['crossing'] for r in r384 for run in r['measured']['seeds']]
+  band = r384[0]['predicted']['steps_band']
+  assert len(each) == 9 and min(each) > band[1]  # "above the whole of the planner's band".
+  assert (f'crossed at step {min(each):.0f} or later, above the whole of the planner\'s band '
+          f'({band[0]:.0f}-{band[1]:.0f})') in doc
   assert f'up to ±{100 * s["max_loop_half_width"]:.1f} % of the mean' in doc
   below = [key(r) for r in rows if r['predicted']['loop_s']['model'] < r['measured']['wall_low']]
   assert below == [(1, 2, 384)] and f'only the {100 * low:.1f} % (1 process x 2 devices at' in doc
