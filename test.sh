@@ -6,11 +6,14 @@
 # same tests as CI. Extra args go to pytest.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ANP_SETUP_ONLY=1 "$HERE/run.sh"
+# ANP_TEST_NO_SETUP=1: use the environment ANP_VENV as it is (the suite's own tests of this script).
+[ "${ANP_TEST_NO_SETUP:-0}" = 1 ] || ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
 VENV_PY="${ANP_VENV:-$HERE/.venv}/bin/python"
 BENCH_OK="${ANP_VENV:-$HERE/.venv}/.anp_bench_requirements_ok"
-if ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
+if [ "${ANP_TEST_NO_SETUP:-0}" = 1 ]; then
+  :
+elif ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
   echo "test.sh: installing requirements-bench.txt (PyTorch CPU, first run only)..." >&2
   "$VENV_PY" -m pip install -q -r requirements-bench.txt >&2
   cp requirements-bench.txt "$BENCH_OK"
@@ -19,7 +22,8 @@ fi
 # DALI input backend's tests run on its CPU decoder. ANP_NO_DALI=1 skips the install, and those
 # tests skip (the only way they do: without it a missing DALI fails them).
 DALI_OK="${ANP_VENV:-$HERE/.venv}/.anp_dali_requirements_ok"
-if [ "${ANP_NO_DALI:-0}" != 1 ] && ! cmp -s requirements-dali.txt "$DALI_OK" 2>/dev/null; then
+if [ "${ANP_NO_DALI:-0}" != 1 ] && [ "${ANP_TEST_NO_SETUP:-0}" != 1 ] && \
+   ! cmp -s requirements-dali.txt "$DALI_OK" 2>/dev/null; then
   echo "test.sh: installing requirements-dali.txt (NVIDIA DALI, ~490 MB, first run only)..." >&2
   "$VENV_PY" -m pip install -q --no-deps -r requirements-dali.txt >&2
   "$VENV_PY" -c "import nvidia.dali" 2>/dev/null || {
@@ -40,6 +44,17 @@ auto=$(( cores + 1 < 4 ? cores + 1 : 4 ))
 auto=$(( mem_gib / 6 < auto ? mem_gib / 6 : auto ))
 workers="${ANP_TEST_WORKERS:-$(( auto < 1 ? 1 : auto ))}"
 xdist=()
-if [ "$workers" -gt 1 ]; then xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
+# --max-worker-restart=0: a worker that crashes (SIGABRT, SIGSEGV, out of memory) stops the session,
+# its test reported as failed by name, instead of being replaced: a replaced worker was once seen
+# leaving the session waiting forever with no test running.
+if [ "$workers" -gt 1 ]; then
+  xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder --max-worker-restart=0)
+fi
 # --durations: the slowest tests, to keep their @pytest.mark.slow(seconds) weights current.
-exec "$VENV_PY" -m pytest -q --durations=25 "${xdist[@]}" "$@"
+cmd=("$VENV_PY" -m pytest -q --durations=25 "${xdist[@]}" "$@")
+# ANP_TEST_TIME_LIMIT=SECONDS (.ci/run sets it): an overall bound; past it every process of the
+# session writes its Python stacks (SIGABRT), is killed, and this exits 124 (tests/run_bounded.py).
+if [ -n "${ANP_TEST_TIME_LIMIT:-}" ]; then
+  exec "$VENV_PY" "$HERE/tests/run_bounded.py" "$ANP_TEST_TIME_LIMIT" "${cmd[@]}"
+fi
+exec "${cmd[@]}"
