@@ -24,11 +24,19 @@ def make(config, model, tx, setup, mesh) -> Executor:
   def to_device(batch):
     return jax.tree.map(lambda x: x.reshape((n_local, -1) + x.shape[1:]), batch)
 
+  # Device 0's copy, read without a program across the devices: ``a[0]`` on a pmap output (a
+  # jax.Array sharded over every local device) compiles an SPMD gather per leaf, an all-reduce
+  # over all devices each, and XLA:CPU's pool has just enough threads for one collective at a
+  # time: under load such a per-leaf all-reduce once waited 300 s for its eighth participant and
+  # aborted the process (tests/test_executors.py).
   def unreplicate(state):
-    return jax.tree.map(lambda a: a[0], state)
+    return jax.tree.map(lambda a: a.addressable_data(0).reshape(a.shape[1:]), state)
+
+  def first_copy(a):
+    return np.asarray(a.addressable_data(0))[0]
 
   def to_checkpoint(state):
-    return jax.device_get(unreplicate(state))
+    return jax.tree.map(first_copy, state)
 
   def restore_target(state):  # Host arrays: restored on the host, then replicated.
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -40,6 +48,6 @@ def make(config, model, tx, setup, mesh) -> Executor:
       train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
       eval_step=jax.pmap(eval_fn, axis_name=AXIS),
       to_device=to_device,
-      fetch=lambda x: jax.tree.map(lambda a: np.asarray(a[0]), x),
+      fetch=lambda x: jax.tree.map(first_copy, x),
       unreplicate=unreplicate, restore_target=restore_target,
       to_checkpoint=to_checkpoint, from_checkpoint=replicate)
