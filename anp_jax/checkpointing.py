@@ -10,9 +10,9 @@
 * Restore goes into targets carrying the *current* mesh's shardings, so a run saved on 8 devices
   resumes on 4. A corrupt latest checkpoint is reported and the previous one used; a checkpoint
   of another model fails with the mismatching fields named.
-* Readers (config.eval_only) beside a job training in the workdir take the newest checkpoint
-  that exists: one removed while they read it (the job's keep_checkpoints) is listed again, not
-  called unreadable (`Checkpointer.restore_latest`).
+* Readers (config.eval_only) restore only the fields they read, and beside a job training in the
+  workdir they take the newest checkpoint that exists: one removed while they read it (the job's
+  keep_checkpoints) is listed again, not called unreadable (`Checkpointer.restore_latest`).
 * One writer per array: the state is replicated, and orbax's default on CPU and TPU backends
   ("replica-parallel", every device writes a slice of every replicated array) compiles and runs a
   slicing program per array and device. On 8 CPU devices of one process the first save of

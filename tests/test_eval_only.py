@@ -1,4 +1,4 @@
-"""config.eval_only (issue 42, item 1).
+"""config.eval_only (issue 42, items 1 and 4).
 
 Beside a live training job: the job's keep_checkpoints deletes a checkpoint as soon as it commits a
 newer one, possibly while an evaluation reads it. The evaluation then reads the newest one again
@@ -6,6 +6,10 @@ newer one, possibly while an evaluation reads it. The evaluation then reads the 
 run's checkpoints away, and moves nothing. Simulated deterministically (the "writer" commits a
 newer checkpoint and deletes the one being read at a chosen point), and for real beside a training
 subprocess.
+
+What it restores: only what evaluation reads (step, parameters, BatchNorm statistics), so that the
+fields that only shape training (freeze, grad_clip_norm, momentum, init_from, whose file may be
+gone) may differ from the run's, with every executor (jit sync, pmap, async, local SGD).
 """
 
 import json
@@ -255,3 +259,61 @@ def test_processes_of_a_job_read_again_together_when_one_finds_a_checkpoint_remo
   assert 'Checkpoint 6' in logs[0] and 'was removed while this evaluation read it' in logs[0]
   assert not any('unreadable' in log or DESTRUCTIVE in log for log in logs)
   assert _names(live) == ['7']
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 4: evaluation restores what it reads, so training-only fields may differ.
+
+
+@pytest.mark.parametrize('changed', [{'freeze': 'bn_init/.*'}, {'grad_clip_norm': 1.0},
+                                     {'momentum': 0.0}])
+def test_eval_only_may_change_what_only_shapes_training(data_dir, finished, plain, changed):
+  """Was: exit 2, 'tree structures do not match: opt_state' (the optimizer state of the changed
+  config has another layout)."""
+  result = _evaluate(data_dir, finished[0], **changed)
+  assert result.step == plain.step == 6
+  assert result.final_eval == plain.final_eval
+  assert plain.final_eval['eval/anp_top1'] == pytest.approx(finished[1]['eval/anp_top1'])
+  assert plain.final_eval['eval/loss'] == pytest.approx(finished[1]['eval/loss'], rel=1e-6)
+
+
+@pytest.mark.slow(15)
+def test_eval_only_of_a_fine_tuned_run_needs_no_init_from_file(data_dir, tmp_path):
+  """A run fine-tuned from another run's weights (freeze, a backbone learning-rate multiplier:
+  another optimizer-state layout) is evaluated with its own config after the weights it started
+  from were deleted (was: exit 2, 'config.init_from=... does not exist')."""
+  pre = tmp_path / 'pre'
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=2), str(pre))
+  common = dict(init_from=str(pre), init_exclude=('head_.*',), freeze='conv_init/.*',
+                backbone_lr_multiplier=0.1, num_train_steps=3)
+  tuned = trainer.train_and_evaluate(tiny_config(data_dir, **common), str(tmp_path / 'tuned'))
+  shutil.rmtree(pre)
+  result = _evaluate(data_dir, tmp_path / 'tuned', **common)
+  assert result.step == 3
+  assert result.final_eval['eval/anp_top1'] == pytest.approx(tuned.final_eval['eval/anp_top1'])
+  assert result.final_eval['eval/loss'] == pytest.approx(tuned.final_eval['eval/loss'], rel=1e-6)
+
+
+EXECUTORS = {
+    'jit sync': {},
+    'pmap': {'executor': 'pmap'},
+    'async': {'method': 'async', 'async_sgd.staleness': 'constant', 'async_sgd.tau': 1,
+              'async_sgd.max_tau': 2},
+    'local_sgd': {'method': 'local_sgd', 'local_sgd.nodes': 2, 'local_sgd.sync_every': 2},
+}
+
+
+@pytest.mark.slow(12)
+@pytest.mark.parametrize('name', list(EXECUTORS))
+def test_eval_only_works_for_every_executor(data_dir, tmp_path, name):
+  """Each executor's checkpoint evaluated as the training evaluated its state, also with a
+  changed optimizer layout (grad_clip_norm): only the step, parameters and BN statistics are
+  read (async's parameter history and local SGD's per-node optimizer state are not)."""
+  common = dict(num_train_steps=3, noise_scale=False, **EXECUTORS[name])
+  trained = trainer.train_and_evaluate(tiny_config(data_dir, **common), str(tmp_path))
+  for changed in ({}, {'grad_clip_norm': 1.0}):
+    result = _evaluate(data_dir, tmp_path, **common, **changed)
+    assert result.step == 3 and int(result.state.step) == 3
+    for key, value in trained.final_eval.items():
+      assert result.final_eval[key] == pytest.approx(value, rel=1e-6), key
+  assert _names(tmp_path) == ['3']
