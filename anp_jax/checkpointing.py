@@ -10,6 +10,9 @@
 * Restore goes into targets carrying the *current* mesh's shardings, so a run saved on 8 devices
   resumes on 4. A corrupt latest checkpoint is reported and the previous one used; a checkpoint
   of another model fails with the mismatching fields named.
+* Readers (config.eval_only) restore only the fields they read, and beside a job training in the
+  workdir they take the newest checkpoint that exists: one removed while they read it (the job's
+  keep_checkpoints) is listed again, not called unreadable (`Checkpointer.restore_latest`).
 * One writer per array: the state is replicated, and orbax's default on CPU and TPU backends
   ("replica-parallel", every device writes a slice of every replicated array) compiles and runs a
   slicing program per array and device. On 8 CPU devices of one process the first save of
@@ -27,7 +30,7 @@ import math
 import os
 import shutil
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 
@@ -55,6 +58,14 @@ DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fr
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
                           'backbone_lr_multiplier', 'seed', 'augment',
                           'crop_padding', 'crop_fraction')
+
+
+# How many times a reader (config.eval_only) lists the checkpoints again when the one it chose was
+# removed while it read it. A job training in the workdir deletes its older checkpoints
+# (keep_checkpoints) right after committing a newer one, which the next listing then finds: a
+# retry fails only if that one too goes before it is read, i.e. when the job saves faster than a
+# checkpoint can be read. No wait between the attempts (waiting would only let the newest age).
+READ_ATTEMPTS = 5
 
 
 def single_writer_arrays() -> None:
@@ -162,6 +173,8 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(timeout_secs=distributed.barrier_timeout_s()),
         create=not read_only)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # A reader restores through a handler of its own, not the manager (see `_restore_state`).
+    self._reader = ocp.PyTreeCheckpointHandler() if read_only else None
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
     self.best_manager = None  # Made at the first evaluation: a refused resume creates nothing.
 
@@ -231,50 +244,72 @@ class Checkpointer:
             'process_count': jax.process_count(), 'device_count': jax.device_count(), **extra}
     return ocp.args.Composite(state=ocp.args.StandardSave(item), meta=ocp.args.JsonSave(meta))
 
-  def restore_latest(self, target) -> Tuple[Any, int]:
+  def restore_latest(self, target, fields: Optional[Sequence[str]] = None) -> Tuple[Any, int]:
     """Restores the newest readable checkpoint into `target`, an abstract pytree (shape, dtype
     and sharding per leaf: the executor's `restore_target`, so that a state saved on other
     devices lands on this run's mesh).
 
     Returns (state, step); (target, 0) when there is none. Falls back past corrupt ones and
     moves them aside (``<step>.unreadable``, kept for inspection; `read_only`: left where they
-    are): orbax saves no step at or
-    below its latest, so left in place they would silently swallow every save, the preemption
-    save included, until the run passed them. If checkpoints exist but none restores (typically
-    a config change that shapes the optimizer state differently, e.g. ``grad_clip_norm`` or
-    ``momentum`` switched on), this is an error, never a silent restart from step 0.
+    are): orbax saves no step at or below its latest, so left in place they would silently
+    swallow every save, the preemption save included, until the run passed them. If checkpoints
+    exist but none restores (typically a config change that shapes the optimizer state
+    differently, e.g. ``grad_clip_norm`` or ``momentum`` switched on), this is an error, never a
+    silent restart from step 0.
+
+    `fields` (a reader's, e.g. the evaluation's 'step', 'params', 'batch_stats'): only these
+    fields of the state are read, each into its part of `target`, and returned as a dict; the
+    others (the optimizer state, the async parameter history) are not read, so their layout in
+    this config does not matter.
+
+    A reader lists the checkpoints when it is called (not when it was made: compilation came in
+    between), and a checkpoint removed between that listing and the end of its reading, by a job
+    training in the workdir whose keep_checkpoints deletes it once a newer one is committed, is
+    neither unreadable nor a reason to fall back: the reader lists again and takes the newest,
+    at most `READ_ATTEMPTS` times, then stops saying so (FileNotFoundError). In a job of several
+    processes every process tries the steps process 0 listed, and all list again when any of
+    them found one removed (`_listing`, `_removed_anywhere`): they retry in step, and `_agree`
+    still compares one choice, made from one listing.
     """
-    ocp = self._ocp
-    steps = sorted(self.manager.all_steps(), reverse=True)
-    failed = []  # (step, reason) of the newer checkpoints that could not be restored.
-    for step in steps:
-      meta_path = os.path.join(self.directory, str(step), 'meta', 'metadata')
-      try:
-        with open(meta_path) as f:
-          meta = json.load(f)
-      except (OSError, ValueError) as e:
-        reporting.say(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older '
-                      'one.', logging.WARNING)
-        failed.append((step, f'{type(e).__name__}: {e}'))
-        continue
-      self._check_identity(meta, step)
-      try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target)))
-      except Exception as e:  # Corrupt or truncated files, or a state of another layout.
-        reason = f'{type(e).__name__}: {_short(e)}'
-        reporting.say(f'WARNING: checkpoint {step} could not be restored ({reason}); falling '
-                      'back to an older one.', logging.WARNING)
-        failed.append((step, reason))
-        continue
-      self._agree(step, failed)
+    if fields is not None and not self.read_only:  # Its manager restores what it saves.
+      raise ValueError('Checkpointer.restore_latest: `fields` is for readers (read_only).')
+    attempts = READ_ATTEMPTS if self.read_only else 1
+    removed = []  # The steps removed while this reader read them, attempt by attempt.
+    for attempt in range(attempts):
+      found = self._restore_pass(self._listing(), target, fields)
+      gone = self._removed_anywhere(found.removed)
+      if not gone:
+        break
+      removed.append(gone)
+      if attempt + 1 < attempts:
+        which = (f'Checkpoint {gone[0]} was' if len(gone) == 1 else
+                 f'Checkpoints {", ".join(map(str, gone))} were')
+        reporting.say(f'{which} removed while this evaluation read it, in {self.directory} (a '
+                      'job training there deletes its older checkpoints); reading the newest '
+                      f'again (attempt {attempt + 2} of {attempts}).')
+    else:
+      raise FileNotFoundError(
+          f'The checkpoints this evaluation chose in {self.directory} were removed while it read '
+          f'them, {attempts} times in a row (steps '
+          f'{", ".join(str(s) for gone in removed for s in gone)}): a job training in the workdir '
+          'deletes its older checkpoints (config.keep_checkpoints) faster than this evaluation '
+          'reads one. Nothing was changed; evaluate again, or once that run has ended or keeps '
+          'more checkpoints.')
+    step, failed = found.step, found.failed
+    self._agree(step, failed)
+    if step:
       if failed and not self.read_only:
         self.move_aside([s for s, _ in failed], reason='unreadable')
-      self.restored_wall_time_s = float(meta.get('wall_time_s', 0.0))
-      return restored['state'], step
-    self._agree(0, failed)
+      self.restored_wall_time_s = float(found.meta.get('wall_time_s', 0.0))
+      return found.state, step
     if failed:
       newest, reason = failed[0]
+      if self.read_only:
+        raise ValueError(
+            f'None of the {len(failed)} checkpoint(s) in {self.directory} could be read by this '
+            f'evaluation (newest, step {newest}: {reason}). Nothing was changed (an evaluation '
+            'only reads; a job training in the workdir is not affected). Check that the config '
+            "is the run's (its config.json) and that this machine sees the files whole.")
       raise ValueError(
           f'None of the {len(failed)} checkpoint(s) in {self.directory} could be restored into '
           f"this run's state (newest, step {newest}: {reason}). If the config changed a field "
@@ -283,6 +318,99 @@ class Checkpointer:
           'use a fresh --workdir; if the files are damaged, move the checkpoints folder away to '
           'start over. Nothing was changed.')
     return target, 0
+
+  def _listing(self) -> List[int]:
+    """The steps `restore_latest` tries, newest first. A reader reads the directory again, and in
+    a job of several processes takes process 0's list: a checkpoint committed between two
+    processes' listings would otherwise make them choose different steps. (The training job
+    holds the workdir: its list, read when the manager was made, cannot change.)"""
+    if self.read_only:
+      self.manager.reload()
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    if self.read_only and self._several_processes():
+      steps = json.loads(distributed.exchange('checkpoint_steps', json.dumps(steps),
+                                              'lists of checkpoints to read')[0])
+    return steps
+
+  def _restore_pass(self, steps: List[int], target, fields) -> '_Pass':
+    """Tries `steps` (newest first) until one restores; the newer ones that could not be read
+    are `failed`. A reader's pass also ends at a checkpoint removed while it read it
+    (`_removed`): that is the writer moving on, not a damaged file."""
+    failed = []  # (step, reason) of the newer checkpoints that could not be restored.
+    for step in steps:
+      meta_path = os.path.join(self.directory, str(step), 'meta', 'metadata')
+      try:
+        with open(meta_path) as f:
+          meta = json.load(f)
+      except (OSError, ValueError) as e:
+        if self._removed(step, steps):
+          return _Pass(failed=failed, removed=step)
+        reporting.say(f'WARNING: checkpoint {step} is unreadable ({e}); falling back to an older '
+                      'one.', logging.WARNING)
+        failed.append((step, f'{type(e).__name__}: {e}'))
+        continue
+      self._check_identity(meta, step)
+      try:
+        state = self._restore_state(step, target, fields)
+      except Exception as e:  # Corrupt or truncated files, or a state of another layout.
+        if self._removed(step, steps):
+          return _Pass(failed=failed, removed=step)
+        reason = f'{type(e).__name__}: {_short(e)}'
+        reporting.say(f'WARNING: checkpoint {step} could not be restored ({reason}); falling '
+                      'back to an older one.', logging.WARNING)
+        failed.append((step, reason))
+        continue
+      return _Pass(state=state, step=step, meta=meta, failed=failed)
+    return _Pass(failed=failed)
+
+  def _restore_state(self, step: int, target, fields):
+    """The state of checkpoint `step`, restored into `target` (only its `fields`: a dict).
+
+    The training job restores through its manager. A reader restores through its own handler:
+    orbax's `Checkpointer.restore` ends with a barrier of all processes (a device collective),
+    which a process that found the checkpoint removed would never reach, leaving the others
+    waiting there instead of listing again with it."""
+    ocp = self._ocp
+    if not self.read_only:
+      return self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))['state']
+    from etils import epath
+    if fields is not None:
+      target = {name: getattr(target, name) for name in fields}
+    args = ocp.args.PyTreeRestore(
+        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        partial_restore=fields is not None)
+    return self._reader.restore(epath.Path(self.directory) / str(step) / 'state', args=args)
+
+  def _removed(self, step: int, listed: List[int]) -> bool:
+    """Whether a reader's failure to read checkpoint `step` (of the listing `listed`) is its
+    removal by the job training in the workdir. orbax deletes a checkpoint only after committing
+    a newer one (its `_finalize`), so it is when a fresh listing lacks `step` or holds a step
+    newer than all of `listed` (the deletion may still be under way). Never for the training job
+    itself: nothing removes its checkpoints."""
+    if not self.read_only:
+      return False
+    self.manager.reload()
+    now = self.manager.all_steps()
+    return step not in now or max(now, default=-1) > max(listed)
+
+  def _removed_anywhere(self, removed: Optional[int]) -> List[int]:
+    """The steps that the processes of this job found removed in this pass (`removed`: this
+    process's, or None); a reader only. Any one makes every process list again: they must all
+    retry, or some would wait for the others at the next agreement."""
+    if not self.read_only:
+      return []
+    if not self._several_processes():
+      return [] if removed is None else [removed]
+    by_process = distributed.exchange('checkpoint_removed', json.dumps(removed),
+                                      'checkpoints found removed while read')
+    return sorted({s for v in by_process.values() if (s := json.loads(v)) is not None})
+
+  @staticmethod
+  def _several_processes() -> bool:
+    """Whether this job has processes to agree with (through jax.distributed's coordination
+    service, whose waits are bounded by ANP_BARRIER_TIMEOUT)."""
+    return jax.process_count() > 1 and distributed.coordination_client() is not None
 
   def _agree(self, step: int, failed) -> None:
     """Every process restored the same step and found the same checkpoints unrestorable (a
@@ -348,8 +476,19 @@ class Checkpointer:
   def close(self):
     self.wait()
     self.manager.close()
+    if self._reader is not None:
+      self._reader.close()
     if self.best_manager is not None:
       self.best_manager.close()
+
+
+class _Pass(NamedTuple):
+  """What one pass of `Checkpointer.restore_latest` over a listing found."""
+  state: Any = None  # The restored state (None if no checkpoint restored).
+  step: int = 0  # Its step (0: none).
+  meta: Optional[Dict[str, Any]] = None  # Its JSON record.
+  failed: Sequence[Tuple[int, str]] = ()  # (step, reason) of the newer ones not readable.
+  removed: Optional[int] = None  # A reader's: the step removed while it read it (pass ended).
 
 
 def identity_diff(saved: Dict[str, Any], current: Dict[str, Any],

@@ -43,6 +43,13 @@ from anp_jax.setup import Setup, job_identity, resolve_setup, validate_config
 from anp_jax.steps import TrainState
 
 
+# What an evaluation reads of a state, in every executor's layout: the step it reports, and the
+# parameters and BatchNorm statistics of `steps.per_device_eval_step` (local SGD's evaluation
+# averages those two over its nodes first; async's reads the current parameters, not its history).
+# config.eval_only restores only these: the optimizer state, the noise-scale EMAs and the async
+# parameter history are the training's, whose layout an evaluation's config may change.
+EVALUATED_FIELDS = ('step', 'params', 'batch_stats')
+
 _DIVERGED_ADVICE = ('Lower config.base_lr, add warmup (config.warmup_epochs) or gradient clipping '
                     '(config.grad_clip_norm).')
 _ALL_FINITE = jax.jit(steps.all_finite)  # Any executor's state layout; one scalar out.
@@ -191,7 +198,7 @@ def _build_validated(config: ml_collections.ConfigDict) -> Run:
 
 @dataclasses.dataclass
 class TrainResult:
-  state: TrainState  # Unreplicated final state.
+  state: TrainState  # Unreplicated final state (config.eval_only: `EVALUATED_FIELDS` only).
   records: List[Dict[str, float]]  # The train/eval records logged (metrics.jsonl), in order.
   final_eval: Dict[str, float]
   setup: Setup
@@ -267,6 +274,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`;
   with config.eval_only, evaluates the latest checkpoint of `workdir` without writing there."""
   t_start = time.time()
+  if config.eval_only:  # Before the checks: an evaluation reads no init_from file.
+    config = evaluation_config(config)
   validate_config(config)
   if not str(workdir or '').strip():  # '' would be the current directory.
     raise ValueError('The workdir is empty (--workdir=): give the directory for the logs and '
@@ -298,6 +307,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       held.release()
 
 
+def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """config.eval_only's config: `config` without where its initial weights came from
+  (init_from, and backbone_lr_multiplier, which applies to them). The checkpoint holds the
+  trained weights, and the file a fine-tuned run started from may be gone; neither field is
+  compared with the checkpoint's in an evaluation (`checkpointing.IDENTITY_TRAINING_ONLY`)."""
+  config = config.copy_and_resolve_references()
+  config.init_from = ''
+  config.backbone_lr_multiplier = 1.0
+  return config
+
+
 def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
   config = run.config
   # The label sets are part of the identity: a checkpoint of a dataset with other classes would
@@ -315,16 +335,21 @@ def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:
   """config.eval_only: every evaluator of config.evals on the latest checkpoint of `workdir`.
 
   A reader: takes no lock and creates, cleans or writes nothing there (the training job may
-  still be running; its saves in flight stay untouched). The entry point prints the metrics
-  (and writes them where ``--eval_output`` says)."""
+  still be running; its saves in flight stay untouched, and a checkpoint it deletes meanwhile is
+  read again from its newer one: `Checkpointer.restore_latest`). It restores only
+  `EVALUATED_FIELDS`; the state it evaluates (and returns) has no optimizer state, noise-scale
+  EMAs or parameter history (None). The entry point prints the metrics (and writes them where
+  ``--eval_output`` says)."""
   _announce(run)
   ckpt = _checkpointer(run, workdir, read_only=True)
   try:
-    restored, step = ckpt.restore_latest(run.executor.restore_target(run.executor.init()))
+    executor = run.executor
+    restored, step = ckpt.restore_latest(executor.restore_target(executor.init()),
+                                         fields=EVALUATED_FIELDS)
     if not step:
       raise FileNotFoundError(f'config.eval_only: no checkpoint found in {workdir} (none could '
                               'be restored).')
-    state = run.executor.from_checkpoint(restored)
+    state = executor.from_checkpoint(TrainState(opt_state=None, noise_ema=None, **restored))
     reporting.say(f'Evaluating the checkpoint of step {step} in {ckpt.directory}')
     run.check_finite(state, [], step)  # A checkpoint an older version wrote may not be.
     final = run.eval_record(state, step)
