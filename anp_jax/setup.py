@@ -204,7 +204,12 @@ def _check_ranges(config) -> None:
 def _check_evaluation(config) -> None:
   """config.evals (`evaluators.check`), the metric that keeps the best checkpoint, and the
   target: config.target_metric a higher-is-better metric of config.evals, config.target_value a
-  value it can reach (0: no target), config.stop_at_target with periodic evaluations."""
+  value it can reach (0: no target), config.stop_at_target with periodic evaluations.
+
+  The target metric is checked when there is a target (config.stop_at_target needs one), or
+  when the config names one other than the default: without a target nothing reads the default
+  (`default.DEFAULT_TARGET_METRIC`), so a config whose evaluators log no ``eval/`` metric needs
+  no target metric."""
   evaluators.check(config)
   if config.keep_best_metric:
     try:
@@ -212,7 +217,7 @@ def _check_evaluation(config) -> None:
     except ConfigError as e:
       raise ConfigError(f'config.keep_best_metric: {e}') from None
   metric, value = config.target_metric, float(config.target_value)
-  if metric:
+  if metric and (value or metric != default_config.DEFAULT_TARGET_METRIC):
     try:
       goal = evaluators.metric_goal(config, metric)
     except ConfigError as e:

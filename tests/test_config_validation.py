@@ -102,6 +102,37 @@ def test_valid_edge_values_pass():
   setup.validate_config(config)
 
 
+def _val_only(**overrides):
+  """The tiny config whose one evaluator logs under ``val/`` (no ``eval/`` metric)."""
+  config = tiny_config('/nonexistent', **overrides)
+  config.evals = {'val': {'kind': 'classification', 'split': 'validation'}}
+  return config
+
+
+def test_a_run_without_a_target_needs_no_target_metric():
+  """Issue 42, item 5. Before: refused with "target_metric 'eval/anp_top1' is not a metric of
+  config.evals" although no target was set (target_value=0)."""
+  setup.validate_config(_val_only())
+  setup.validate_config(_val_only(keep_best_metric='val/loss', target_metric='val/anp_top1',
+                                  target_value=0.5, stop_at_target=True, eval_every_epochs=1.0))
+
+
+@pytest.mark.parametrize('overrides,message', [
+    # A target, or a field that needs the metric, is still checked against config.evals.
+    (dict(target_value=0.5), r"config.target_metric: 'eval/anp_top1' is not a metric of "
+                             r"config.evals; they are \['val/...'\]"),
+    (dict(stop_at_target=True, eval_every_epochs=1.0), 'needs a target'),
+    (dict(keep_best_metric='eval/loss'), r"keep_best_metric: 'eval/loss' is not a metric"),
+    # A metric named explicitly is checked even without a target: a typo is not ignored.
+    (dict(target_metric='val/anp_tpo1'), r"config.target_metric: 'val/anp_tpo1' is not a "
+                                         'metric of config.evals'),
+    (dict(target_metric='val/loss'), 'lower-is-better'),
+])
+def test_a_target_or_a_named_metric_is_still_checked(overrides, message):
+  with pytest.raises(setup.ConfigError, match=message):
+    setup.validate_config(_val_only(**overrides))
+
+
 def test_unknown_augment_fails_in_build_before_anything_else(tmp_path):
   # Before the fix an unknown augment silently trained flip-only.
   config = tiny_config(tmp_path / 'never_created', augment='randaugment')
