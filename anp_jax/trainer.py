@@ -174,6 +174,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
 def _build_validated(config: ml_collections.ConfigDict) -> Run:
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)
+  pipeline.check_input_backend(builder, config)  # A GPU for 'dali', images of a bounded size.
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
   mesh = executors.make_run_mesh(config, setup.devices, setup.process_count)
   model = models.create_model(config, meta, axis_name=executors.model_axis_name(config))
