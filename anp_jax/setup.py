@@ -166,10 +166,9 @@ def validate_config(config) -> None:
 # also always finite (NaN passes every comparison, inf overflows). With a reason: (range, why).
 # Ranges that depend on other fields (image_size on the model, crop_padding < image_size, ghost
 # groups dividing the micro-batch, tau <= max_tau, ...) are checked after, where they are used.
-_SEED = ('integer in [0, 4294967295]', 'JAX keeps a seed\'s low 32 bits: a larger one would '
-         'repeat a smaller one')
 RANGES: Dict[str, Any] = {
-    'seed': _SEED,
+    'seed': ('integer in [0, 4294967295]', "JAX keeps a seed's low 32 bits: a larger one would "
+             'repeat a smaller one'),
     # The generated dataset (checked again, with num_pairs against the other two, by
     # `synthetic.make_config`).
     'synthetic.num_adjectives': f'integer in [1, {len(synthetic.ADJECTIVES)}]',
@@ -254,8 +253,9 @@ class Range:
 
   def allows(self, value) -> bool:
     """Whether the number `value` (a sequence's entries one by one) is in the range."""
-    return ((value > self.low if self.low_open else value >= self.low)
-            and (self.high is None or (value < self.high if self.high_open else value <= self.high)))
+    above = value > self.low if self.low_open else value >= self.low
+    below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+    return above and below
 
 
 _RANGE_SPEC = re.compile(r'(?P<each>each )?(?P<integer>integer )?'
@@ -291,18 +291,17 @@ def _is_number(value, integer: bool) -> bool:
   return isinstance(value, numbers.Integral if integer else numbers.Real)
 
 
-def _range_error(field: str, r: Range, value) -> Optional[str]:
+def _range_error(field: str, r: Range, value) -> str:
   """Why `value` is not allowed in `field` ('' if it is)."""
-  entries = value if r.each else (value,)
+  entries = value if r.each and isinstance(value, (tuple, list)) else (value,)
   if r.each and not isinstance(value, (tuple, list)):
     problem = 'is not a sequence of numbers'
+  elif any(_is_number(x, False) and not math.isfinite(x) for x in entries):
+    problem = 'is not a finite number'  # NaN passes every comparison; inf overflows.
+  elif not all(_is_number(x, False) for x in entries):
+    problem = 'is not a number'
   elif not all(_is_number(x, r.integer) for x in entries):
-    problem = ('is not a finite number' if any(
-        isinstance(x, float) and not math.isfinite(x) for x in entries) else
-               'is not an integer' if r.integer and all(_is_number(x, False) for x in entries)
-               else 'is not a number')
-  elif not all(math.isfinite(x) for x in entries):  # NaN passes every comparison.
-    problem = 'is not a finite number'
+    problem = 'is not an integer'
   elif not all(r.allows(x) for x in entries):
     problem = 'is out of range'
   else:
