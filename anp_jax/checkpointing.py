@@ -52,12 +52,22 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
 DATA_FIELDS = ('augment',)
 DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fraction',)},
                   'dataset': {'synthetic_anp': ('synthetic.*',), 'anp': ('anp.config_name',)}}
+# Besides these config fields, the identity holds what they resolve to on the job
+# (`Checkpointer`'s identity_extra, from `trainer._checkpointer`): the label sets, the
+# executor's state layout, and ``bn_statistics_batch``, the examples each BatchNorm normalises
+# over in training (`models.statistics_batch`: bn_group_size with ghost BN, the per-device
+# micro-batch with per-device BN, which follows the device count). A resume that changed it
+# (another group size, per-device BN on other devices) would train on with other statistics than
+# the steps so far; one that keeps it (ghost or global BN on any number of devices or processes)
+# resumes. Older checkpoints do not record it and are not compared on it (`identity_diff`).
+
 # Fields an evaluation (config.eval_only) of a checkpoint may set for itself: those that only
-# shape the training (the data position and order, the initialisation, the updates) and the
+# shape the training (the data position and order, the initialisation, the updates, the
+# BatchNorm statistics batch: evaluation normalises with the running statistics) and the
 # evaluation's own preprocessing (augment / crop_fraction: the centre crop).
 IDENTITY_TRAINING_ONLY = ('batch_size', 'grad_accum_steps', 'init_from', 'freeze',
                           'backbone_lr_multiplier', 'seed', 'augment',
-                          'crop_padding', 'crop_fraction')
+                          'crop_padding', 'crop_fraction', 'bn_statistics_batch')
 
 
 # How many times a reader (config.eval_only) lists the checkpoints again when the one it chose was

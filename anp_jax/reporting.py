@@ -96,29 +96,72 @@ class ProgressBar:
       self.stream.flush()
 
 
+# What the accuracy panel of `plot_curves` draws of each evaluator (a classification's heads).
+_ACCURACIES = (('anp_top1', 'anp top-1', '-o'), ('adjective_top1', 'adjective top-1', '--'),
+               ('noun_top1', 'noun top-1', ':'), ('anp_top5', 'anp top-5', '-.'))
+# Keys of an evaluation record that are the run's progress, not an evaluator's metric.
+_PROGRESS = ('eval/epoch', 'eval/passes', 'eval/examples_seen')
+
+
+def _evaluator_metrics(evals):
+  """{prefix: [metric names]} of every evaluator in the evaluation records `evals`, in order."""
+  out: Dict[str, list] = {}
+  for record in evals:
+    for key in record:
+      prefix, sep, name = key.partition('/')
+      if sep and prefix != 'train' and key not in _PROGRESS and name not in out.get(prefix, ()):
+        out.setdefault(prefix, []).append(name)
+  return {p: out[p] for p in sorted(out)}
+
+
 def plot_curves(records, path: str) -> str:
-  """Training loss and evaluation top-1 / top-5 against epochs (from the logged `records`), as
-  one PNG."""
+  """The logged `records` against epochs, as one PNG: the training loss with every evaluator's
+  ``loss``; every evaluator's accuracies (``<prefix>/<head>_top1``, ``<prefix>/anp_top5``, one
+  colour per evaluator); and, in a third panel when there are any, the evaluators' other
+  metrics (those of evaluator kinds other than classification). Every evaluator of config.evals
+  is drawn, whatever its prefix."""
   plt = plotting.pyplot()
 
   train = [h for h in records if 'train/loss' in h]
-  evals = [h for h in records if 'eval/anp_top1' in h]
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+  evals = [h for h in records if 'eval/epoch' in h]  # `Setup.progress`: every evaluation.
+  by_prefix = _evaluator_metrics(evals)
+  other = [f'{p}/{m}' for p, names in by_prefix.items() for m in names
+           if not (m == 'loss' or m.endswith(('_loss', '_top1', '_top5')))]
+  fig, axes = plt.subplots(1, 3 if other else 2, figsize=(15 if other else 10, 3.8))
+  ax_loss, ax_acc = axes[:2]
+
+  def curve(ax, key, style, **kw):
+    points = [h for h in evals if key in h]
+    if points:
+      ax.plot([h['eval/epoch'] for h in points], [h[key] for h in points], style, **kw)
+
   if train:
-    ax_loss.plot([h['train/epoch'] for h in train], [h['train/loss'] for h in train], '-o', ms=2)
-  ax_loss.set(xlabel='epoch', ylabel='training loss (all heads)', title='Training loss')
-  ax_loss.grid(alpha=0.3)
-  for head, style in (('anp', '-o'), ('adjective', '--'), ('noun', ':')):
-    key = f'eval/{head}_top1'
-    if evals and key in evals[0]:
-      ax_acc.plot([h['eval/epoch'] for h in evals], [100 * h[key] for h in evals], style,
-                  label=f'{head} top-1')
-  if evals:
-    ax_acc.plot([h['eval/epoch'] for h in evals], [100 * h['eval/anp_top5'] for h in evals],
-                '-.', label='anp top-5')
-  ax_acc.set(xlabel='epoch', ylabel='accuracy (%)', title='Evaluation', ylim=(0, 100))
-  ax_acc.grid(alpha=0.3)
-  ax_acc.legend(fontsize=8)
+    ax_loss.plot([h['train/epoch'] for h in train], [h['train/loss'] for h in train], '-o', ms=2,
+                 label='train')
+  colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  for i, (prefix, names) in enumerate(by_prefix.items()):
+    color = colors[(i + 1) % len(colors)]  # The first colour is the training loss's.
+    if 'loss' in names:
+      curve(ax_loss, f'{prefix}/loss', '--', color=color, label=prefix)
+    for name, label, style in _ACCURACIES:
+      if name in names:
+        points = [h for h in evals if f'{prefix}/{name}' in h]
+        ax_acc.plot([h['eval/epoch'] for h in points],
+                    [100 * h[f'{prefix}/{name}'] for h in points], style, color=color,
+                    label=f'{prefix}: {label}')
+  ax_loss.set(xlabel='epoch', ylabel='loss (all heads)', title='Loss')
+  ax_acc.set(xlabel='epoch', ylabel='accuracy (%)', title='Evaluation accuracy', ylim=(0, 100))
+  for ax in axes[:2]:
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+      ax.legend(fontsize=8)
+  if other:
+    ax_other = axes[2]
+    for key in other:
+      curve(ax_other, key, '-o', ms=2, label=key)
+    ax_other.set(xlabel='epoch', title='Other evaluation metrics')
+    ax_other.grid(alpha=0.3)
+    ax_other.legend(fontsize=8)
   return plotting.save_figure(fig, path)
 
 

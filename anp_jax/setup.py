@@ -11,13 +11,15 @@ steps by `anp_jax.durations`, so the rest of the code only deals with steps.
 import dataclasses
 import json
 import math
+import numbers
+import re
 from typing import Any, Dict, Mapping, Optional
 
 import jax
 
 from anp_jax import durations, evaluators, methods, models, optim, pretrained
 from anp_jax.configs import default as default_config
-from anp_jax.data import pipeline, windows
+from anp_jax.data import pipeline, synthetic, windows
 from anp_jax.errors import ConfigError
 from anp_jax.models import conv as conv_lowerings
 
@@ -129,19 +131,13 @@ def validate_config(config) -> None:
     if field in config:  # A config file or a caller that still sets it: it would do nothing.
       raise ConfigError(default_config.replaced_field_message(field))
   _check_choices(config)
+  check_ranges(config)  # Every number, before any check below computes with one.
   min_size = models.spec(config.model.name).min_image_size
   if config.image_size < min_size:
     fitting = [n for n in models.names() if models.spec(n).min_image_size <= config.image_size]
     raise ConfigError(f'config.image_size={config.image_size} is too small for '
                      f'{config.model.name} (needs >= {min_size} px); raise image_size or pick a '
                      f'model that accepts it ({", ".join(fitting) or "none is registered"}).')
-  for name in ('batch_size', 'eval_batch_size', 'grad_accum_steps', 'base_batch_size'):
-    if int(config[name]) <= 0:
-      raise ConfigError(f'config.{name} must be > 0, got {config[name]}.')
-  for name in ('base_lr', 'num_epochs', 'warmup_epochs', 'eval_every_epochs', 'weight_decay',
-               'grad_clip_norm', 'target_value', 'checkpoint_every_minutes'):
-    if not math.isfinite(float(config[name])):  # nan passes every comparison; inf overflows.
-      raise ConfigError(f'config.{name}={config[name]} is not a finite number.')
   if config.num_train_steps == 0:
     raise ConfigError('Nothing to train: config.num_train_steps=0; use -1 to train '
                       f'config.num_epochs (={config.num_epochs}) epochs, or a step count > 0.')
@@ -149,10 +145,10 @@ def validate_config(config) -> None:
     raise ConfigError('Nothing to train: set config.num_epochs > 0 or config.num_train_steps > 0 '
                      f'(got num_epochs={config.num_epochs}, '
                      f'num_train_steps={config.num_train_steps}).')
-  if config.base_lr <= 0:
-    raise ConfigError(f'config.base_lr must be > 0, got {config.base_lr}.')
   _check_evaluation(config)
-  _check_ranges(config)
+  if config.augment == 'cifar' and not config.crop_padding < config.image_size:
+    raise ConfigError(f'config.crop_padding={config.crop_padding} must be in [0, image_size) '
+                      f'= [0, {config.image_size}) for the cifar augmentation.')
   methods.validate(config)
   optim.validate(config)
   pretrained.validate(config)
@@ -160,51 +156,184 @@ def validate_config(config) -> None:
   windows.check_backend(config)
 
 
-# Numeric fields and their valid ranges, (low, high, low inclusive, high inclusive) and why:
-# each would otherwise fail late (a traceback at the first batch or log, after the workdir is
-# written) or run silently wrong (a negative clip norm flips every update into an ascent).
-_RANGES = {
-    'grad_clip_norm': (0.0, None, True, None, '0 disables clipping'),
-    'weight_decay': (0.0, None, True, None, ''),
-    'momentum': (0.0, 1.0, True, False, '0 = plain SGD'),
-    'label_smoothing': (0.0, 1.0, True, False, ''),
-    'bn_momentum': (0.0, 1.0, True, True, 'the running statistics\' decay'),
-    'warmup_epochs': (0.0, None, True, None, ''),
-    'step_factor': (0.0, 1.0, False, True, 'the decay factor at each of step_epochs'),
-    'noise_scale_ema': (0.0, 1.0, True, False, ''),
-    'crop_fraction': (0.0, 1.0, False, True, "the centre crop's share of the image"),
-    'log_every_steps': (1, None, True, None, ''),
-    'keep_checkpoints': (1, None, True, None, '0 would delete the last checkpoint too, so a '
-                         'preempted run could not resume'),
-    'checkpoint_every_steps': (0, None, True, None, '0 disables step-based saves'),
-    'checkpoint_every_minutes': (0.0, None, True, None, '0 disables time-based saves'),
+# Every numeric field of the config (dotted path) and the values it allows, in one table that
+# `validate_config` applies before any other check computes with a number (`check_ranges`). A
+# value out of range would otherwise fail late (a traceback at the first batch or log, after the
+# workdir is written) or run silently wrong (a negative clip norm or loss weight turns descent
+# into ascent, a width of 0 gives 1-channel layers, a seed past 32 bits repeats a smaller one).
+# A range is written `'> a'`, `'>= a'` or an interval `'[a, b)'` (brackets as in mathematics),
+# prefixed `'integer '` for an integer field or `'each '` for a sequence of numbers; a float is
+# also always finite (NaN passes every comparison, inf overflows). With a reason: (range, why).
+# Ranges that depend on other fields (image_size on the model, crop_padding < image_size, ghost
+# groups dividing the micro-batch, tau <= max_tau, ...) are checked after, where they are used.
+RANGES: Dict[str, Any] = {
+    'seed': ('integer in [0, 4294967295]', "JAX keeps a seed's low 32 bits: a larger one would "
+             'repeat a smaller one'),
+    # The generated dataset (checked again, with num_pairs against the other two, by
+    # `synthetic.make_config`).
+    'synthetic.num_adjectives': f'integer in [1, {len(synthetic.ADJECTIVES)}]',
+    'synthetic.num_nouns': f'integer in [1, {len(synthetic.NOUNS)}]',
+    'synthetic.num_pairs': ('integer >= 1', 'at most num_adjectives x num_nouns'),
+    'synthetic.image_size': 'integer >= 16',
+    'synthetic.train_per_class': 'integer >= 1',
+    'synthetic.eval_per_class': 'integer >= 1',
+    'synthetic.test_per_class': ('integer >= 0', '0: eval_per_class'),
+    'synthetic.label_noise': '[0, 1)',
+    'synthetic.seed': 'integer >= 0',
+    'image_size': 'integer >= 1',
+    'crop_padding': 'integer >= 0',
+    'crop_fraction': ('(0, 1]', "the centre crop's share of the image"),
+    # The model and the loss.
+    'model.width': ('> 0', 'the channel multiplier; 1.0 = the published widths'),
+    'loss_weights.anp': ('>= 0', "a negative weight ascends that head's loss"),
+    'loss_weights.adjective': ('>= 0', "a negative weight ascends that head's loss"),
+    'loss_weights.noun': ('>= 0', "a negative weight ascends that head's loss"),
+    'label_smoothing': '[0, 1)',
+    'bn_group_size': ('integer >= 1', 'examples per ghost BatchNorm group'),
+    'bn_momentum': ('[0, 1]', "the running statistics' decay"),
+    # The optimisation.
+    'batch_size': 'integer >= 1',
+    'eval_batch_size': 'integer >= 1',
+    'grad_accum_steps': 'integer >= 1',
+    'base_batch_size': 'integer >= 1',
+    'momentum': ('[0, 1)', '0 = plain SGD'),
+    'weight_decay': '>= 0',
+    'base_lr': '> 0',
+    'warmup_epochs': '>= 0',
+    'step_epochs': ('each >= 0', 'the epochs of the step decays'),
+    'step_factor': ('(0, 1]', 'the decay factor at each of step_epochs'),
+    'grad_clip_norm': ('>= 0', '0 disables clipping'),
+    'adam_b1': '[0, 1)',
+    'adam_b2': '[0, 1)',
+    'lars_trust_coefficient': '> 0',
+    'num_epochs': ('>= 0', 'unused when num_train_steps > 0'),
+    'num_train_steps': ('integer >= -1', '-1: train num_epochs'),
+    # Evaluation, logging, methods, fine-tuning, checkpoints.
+    'target_value': ('>= 0', '0: no target'),
+    'log_every_steps': 'integer >= 1',
+    'eval_every_epochs': ('>= 0', '0: evaluate at the end only'),
+    'noise_scale_ema': '[0, 1)',
+    'async_sgd.tau': ('>= 0', 'an integer for the constant staleness, the mean for the geometric'),
+    'async_sgd.max_tau': ('integer >= 0', 'the parameter history kept'),
+    'async_sgd.workers': 'integer >= 1',
+    'async_sgd.compute_cv': '>= 0',
+    'async_sgd.seed': 'integer >= 0',
+    'local_sgd.nodes': ('integer >= 0', '0 = one node per JAX process'),
+    'local_sgd.sync_every': ('integer >= 1', 'steps between parameter averages'),
+    'backbone_lr_multiplier': ('>= 0', 'the fraction of the learning rate for loaded parameters'),
+    'checkpoint_every_steps': ('integer >= 0', '0 disables step-based saves'),
+    'checkpoint_every_minutes': ('>= 0', '0 disables time-based saves'),
+    'keep_checkpoints': ('integer >= 1', '0 would delete the last checkpoint too, so a preempted '
+                         'run could not resume'),
 }
+# Numeric fields of the config any value of which is valid, and why (none today; the tests walk
+# every numeric field of the default config: each is in RANGES or here).
+UNCONSTRAINED: Dict[str, str] = {}
 
 
-def _check_ranges(config) -> None:
-  for field, (low, high, low_in, high_in, note) in _RANGES.items():
-    value = config[field]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-        (value >= low if low_in else value > low)
-        and (high is None or (value <= high if high_in else value < high)))
-    if not ok:
-      interval = (f'{"[" if low_in else "("}{low}, {high}{"]" if high_in else ")"}'
-                  if high is not None else f'{">=" if low_in else ">"} {low}')
-      raise ConfigError(f'config.{field}={value!r} is out of range: use a number '
-                        + (f'in {interval}' if high is not None else interval)
-                        + (f' ({note}).' if note else '.'))
-  if config.bn_mode == 'ghost' and int(config.bn_group_size) < 1:
-    raise ConfigError(f'config.bn_group_size={config.bn_group_size} must be >= 1 with '
-                      "bn_mode='ghost' (examples per BatchNorm group).")
-  if config.augment == 'cifar' and not 0 <= int(config.crop_padding) < int(config.image_size):
-    raise ConfigError(f'config.crop_padding={config.crop_padding} must be in [0, image_size) '
-                      f'= [0, {config.image_size}) for the cifar augmentation.')
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """One entry of `RANGES`, parsed: the bounds (None: unbounded) and whether each is open,
+  whether the value is an integer or a sequence of numbers (`each` entry in range), and why."""
+  low: Optional[float] = None
+  high: Optional[float] = None
+  low_open: bool = False
+  high_open: bool = False
+  integer: bool = False
+  each: bool = False
+  note: str = ''
+
+  def describe(self) -> str:
+    """What to use, for the error message: 'an integer >= 1', 'a number in [0, 1)'."""
+    what = 'a sequence of numbers' if self.each else 'an integer' if self.integer else 'a number'
+    if self.high is None:
+      return f'{what} {">" if self.low_open else ">="} {self.low}'
+    return (f'{what} in {"(" if self.low_open else "["}{self.low}, {self.high}'
+            f'{")" if self.high_open else "]"}')
+
+  def allows(self, value) -> bool:
+    """Whether the number `value` (a sequence's entries one by one) is in the range."""
+    above = value > self.low if self.low_open else value >= self.low
+    below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+    return above and below
+
+
+_RANGE_SPEC = re.compile(r'(?P<each>each )?(?P<integer>integer )?'
+                         r'(?:(?P<op>>=|>) (?P<bound>\S+)'
+                         r'|(?:in )?(?P<open>[\[(])(?P<low>\S+), (?P<high>\S+)(?P<close>[\])]))')
+
+
+def _parse_range(entry) -> Range:
+  """A `RANGES` entry, ``'spec'`` or ``('spec', 'why')``, as a `Range`."""
+  spec, note = (entry, '') if isinstance(entry, str) else entry
+  m = _RANGE_SPEC.fullmatch(spec)
+  if m is None:
+    raise ValueError(f'Bad range {spec!r} in anp_jax.setup.RANGES.')
+  number = lambda text: int(text) if re.fullmatch(r'-?\d+', text) else float(text)  # noqa: E731
+  kind = dict(integer=bool(m['integer']), each=bool(m['each']), note=note)
+  if m['op']:
+    return Range(low=number(m['bound']), low_open=m['op'] == '>', **kind)
+  return Range(low=number(m['low']), high=number(m['high']), low_open=m['open'] == '(',
+               high_open=m['close'] == ')', **kind)
+
+
+_PARSED = {field: _parse_range(entry) for field, entry in RANGES.items()}
+
+
+def range_of(field: str) -> Range:
+  """The parsed `RANGES` entry of `field` (dotted)."""
+  return _PARSED[field]
+
+
+def _is_number(value, integer: bool) -> bool:
+  if isinstance(value, bool):  # A switch, not a number (True == 1).
+    return False
+  return isinstance(value, numbers.Integral if integer else numbers.Real)
+
+
+def _range_error(field: str, r: Range, value) -> str:
+  """Why `value` is not allowed in `field` ('' if it is)."""
+  entries = value if r.each and isinstance(value, (tuple, list)) else (value,)
+  if r.each and not isinstance(value, (tuple, list)):
+    problem = 'is not a sequence of numbers'
+  elif any(_is_number(x, False) and not math.isfinite(x) for x in entries):
+    problem = 'is not a finite number'  # NaN passes every comparison; inf overflows.
+  elif not all(_is_number(x, False) for x in entries):
+    problem = 'is not a number'
+  elif not all(_is_number(x, r.integer) for x in entries):
+    problem = 'is not an integer'
+  elif not all(r.allows(x) for x in entries):
+    problem = 'is out of range'
+  else:
+    return ''
+  return (f'config.{field}={value!r} {problem}: use {r.describe()}'
+          + (f' ({r.note}).' if r.note else '.'))
+
+
+def check_ranges(config) -> None:
+  """Raises ConfigError naming the first field of `RANGES` whose value `config` has out of its
+  range (a field the config lacks keeps the code's default, as in `_check_choices`)."""
+  for field, r in _PARSED.items():
+    node = config
+    for part in field.split('.'):
+      if not hasattr(node, 'keys') or part not in node:
+        break
+      node = node[part]
+    else:
+      error = _range_error(field, r, node)
+      if error:
+        raise ConfigError(error)
 
 
 def _check_evaluation(config) -> None:
   """config.evals (`evaluators.check`), the metric that keeps the best checkpoint, and the
   target: config.target_metric a higher-is-better metric of config.evals, config.target_value a
-  value it can reach (0: no target), config.stop_at_target with periodic evaluations."""
+  value it can reach (0: no target), config.stop_at_target with periodic evaluations.
+
+  The target metric is checked when there is a target (config.stop_at_target needs one), or
+  when the config names one other than the default: without a target nothing reads the default
+  (`default.DEFAULT_TARGET_METRIC`), so a config whose evaluators log no ``eval/`` metric needs
+  no target metric."""
   evaluators.check(config)
   if config.keep_best_metric:
     try:
@@ -212,7 +341,7 @@ def _check_evaluation(config) -> None:
     except ConfigError as e:
       raise ConfigError(f'config.keep_best_metric: {e}') from None
   metric, value = config.target_metric, float(config.target_value)
-  if metric:
+  if metric and (value or metric != default_config.DEFAULT_TARGET_METRIC):
     try:
       goal = evaluators.metric_goal(config, metric)
     except ConfigError as e:

@@ -181,6 +181,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
 def _build_validated(config: ml_collections.ConfigDict) -> Run:
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)
+  pipeline.check_input_backend(builder, config)  # A GPU for 'dali', images of a bounded size.
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
   mesh = executors.make_run_mesh(config, setup.devices, setup.process_count)
   model = models.create_model(config, meta, axis_name=executors.model_axis_name(config))
@@ -221,6 +222,12 @@ def load_checkpoint(workdir: str, step: Optional[int] = None):
   return model, variables, config
 
 
+def _step_devices(run: Run) -> int:
+  """The devices one step's gradient all-reduce (and global BatchNorm) spans: a node's under
+  local SGD."""
+  return run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
+
+
 def noise_scale_unmeasured(run: Run) -> str:
   """Why `run` does not measure the gradient noise scale B_simple ('' if it does): switched off,
   global BatchNorm over several devices (`noise_scale.unmeasurable_reason`), or a single
@@ -229,8 +236,7 @@ def noise_scale_unmeasured(run: Run) -> str:
   `steps.per_device_train_step`)."""
   if not run.config.noise_scale:
     return 'config.noise_scale=False'
-  # The devices one step's gradient all-reduce spans: a node's under local SGD.
-  step_devices = run.setup.devices // dict(run.mesh.shape).get(executors.NODE, 1)
+  step_devices = _step_devices(run)
   reason = noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices)
   if not reason and step_devices * run.setup.accum_steps == 1:
     reason = ('one device without gradient accumulation computes a single gradient per step, '
@@ -326,9 +332,14 @@ def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpoint
              'num_nouns': run.meta.num_nouns}
   best_mode = (evaluators_lib.metric_goal(config, config.keep_best_metric).mode
                if config.keep_best_metric else '')
+  # So is the BatchNorm statistics batch (what bn_mode, bn_group_size, the batch and the devices
+  # resolve to): another one would continue another computation (`checkpointing`).
+  bn_batch = models.statistics_batch(config, run.setup.per_device_micro_batch,
+                                     _step_devices(run))
   return checkpointing.Checkpointer(
       workdir, config, best_mode=best_mode, read_only=read_only,
-      identity_extra={**classes, **(run.executor.identity or {})})
+      identity_extra={**classes, 'bn_statistics_batch': bn_batch,
+                      **(run.executor.identity or {})})
 
 
 def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:

@@ -1,15 +1,18 @@
 """Checkpoint identity: the fields a resume must keep, the batch, numerics (issue 13) and
-data-shaping ones (issue 31, item 7) included, and the one registry of fields added later that
-older checkpoints are read with (issue 33, item 6)."""
+data-shaping ones (issue 31, item 7) included, the one registry of fields added later that
+older checkpoints are read with (issue 33, item 6), and the BatchNorm statistics batch (issue
+42, item 2)."""
 
+import json
 import os
 import re
+import subprocess
 
 import pytest
 
-from anp_jax import checkpointing, trainer
+from anp_jax import checkpointing, models, trainer
 from anp_jax.configs import default
-from conftest import tiny_config
+from conftest import ROOT, main_cmd, subprocess_env, tiny_config
 
 
 @pytest.fixture(scope='module')
@@ -102,3 +105,98 @@ def test_checkpoint_identity_covers_the_batch_and_numerics(tmp_path, field, valu
     ckpt._check_identity({'identity': old}, 7)
   finally:
     ckpt.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 42, item 2: the BatchNorm statistics batch (the examples each BatchNorm normalises over)
+# is part of the identity: a resume that changes it continues another computation.
+
+
+@pytest.mark.parametrize('mode,devices,accum,want', [
+    ('ghost', 8, 1, 4), ('ghost', 1, 2, 4),  # bn_group_size, whatever the devices.
+    ('global', 8, 1, 32), ('global', 2, 1, 32), ('global', 1, 2, 16),  # batch / accumulation.
+    ('per_device', 8, 1, 4), ('per_device', 2, 1, 16), ('per_device', 2, 2, 8),  # Per device.
+])
+def test_the_statistics_batch_of_each_bn_mode(mode, devices, accum, want):
+  config = tiny_config('/nonexistent', bn_mode=mode, grad_accum_steps=accum)  # Batch 32.
+  micro = 32 // devices // accum
+  assert models.statistics_batch(config, micro, devices) == want
+
+
+def test_global_bn_under_local_sgd_averages_over_a_nodes_devices():
+  config = tiny_config('/nonexistent', bn_mode='global', method='local_sgd')
+  assert models.statistics_batch(config, 4, 8 // 2) == 16  # 2 nodes of 4 devices, 4 each.
+
+
+def _finished(data_dir, workdir, **overrides):
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=3, checkpoint_every_steps=3,
+                                         **overrides), str(workdir))
+  return {n: open(workdir / n).read() for n in ('config.json', 'metrics.jsonl')}
+
+
+def test_a_resume_with_another_ghost_group_is_refused_by_name(data_dir, tmp_path):
+  """Repro A (8 devices of 4 examples here: groups of 2 instead of 4). Before: rc 0,
+  "Resumed", config.json rewritten to the new group size while the steps so far used 4."""
+  workdir = tmp_path / 'w'
+  before = _finished(data_dir, workdir)
+  with pytest.raises(ValueError, match=re.escape('bn_statistics_batch: checkpoint 4 vs config 2')):
+    trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=6, bn_group_size=2),
+                               str(workdir))
+  assert {n: open(workdir / n).read() for n in before} == before
+  assert json.loads(before['config.json'])['bn_group_size'] == 4
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['3']
+
+
+@pytest.mark.slow(20)
+def test_a_per_device_resume_on_other_devices_exits_2_naming_the_statistics_batch(data_dir,
+                                                                                  tmp_path):
+  """Repro B: per-device BatchNorm, 8 devices (4 examples each) to step 3, resumed on 4 (8
+  each). Before: resumed silently, the statistics batch doubled."""
+  workdir = tmp_path / 'w'
+  before = _finished(data_dir, workdir, bn_mode='per_device')
+  out = subprocess.run(main_cmd(data_dir, workdir, num_train_steps=6, checkpoint_every_steps=3,
+                                bn_mode='per_device'),
+                       env=subprocess_env(4), capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+  assert out.returncode == 2, out.stderr[-3000:]
+  errors = [line for line in out.stderr.splitlines() if line.startswith('ERROR')]
+  assert len(errors) == 1 and 'bn_statistics_batch: checkpoint 4 vs config 8' in errors[0]
+  assert {n: open(workdir / n).read() for n in before} == before
+
+
+def test_bn_modes_whose_statistics_batch_is_the_same_stay_resumable(tmp_path):
+  """Ghost and global BatchNorm do not depend on the device count: their identities on 8 and on
+  2 devices (or 2 processes) are equal, so the resumes across device and process counts go on."""
+  for mode in ('ghost', 'global'):
+    config = tiny_config(tmp_path, bn_mode=mode)
+    on = lambda devices: checkpointing.identity(  # noqa: E731
+        config, {'bn_statistics_batch': models.statistics_batch(config, 32 // devices, devices)})
+    assert checkpointing.identity_diff(on(8), on(2)) == {}
+  # A changed group size with global BN changes nothing that BN computes: accepted.
+  glob = lambda group: checkpointing.identity(  # noqa: E731
+      tiny_config(tmp_path, bn_mode='global', bn_group_size=group),
+      {'bn_statistics_batch': 32})
+  assert checkpointing.identity_diff(glob(4), glob(8)) == {}
+
+
+def test_a_checkpoint_that_does_not_record_the_statistics_batch_still_restores(tmp_path):
+  """Older checkpoints lack the entry; the field existed, its value is unknown: not compared."""
+  assert 'bn_statistics_batch' not in default.ADDED_FIELDS
+  current = checkpointing.identity(tiny_config(tmp_path), {'bn_statistics_batch': 8})
+  old = {k: v for k, v in current.items() if k != 'bn_statistics_batch'}
+  assert checkpointing.identity_diff(old, current) == {}
+
+
+def test_an_evaluation_ignores_the_statistics_batch(data_dir, tmp_path):
+  """In evaluation BatchNorm normalises with its running statistics: another group size (or
+  device count with per-device BN) evaluates the same model."""
+  assert 'bn_statistics_batch' in checkpointing.IDENTITY_TRAINING_ONLY
+  workdir = tmp_path / 'w'
+  _finished(data_dir, workdir)
+  result = trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=3, eval_only=True,
+                                                  bn_group_size=2), str(workdir))
+  assert result.step == 3
+  saved = {'bn_statistics_batch': 4}
+  assert checkpointing.identity_diff(saved, {'bn_statistics_batch': 8}, eval_only=True) == {}
+  assert checkpointing.identity_diff(saved, {'bn_statistics_batch': 8}) == {
+      'bn_statistics_batch': (4, 8)}

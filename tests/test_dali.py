@@ -147,6 +147,19 @@ def test_dali_missing_is_a_clear_error(monkeypatch):
     dali_input.import_dali('dali_cpu')
 
 
+def test_dali_missing_is_refused_by_config_validation(monkeypatch, data_dir):
+  """Issue 42, item 3: with the config's other checks, before anything is read or written
+  (before: an ImportError when the first batch was read, after the workdir was written)."""
+  from anp_jax import setup
+  from anp_jax.errors import ConfigError
+  monkeypatch.setitem(sys.modules, 'nvidia.dali', None)
+  for backend in ('dali', 'dali_cpu'):
+    with pytest.raises(ConfigError, match=rf"config.input_backend='{backend}' needs NVIDIA DALI, "
+                                          r'which is not installed here .*requirements-dali.txt'):
+      setup.validate_config(tiny_config(data_dir, augment='inception', input_backend=backend))
+  setup.validate_config(tiny_config(data_dir, augment='inception', input_backend='tf_device'))
+
+
 def test_dali_gpu_decode_without_a_gpu_is_refused(photos):
   """'dali' (nvJPEG) on a machine whose JAX has no GPU: an error naming the CPU mode, not a
   silent fallback."""

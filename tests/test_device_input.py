@@ -2,6 +2,8 @@
 device resizes, flips and normalises inside the step (anp_jax/data/windows.py,
 anp_jax/data/device_input.py); the same examples and images as the host path ('tf')."""
 
+import subprocess
+
 import jax
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import tensorflow as tf
 from anp_jax import setup, trainer
 from anp_jax.data import anp, device_input, input_stages, pipeline, windows
 from anp_jax.errors import ConfigError
-from conftest import tiny_config
+from conftest import ROOT, main_cmd, subprocess_env, tiny_config
 
 # float32 images agree to a few float32 ulps (XLA's division and fused multiply-adds round
 # differently from TensorFlow's kernels); bfloat16 images are then equal but for a rare element
@@ -212,6 +214,69 @@ def test_unsupported_settings_are_clear_errors(photos, data_dir):
   with pytest.raises(ConfigError, match='--resize_short_side'):
     pipeline.train_dataset(photos['unbounded'], config, per_device_batch=4, num_shards=1,
                            shards=[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 42, item 3: a backend's preconditions are checked before the workdir is written.
+
+# A package that shadows NVIDIA DALI (first on PYTHONPATH): `import nvidia.dali` fails as where
+# DALI is not installed; the other `nvidia.*` packages are still found (`extend_path`).
+_NO_DALI = {'nvidia/__init__.py': 'import pkgutil\n__path__ = pkgutil.extend_path(__path__, '
+                                  '__name__)\n',
+            'nvidia/dali/__init__.py': "raise ImportError('No module named nvidia.dali')\n"}
+
+
+def _refused(cmd, workdir, env):
+  """Runs the command line `cmd`; asserts exit 2 with one line on stderr and no `workdir`;
+  returns that line."""
+  out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+  assert len(lines) == 1 and lines[0].startswith('ERROR: '), out.stderr[-3000:]
+  assert not workdir.exists(), sorted(p.name for p in workdir.iterdir())
+  return lines[0]
+
+
+@pytest.mark.slow(15)
+def test_dali_missing_exits_2_before_the_workdir_is_written(data_dir, tmp_path):
+  """Before: exit 1, a traceback ending in ImportError, and the workdir holding .lock,
+  checkpoints/, config.json, an events file and an empty metrics.jsonl."""
+  for name, text in _NO_DALI.items():
+    (tmp_path / 'shadow' / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / 'shadow' / name).write_text(text)
+  env = subprocess_env(1)
+  env['PYTHONPATH'] = f"{tmp_path / 'shadow'}:{env['PYTHONPATH']}"
+  workdir = tmp_path / 'w'
+  line = _refused(main_cmd(data_dir, workdir, input_backend='dali_cpu', augment='inception'),
+                  workdir, env)
+  assert "config.input_backend='dali_cpu' needs NVIDIA DALI, which is not installed" in line
+  assert 'requirements-dali.txt' in line
+
+
+@pytest.mark.slow(15)
+def test_an_unbounded_dataset_exits_2_before_the_workdir_is_written(photos, tmp_path):
+  """Before: the right exit 2, but after the workdir was written (.lock, checkpoints/,
+  config.json, an events file, an empty metrics.jsonl)."""
+  workdir = tmp_path / 'w'
+  config = _config(photos, 'unbounded', 'tf_device', batch_size=8, eval_batch_size=8)
+  overrides = {k: v for k, v in config.to_dict().items()
+               if k in ('dataset', 'augment', 'input_backend', 'image_size', 'batch_size',
+                        'eval_batch_size')}
+  # The 8 photos are all in 'train': evaluate that split (nothing runs that far anyway).
+  cmd = main_cmd(photos['root'] / 'tfds', workdir, **overrides,
+                 **{'anp.config_name': config.anp.config_name, 'evals.eval.split': 'train'})
+  line = _refused(cmd, workdir, subprocess_env(1))
+  assert "config.input_backend='tf_device' needs images of a bounded size" in line
+
+
+def test_dali_gpu_decode_without_a_gpu_is_refused_before_the_workdir_is_written(data_dir,
+                                                                                tmp_path):
+  """Before: refused when the first batch was read, after the workdir was written."""
+  config = tiny_config(data_dir, augment='inception', input_backend='dali')
+  with pytest.raises(ConfigError, match=r"input_backend='dali' decodes JPEGs on the GPU.*"
+                                        r"'dali_cpu'"):
+    trainer.train_and_evaluate(config, str(tmp_path / 'w'))
+  assert not (tmp_path / 'w').exists()
 
 
 def _trained(config, steps=2):

@@ -137,8 +137,8 @@ def test_two_processes_equal_one_process_leaf_by_leaf(data_dir, tmp_path, whole)
 
 @pytest.mark.parametrize('overrides,message', [
     ({'local_sgd.nodes': 3}, 'does not divide the 8 devices'),
-    ({'local_sgd.nodes': -1}, 'nodes must be an integer >= 0'),
-    ({'local_sgd.sync_every': 0}, 'sync_every must be an integer >= 1'),
+    ({'local_sgd.nodes': -1}, 'local_sgd.nodes=-1 is out of range: use an integer >= 0'),
+    ({'local_sgd.sync_every': 0}, 'sync_every=0 is out of range: use an integer >= 1'),
     ({'executor': 'pmap'}, "'jit' executor only"),
 ])
 def test_bad_local_sgd_config_fails_before_compilation(data_dir, tmp_path, overrides, message):

@@ -43,3 +43,44 @@ def test_write_json_atomic_never_leaves_a_partial_file(tmp_path):
   with open(path) as f:
     assert json.load(f) == {'step': 3}  # The previous complete file is intact.
   assert os.listdir(tmp_path) == ['final_metrics.json']  # No temporary left behind.
+
+
+def _plotted(monkeypatch, records):
+  """{panel title: [line labels]} of `reporting.plot_curves(records)`."""
+  from anp_jax import plotting
+  figures = []
+  monkeypatch.setattr(plotting, 'save_figure', lambda fig, path: figures.append(fig) or path)
+  reporting.plot_curves(records, 'unused.png')
+  (fig,) = figures
+  out = {ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in fig.axes}
+  plotting.pyplot().close(fig)
+  return out
+
+
+def _eval_record(step, prefixes=('eval',), **extra):
+  record = {'step': step, 'eval/epoch': step / 4, 'eval/examples_seen': 32 * step, **extra}
+  for p in prefixes:
+    record.update({f'{p}/anp_top1': 0.1 * step, f'{p}/anp_top5': 0.3, f'{p}/adjective_top1': 0.4,
+                   f'{p}/noun_top1': 0.5, f'{p}/loss': 2.0 / step, f'{p}/anp_loss': 1.0})
+  return record
+
+
+def test_curves_show_every_evaluators_metrics(monkeypatch):
+  """Issue 42, item 5. Before: only ``eval/*`` was drawn, so a run whose evaluator logs under
+  another prefix (``val/``) had an empty accuracy panel; other kinds' metrics were never drawn."""
+  train = [{'step': s, 'train/epoch': s / 4, 'train/loss': 3.0 / s} for s in (1, 2, 3)]
+  evals = [_eval_record(s, ('val', 'test'), **{'norm/l2': 10.0 + s}) for s in (2, 3)]
+  panels = _plotted(monkeypatch, train + evals)
+  assert panels['Evaluation accuracy'] == [
+      f'{p}: {m}' for p in ('test', 'val')
+      for m in ('anp top-1', 'adjective top-1', 'noun top-1', 'anp top-5')]
+  assert panels['Loss'] == ['train', 'test', 'val']
+  assert panels['Other evaluation metrics'] == ['norm/l2']
+
+
+def test_curves_of_the_default_evaluation_are_unchanged(monkeypatch):
+  panels = _plotted(monkeypatch, [{'step': 1, 'train/epoch': 0.25, 'train/loss': 3.0},
+                                  _eval_record(2)])
+  assert panels == {'Loss': ['train', 'eval'],
+                    'Evaluation accuracy': ['eval: anp top-1', 'eval: adjective top-1',
+                                            'eval: noun top-1', 'eval: anp top-5']}

@@ -313,6 +313,49 @@ def test_a_point_with_an_unknown_field_or_a_bad_size_is_named(data_dir, tmp_path
 
 
 # ----------------------------------------------------------------------------------------------
+# A preset's stop_at_target (issue 42, item 7).
+
+_STOPPING_PRESET = """
+from anp_jax.configs import study_ghost_bn
+
+
+def get_config(variant='tiny'):
+  c = study_ghost_bn.get_config(variant)
+  c.stop_at_target = True  # The preset's own setting.
+  return c
+
+
+def get_sweep(variant='tiny'):
+  return study_ghost_bn.get_sweep(variant)
+"""
+
+
+@pytest.mark.parametrize('flag,stops', [((), True), (('--stop_at_target',), True),
+                                        (('--nostop_at_target',), False)])
+def test_a_presets_stop_at_target_holds_unless_the_flag_is_given(data_dir, tmp_path,
+                                                                monkeypatch, flag, stops):
+  """Before: every run's config had the flag's default (False), whatever the preset said."""
+  monkeypatch.setattr(study_cli, 'CONFIGS_DIR', str(tmp_path))
+  (tmp_path / 'study_stopping.py').write_text(_STOPPING_PRESET)
+  study, base, opts, _ = study_cli.resolve(['--preset', 'stopping', '--out',
+                                            str(tmp_path / 'o'),
+                                            f'--config.data_dir={data_dir}', *flag])
+  runs, _ = runner.plan_runs(study, base, opts, devices=8)
+  assert runs and [r.config.stop_at_target for r in runs] == [stops] * len(runs)
+
+
+@pytest.mark.parametrize('preset,flag,stops', [(False, None, False), (True, None, True),
+                                               (True, False, False), (False, True, True)])
+def test_a_run_config_stops_at_target_by_the_flag_else_by_the_preset(preset, flag, stops):
+  from anp_jax.configs import study_ghost_bn
+  base = study_ghost_bn.get_config('tiny')
+  base.stop_at_target = preset
+  study = from_preset('t', study_ghost_bn.get_sweep('tiny'), base)
+  key = study.runs()[0]
+  assert runner.make_run_config(base, study, key, flag).stop_at_target is stops
+
+
+# ----------------------------------------------------------------------------------------------
 # The ghost-BN preset for real.
 
 

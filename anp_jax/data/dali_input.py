@@ -28,6 +28,8 @@ from typing import Any, Dict, Iterator, List
 import jax
 import numpy as np
 
+from anp_jax.errors import ConfigError
+
 REQUIREMENTS = 'requirements-dali.txt'
 # The decoder's settings that make its output libjpeg's as TensorFlow calls it: TensorFlow's
 # default IDCT is libjpeg's fast integer one and it ignores EXIF orientation; fancy upsampling
@@ -53,10 +55,10 @@ def import_dali(backend: str):
 
 
 def check_gpu(backend: str) -> None:
-  """'dali' decodes on the GPU: refuse it on a machine whose JAX has no GPU, naming the
-  explicit CPU mode."""
+  """'dali' decodes on the GPU: refuse it (ConfigError) on a machine whose JAX has no GPU,
+  naming the explicit CPU mode."""
   if backend == 'dali' and jax.local_devices()[0].platform != 'gpu':
-    raise ValueError(
+    raise ConfigError(
         "config.input_backend='dali' decodes JPEGs on the GPU, and JAX sees no GPU here "
         f'(devices: {jax.local_devices()[0].platform}); use input_backend=\'dali_cpu\' for '
         "DALI's CPU decoder, or 'tf_device'.")

@@ -479,6 +479,22 @@ def _device_form(builder, config) -> Optional[_DeviceForm]:
   return _DeviceForm(config, device_box(builder, config))
 
 
+def check_input_backend(builder, config) -> None:
+  """Raises `ConfigError` when ``config.input_backend`` cannot run on this machine or dataset:
+  'dali' without a GPU (`dali_input.check_gpu`), a device backend on images of no bounded size
+  (`device_box`). The trainer calls it when it builds the run, before the workdir is written;
+  what the config alone decides (the augmentation, the executor, DALI installed) is
+  `windows.check_backend`'s, in `anp_jax.setup.validate_config`."""
+  from anp_jax.data import windows
+  name = windows.backend(config)
+  if name not in windows.DEVICE_BACKENDS:
+    return
+  device_box(builder, config)
+  if name == 'dali':
+    from anp_jax.data import dali_input
+    dali_input.check_gpu(name)
+
+
 def device_box(builder, config) -> int:
   """The side of the uint8 box the device backends hand windows over in, for this dataset
   (`windows.box_size`: a ConfigError when its images have no bounded size)."""

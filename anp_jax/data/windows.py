@@ -55,7 +55,10 @@ def backend(config) -> str:
 
 def check_backend(config) -> None:
   """Raises `ConfigError` with what to change when ``config.input_backend`` cannot run this
-  config (called by `anp_jax.setup.validate_config`, before anything is read)."""
+  config, or this installation lacks it (DALI): called by `anp_jax.setup.validate_config`,
+  before anything is read. What it needs of the machine and the dataset (a GPU for 'dali',
+  images of a bounded size) is checked when the run is built, before the workdir is written
+  (`pipeline.check_input_backend`)."""
   name = backend(config)
   if name not in DEVICE_BACKENDS:
     return
@@ -68,6 +71,12 @@ def check_backend(config) -> None:
     raise ConfigError("config.input_backend='dali' puts DALI's GPU output straight into the "
                      "mesh's arrays: it needs config.executor='jit' (or use "
                      "input_backend='tf_device').")
+  if name in ('dali', 'dali_cpu'):
+    from anp_jax.data import dali_input
+    try:
+      dali_input.import_dali(name)
+    except ImportError as e:  # Says how to install it, or which backend needs none.
+      raise ConfigError(str(e)) from None
 
 
 def box_size(config, *, stored_image_size: Optional[int], stored_short_side: Optional[int],

@@ -10,6 +10,6 @@ one module that calls `register` (see ``docs/models.md``).
 from anp_jax.models.norm import BatchNorm, BatchNormSettings  # noqa: F401
 from anp_jax.models.registry import (BN_MODES, DTYPE_HINTS, DTYPES, NAMES, Heads,  # noqa: F401
                                      ModelArgs, ModelSpec, create_model, dtype_error, names,
-                                     norm_settings, register, spec)
+                                     norm_settings, register, spec, statistics_batch)
 # Imported for its registrations (every ResNet name); `build_resnet` builds one without a config.
 from anp_jax.models.resnet import ResNet, build_resnet  # noqa: F401

@@ -188,6 +188,23 @@ def norm_settings(config, axis_name: Optional[str] = None) -> BatchNormSettings:
                            freeze=freeze)
 
 
+def statistics_batch(config, micro_batch: int, axis_devices: int) -> int:
+  """The examples each BatchNorm of a training step normalises over, as `norm_settings` sets
+  it up: ``config.bn_group_size`` ('ghost'), a device's micro-batch `micro_batch` ('per_device':
+  the per-device batch / grad_accum_steps, so it follows the device count), or the micro-batches
+  of the `axis_devices` devices whose statistics 'global' averages (the step's all-reduce: every
+  device, a node's under local SGD). Part of a checkpoint's identity (`anp_jax.trainer`): a
+  resume that changed it would continue another computation."""
+  mode = config.bn_mode
+  if mode == 'ghost':
+    return int(config.bn_group_size)
+  if mode == 'per_device':
+    return int(micro_batch)
+  if mode == 'global':
+    return int(micro_batch) * int(axis_devices)
+  raise ValueError(f'config.bn_mode={mode!r} is unknown; choose one of {BN_MODES}.')
+
+
 def create_model(config, meta, axis_name: Optional[str] = None) -> nn.Module:
   """The model named by ``config.model.name``, with heads sized by ``meta``.
 

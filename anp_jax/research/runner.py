@@ -185,13 +185,22 @@ def apply_fields(config, fields: Dict[str, Any], where: str) -> None:
       raise StudyError(f'{where}: config.{key}={value!r}: {e}') from None
 
 
-def make_run_config(base, study: Study, key: RunKey, stop_at_target: bool):
-  """The base config with the point's fields, the seed, the rate multiplier and the target."""
+def stops_at_target(base, flag: Optional[bool]) -> bool:
+  """Whether a study's runs stop at their target: ``--stop_at_target`` / ``--nostop_at_target``
+  when given (`flag`), else the preset config's own ``stop_at_target``."""
+  return eval_seam.stops_at_target(base) if flag is None else bool(flag)
+
+
+def make_run_config(base, study: Study, key: RunKey, stop_at_target: Optional[bool] = None):
+  """The base config with the point's fields, the seed, the rate multiplier and the target;
+  the run stops at it as `stops_at_target` says (`stop_at_target`: the flag, None when not
+  given: the preset's own setting)."""
   c = ml_collections.ConfigDict(base.to_dict())
   apply_fields(c, dict(key.fields), f'Point {key.point!r}')
   c.seed = key.seed
   c.base_lr = float(base.base_lr) * key.lr_mult
-  eval_seam.set_target(c, study.target_metric, study.target_value, stop_at_target)
+  eval_seam.set_target(c, study.target_metric, study.target_value,
+                       stops_at_target(base, stop_at_target))
   return c
 
 
@@ -239,7 +248,8 @@ class Options:
   """How this invocation runs a study (the command line's settings that are not the study)."""
   out: str
   preset: str = ''
-  stop_at_target: bool = False
+  # --stop_at_target / --nostop_at_target; None (not given): the preset config's own setting.
+  stop_at_target: Optional[bool] = None
   ci: str = 't'
   dry_run: bool = False
   report: bool = True

@@ -166,9 +166,12 @@ def define_runner_flags(fv, lr_flag: str = 'lr_grid'):
                     "Student's t, or a percentile bootstrap.", flag_values=fv)
   define('integer', 'cpu_devices', 'Simulated CPU devices (XLA flag, set before JAX starts); '
          '0: none.')
-  define('bool', 'stop_at_target', 'Stop each run at the first evaluation where the target is '
-         'reached on validation and, when the runs evaluate the test split, on test too '
-         '(time-to-accuracy; the budget becomes a cap).')
+  # No default: without the flag the preset config's own stop_at_target holds
+  # (`runner.stops_at_target`).
+  flags.DEFINE_bool('stop_at_target', None, 'Stop each run at the first evaluation where the '
+                    'target is reached on validation and, when the runs evaluate the test split, '
+                    'on test too (time-to-accuracy; the budget becomes a cap). Default: the '
+                    "preset config's stop_at_target.", flag_values=fv)
   define('bool', 'dry_run', 'Validate, print the runs and the time estimate; train nothing.')
   define('bool', 'no_report', 'Write the results but not the report.')
 
@@ -210,7 +213,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__):
   seeds = list_flag(fv, 'seeds', int)
   study = from_preset(fv.preset.partition(':')[0], sweep, base, seeds=seeds,
                       lr_grid=list_flag(fv, 'lr_grid', float), lr_extensions=fv.lr_extensions)
-  if fv.stop_at_target and base.eval_every_epochs <= 0:
+  if runner.stops_at_target(base, fv.stop_at_target) and base.eval_every_epochs <= 0:
     raise StudyError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report,

@@ -117,7 +117,7 @@ class Sweep:
   max_per_device_batch: int
   checkpoint_every_epochs: float
   user_fields: frozenset  # Config fields the user set with --config (not recomputed per run).
-  stop_at_target: bool = False
+  stop_at_target: Optional[bool] = None  # The flag; None (not given): the preset's setting.
   lr_from: str = ''  # Another sweep's directory whose chosen rates the points run at.
 
 
@@ -187,7 +187,7 @@ def resolve(args, base, overrides) -> Sweep:
   if not (isinstance(target, (int, float)) and 0.0 < target <= 1.0):
     raise SweepError(f'--target_top1={target} is an unreachable target: top-1 accuracy is a '
                      'fraction in (0, 1] (e.g. 0.3 for 30 %).')
-  if args.stop_at_target and base.eval_every_epochs <= 0:
+  if runner.stops_at_target(base, args.stop_at_target) and base.eval_every_epochs <= 0:
     raise SweepError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
   batch_sizes = preset.batch_sizes if args.batch_sizes is None else args.batch_sizes
   seeds = preset.seeds if args.seeds is None else args.seeds
@@ -234,7 +234,7 @@ def resolve(args, base, overrides) -> Sweep:
                lr=LrGrid(tuple(mults), int(extensions)), target_top1=float(target),
                max_per_device_batch=max_pd, checkpoint_every_epochs=ckpt,
                user_fields=frozenset(k for k, _ in overrides),
-               stop_at_target=bool(args.stop_at_target),
+               stop_at_target=args.stop_at_target,
                lr_from=os.path.abspath(os.path.expanduser(args.lr_from)) if getattr(
                    args, 'lr_from', None) else '')
 

@@ -319,7 +319,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   if not 0.0 < target <= 1.0:
     raise ExperimentError(f'--target_top1={target} is an unreachable target: top-1 accuracy is '
                           'a fraction in (0, 1] (e.g. 0.25 for 25 %).')
-  if fv.stop_at_target and base.eval_every_epochs <= 0:
+  if runner.stops_at_target(base, fv.stop_at_target) and base.eval_every_epochs <= 0:
     raise ExperimentError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report, user_fields=frozenset(keys),
@@ -601,7 +601,7 @@ def write_summary(ex: Experiment) -> str:
               if ex.lr.extensions else ''),
            f'Published figures on the {split} split.'
            + (' Runs stop at the later of their validation and test crossings of the target.'
-              if ex.opts.stop_at_target else ''), '']
+              if runner.stops_at_target(ex.base, ex.opts.stop_at_target) else ''), '']
   if several:
     lines += ['With several seeds, the figures are over the seeds at the chosen rate: '
               + stats.describe_method(ex.opts.ci) + ' "≥ X (k/n reached, ...)" is a lower bound '
