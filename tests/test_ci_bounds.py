@@ -11,13 +11,12 @@ import time
 
 from conftest import ROOT
 
-INI = '[pytest]\naddopts = -p no:cacheprovider\n'
-
-
 def _inner_suite(tmp_path, files):
+  """The test files `files` in `tmp_path`, with the suite's own pytest.ini (its options)."""
   for name, body in files.items():
     (tmp_path / name).write_text(textwrap.dedent(body))
-  (tmp_path / 'pytest.ini').write_text(INI)
+  with open(os.path.join(ROOT, 'pytest.ini')) as f:
+    (tmp_path / 'pytest.ini').write_text(f.read())
 
 
 def _test_sh(tmp_path, *args, timeout, **env):
@@ -42,6 +41,7 @@ def test_a_crashed_worker_fails_the_session_fast_and_names_its_test(tmp_path):
       'test_crash.py': '''
           import os
           def test_aborts_its_worker():
+            os.write(2, b'F1205 rendezvous.cc:161] Termination timeout for all reduce\\n')
             os.abort()
           ''',
       'test_slow.py': '''
@@ -56,6 +56,8 @@ def test_a_crashed_worker_fails_the_session_fast_and_names_its_test(tmp_path):
   out = r.stdout + r.stderr
   assert r.returncode != 0, out[-3000:]
   assert 'test_crash.py::test_aborts_its_worker' in out, out[-3000:]
+  # What the process wrote to fd 2 before it aborted (XLA's reason) is in the log.
+  assert 'Termination timeout for all reduce' in out, out[-3000:]
   # Not replaced: with xdist's default (4 restarts per worker) the crashed test ran again on
   # each replacement, 9 times in all on 2 workers, before the session gave up.
   assert out.count('crashed while running') == 1, out[-3000:]
