@@ -48,10 +48,11 @@ import pytest  # noqa: E402
 
 import slurm_cluster  # noqa: E402
 
-from anp_jax import distributed, runtime  # noqa: E402
+from anp_jax import distributed, runtime, xla_flags  # noqa: E402
 from anp_jax.configs import default, tiny  # noqa: E402
 
-runtime.configure()  # As every entry point: XLA:CPU flags, TensorFlow off the GPU.
+_NPROC_GIVEN = xla_flags.POOL_SIZE_VARIABLE in os.environ
+runtime.configure()  # As every entry point: XLA:CPU flags, TensorFlow off the GPU, NPROC.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, 'tests')
@@ -95,6 +96,8 @@ def subprocess_env(devices: int = 8, **extra) -> dict:
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu',
              PYTHONFAULTHANDLER='1',
              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}'.strip())
+  if not _NPROC_GIVEN:  # The child's own runtime.configure sizes its pool for its devices.
+    env.pop(xla_flags.POOL_SIZE_VARIABLE, None)
   env.update({k: str(v) for k, v in extra.items()})
   return env
 

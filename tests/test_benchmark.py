@@ -393,6 +393,28 @@ def test_xla_cpu_defaults_added_once_user_choice_kept_and_opt_out():
   assert set(xla_flags.CPU_DEFAULTS) <= set(os.environ['XLA_FLAGS'].split())
 
 
+def test_several_simulated_devices_get_a_pool_with_room_beside_one_collective():
+  """XLA:CPU's pool has max(NPROC or the cores, devices) threads, just enough for one collective;
+  a collective once waited 300 s for its last participant there and aborted the process."""
+  tested = xla_flags.TESTED_JAXLIB[0]
+  cores = os.cpu_count() or 1
+  env = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  xla_flags.apply_cpu_defaults(env, jaxlib=tested)
+  assert env['NPROC'] == str(2 * max(8, cores))
+  one = {'XLA_FLAGS': '--xla_force_host_platform_device_count=1'}
+  xla_flags.apply_cpu_defaults(one, jaxlib=tested)
+  assert 'NPROC' not in one and 'NPROC' not in xla_flags.apply_cpu_defaults({}, jaxlib=tested)
+  mine = {'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'NPROC': '6'}
+  xla_flags.apply_cpu_defaults(mine, jaxlib=tested)
+  assert mine['NPROC'] == '6'  # Yours wins.
+  off = {'XLA_FLAGS': '--xla_force_host_platform_device_count=4', xla_flags.OPT_OUT: '0'}
+  xla_flags.apply_cpu_defaults(off, jaxlib=tested)
+  assert 'NPROC' not in off
+  assert xla_flags.simulated_device_count('--a=1 --xla_force_host_platform_device_count=3') == 3
+  # This session (8 simulated devices) runs with it.
+  assert int(os.environ['NPROC']) >= 16
+
+
 def test_an_in_process_collective_waits_out_a_starved_device_thread():
   """XLA:CPU aborted a process whose simulated devices reached an all-reduce more than 40 s
   apart (a loaded host starving one device's thread: a study was killed so). The defaults give
