@@ -73,14 +73,15 @@ by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 
 import sys
 
-from anp_jax import runtime
+from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli, sweep, sweep_report
 
 
 def main(argv=None) -> int:
   """Runs the sweep of `argv` (default: the command line); 2 on bad input."""
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
+  accelerator.check_or_exit(argv=argv)  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   return sweep.main(argv, make_report=sweep_report.make_report, doc=__doc__)
 
 

@@ -18,7 +18,7 @@ import time
 
 from absl import app, flags
 
-from anp_jax import cli, runtime, transfer
+from anp_jax import accelerator, cli, runtime, transfer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('out', None, 'Directory for curves.png, summary.md and results.json.',
@@ -38,6 +38,7 @@ def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
+  accelerator.check_or_exit()  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
   from anp_jax import errors
   expand = lambda path: os.path.expanduser(path) if path else path
   out, data_dir = expand(FLAGS.out), expand(FLAGS.data_dir)

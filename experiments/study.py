@@ -20,14 +20,15 @@ preemption); see docs/experiments.md. Thin on purpose: the command line is
 
 import sys
 
-from anp_jax import runtime
+from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli
 
 
 def main(argv=None) -> int:
   """Runs the study of `argv` (default: the command line); 2 on bad input."""
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
+  accelerator.check_or_exit(argv=argv)  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   return study_cli.main(argv, doc=__doc__)
 
 
