@@ -21,6 +21,18 @@ from anp_jax import errors
 EXIT_USAGE = errors.EXIT_CONFIG  # The documented exit code of bad config, input or environment.
 
 
+def _disclaim_key_flags() -> None:
+  """The flags this module's helpers define (`define_positive_ints`, `define_config_file`) are
+  the calling entry point's key flags, listed by its ``--help``: absl credits a flag to the
+  module whose code calls DEFINE, and without this it was this one, so that ``planner --help``
+  hid ``--batches``, ``--nodes`` and ``--sync_periods`` (only ``--helpfull`` showed them)."""
+  from absl import flags
+  flags.disclaim_key_flags()
+
+
+_disclaim_key_flags()
+
+
 def nearest_existing(path: str) -> str:
   """`path` if it exists, else its nearest existing ancestor ('' when a relative path has none):
   where a directory would have to be created, to tell a path under a file early."""
@@ -102,9 +114,9 @@ def unknown_field_message(key: str, fields: Sequence[str]) -> str:
 
 def _new_evaluator_message(key: str, fields: Sequence[str]) -> str:
   """The message for ``--config.evals.<name>...`` where `<name>` is not an evaluator of the
-  config ('' otherwise): how to add one. The closest field would be another evaluator's (``evals.test.split``
-  -> ``evals.eval.split``), and following that hint moves the validation evaluator, on which
-  every choice is made, onto the split the results are reported on."""
+  config ('' otherwise): how to add one. The closest field would be another evaluator's
+  (``evals.test.split`` -> ``evals.eval.split``), and following that hint moves the validation
+  evaluator, on which every choice is made, onto the split the results are reported on."""
   if not key.startswith('evals.') or 'evals' not in fields:
     return ''
   name = key.split('.')[1]

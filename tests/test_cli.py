@@ -222,3 +222,18 @@ def test_prepare_help_does_not_import_tensorflow():
                        timeout=120)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == 'False'
+
+
+@pytest.mark.parametrize('module, names', [
+    ('anp_jax.research.planner', ('--batches', '--nodes', '--sync_periods', '--pilot')),
+    ('anp_jax.research.perfmodel', ('--sweep_nodes', '--cluster')),
+    ('anp_jax.main', ('--config', '--workdir'))])
+def test_help_lists_the_flags_defined_through_cli_helpers(module, names):
+  """`planner --help` hid --batches, --nodes and --sync_periods (absl credited them to
+  anp_jax.cli, whose helper defined them: only --helpfull listed them)."""
+  out = subprocess.run([sys.executable, '-m', module, '--help'], env=_env(), capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  listed = {line.split(':')[0].strip() for line in out.stdout.splitlines()
+            if line.startswith('  --')}
+  assert set(names) <= listed, (sorted(set(names) - listed), out.stdout[-3000:])
