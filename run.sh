@@ -7,8 +7,8 @@
 #
 # Creates the virtual environment from requirements.txt on first use (ANP_VENV, default
 # ./.venv; put it on a shared filesystem for multi-node jobs), passes every flag through to
-# `python -m anp_jax.main`, and turns exit code 75 (preempted, checkpoint written) into a SLURM
-# requeue when running inside a batch job.
+# `.venv/bin/python -m anp_jax.main`, and turns exit code 75 (preempted, checkpoint written)
+# into a SLURM requeue when running inside a batch job.
 #
 # GPUs (README "On a GPU cluster"): ANP_ACCELERATOR=cuda adds requirements-cuda.txt (JAX for
 # NVIDIA GPUs, CUDA 12, pinned) to the environment; ANP_ACCELERATOR=cpu removes it again; unset,

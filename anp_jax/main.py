@@ -1,4 +1,5 @@
-"""Entry point: `python -m anp_jax.main --config=anp_jax/configs/default.py --workdir=DIR`.
+"""Entry point: `.venv/bin/python -m anp_jax.main --config=anp_jax/configs/default.py
+--workdir=DIR` (what ./run.sh runs).
 
 Thin on purpose: flags → the GPU check (`anp_jax.accelerator`: a node with NVIDIA GPUs and a
 CPU-only JAX exits 2 with the fix) → `distributed.initialize()` (before any other JAX call) →

@@ -1,13 +1,16 @@
+#!/usr/bin/env python3
 """Synchronous batch size vs accuracy: a resumable sweep over global batch sizes.
 
-  python experiments/batch_size_sweep.py --preset cpu --out workdirs/bs_sweep
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --batch_sizes 64,256,1024 \\
-      --rules linear,none --warmup on,off --seeds 0,1 --epochs 6 --target_top1 0.3
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2 \\
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out workdirs/bs_sweep
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR \\
+      --batch_sizes 64,256,1024 --rules linear,none --warmup on,off --seeds 0,1 --epochs 6 \\
+      --target_top1 0.3
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2 \\
       --lr_extensions 2 --seeds 0,1,2                                       # Shallue
-  python experiments/batch_size_sweep.py --preset paper --out /scratch/bs --config.data_dir=/d/anp
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --dry_run   # grid + time estimate
-  python experiments/report.py DIR                                          # (also run at the end)
+  .venv/bin/python experiments/batch_size_sweep.py --preset paper --out /scratch/bs \\
+      --config.data_dir=/d/anp
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR --dry_run  # + estimate
+  .venv/bin/python experiments/report.py DIR                          # (also run at the end)
 
 Thin on purpose: the sweep is `anp_jax.research.sweep`, a study on the runner of every study
 (`anp_jax.research.runner`, docs/experiments.md).
@@ -76,7 +79,11 @@ Any ``--config.<field>=<value>`` overrides the preset's config (e.g. ``--config.
 by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
 
 from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli, sweep, sweep_report

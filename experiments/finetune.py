@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Pre-train a small ResNet on one generated ANP task, fine-tune it on another vs from scratch.
 
   .venv/bin/python experiments/finetune.py --out experiments/results/finetune_cpu \
@@ -12,9 +13,13 @@ WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir). Rerunning co
 runs are not retrained, an interrupted one resumes.
 """
 
-import os
-import shlex
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+import shlex
 import time
 
 from absl import app, flags

@@ -83,7 +83,7 @@ def check_data_dir(config) -> None:
   data_dir = os.path.expanduser(config.data_dir)
   if config.dataset == 'anp' and not os.path.isdir(data_dir):
     raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist; prepare the ANP '
-                            'dataset there first with `python -m anp_jax.data.prepare`.')
+                            'dataset there first with `.venv/bin/python -m anp_jax.data.prepare`.')
 
 
 def _prepared(make, data_dir: str) -> tfds.core.DatasetBuilder:

@@ -1,8 +1,9 @@
 """Prepares the `anp` TFDS dataset from a local folder and reports what went in.
 
-  python -m anp_jax.data.prepare --manual_dir /data/mvso_images --data_dir ~/tensorflow_datasets \\
-      --min_images_per_anp 500 --resize_short_side 256 --contact_sheet /tmp/anp_sheet.png
-  python -m anp_jax.data.prepare --manual_dir /data/pets --labels class   # cat/, dog/, ...
+  .venv/bin/python -m anp_jax.data.prepare --manual_dir /data/mvso_images \\
+      --data_dir ~/tensorflow_datasets --min_images_per_anp 500 --resize_short_side 256 \\
+      --contact_sheet /tmp/anp_sheet.png
+  .venv/bin/python -m anp_jax.data.prepare --manual_dir /data/pets --labels class  # cat/, dog/
 
 The manual dir holds either a CSV list (``--csv_file``, default ``images.csv``) or class folders
 ``ROOT/<adjective>_<noun>/`` (see `anp_jax.data.anp`); ``--labels class`` takes any class names

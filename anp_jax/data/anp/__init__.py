@@ -92,7 +92,7 @@ class Anp(tfds.core.GeneratorBasedBuilder):
   Put the images in the manual dir, either listed in a CSV file (columns: image path relative to
   the manual dir, ANP name, optional split) or as folders ROOT/<adjective>_<noun>/*.jpg, optionally
   under ROOT/train, ROOT/validation and ROOT/test. Then run
-    python -m anp_jax.data.prepare --manual_dir ROOT --data_dir DATA_DIR
+    .venv/bin/python -m anp_jax.data.prepare --manual_dir ROOT --data_dir DATA_DIR
   """
 
   def __init__(self, *, num_workers: Optional[int] = None, **kwargs):

@@ -28,7 +28,8 @@ concern, every public name re-exported here (``from anp_jax.research import perf
   analysis;
 * `cluster_file`: `load_cluster`, a cluster preset or a JSON/YAML cluster file (the planner's
   ``--cluster`` too);
-* `report`: `prediction_report`, what the command line ``python -m anp_jax.research.perfmodel``
+* `report`: `prediction_report`, what the command line
+  ``.venv/bin/python -m anp_jax.research.perfmodel``
   (`__main__`) prints.
 
 Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The package is

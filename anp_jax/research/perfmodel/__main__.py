@@ -1,9 +1,9 @@
 """Predict data-parallel training performance (SPRINT-style model) from the command line.
 
-  python -m anp_jax.research.perfmodel --model=resnet50 --cluster=minotauro --device=k80 \
+  .venv/bin/python -m anp_jax.research.perfmodel --model=resnet50 --cluster=minotauro --device=k80 \
       --per_device_batch=32 --sweep_nodes=1,2,4,8,16
-  python -m anp_jax.research.perfmodel --cluster=my_cluster.yaml --per_device_batch=64
-  python -m anp_jax.research.perfmodel --flax_model=resnet20 --image_size=16 --width=0.5 \
+  .venv/bin/python -m anp_jax.research.perfmodel --cluster=my_cluster.yaml --per_device_batch=64
+  .venv/bin/python -m anp_jax.research.perfmodel --flax_model=resnet20 --image_size=16 --width=0.5 \
       --device=cpu --step_time_ms=100 --measured_batch=64 --nodes=1 --gpus_per_node=1
 
 Prints the workload, the cluster, the method and a table of predictions (seconds to the epoch,

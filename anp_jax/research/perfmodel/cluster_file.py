@@ -1,9 +1,9 @@
 """Cluster files: a small JSON or YAML description of a cluster, read into a `Cluster`.
 
 The one loader of ``--cluster`` for both command lines that take one: the performance model
-(``python -m anp_jax.research.perfmodel --cluster=FILE``) and the planner, which imports it
-from here (the planner builds on the performance model, never the reverse). Unknown fields are
-refused with the allowed list; the format is in docs/planner.md.
+(``.venv/bin/python -m anp_jax.research.perfmodel --cluster=FILE``) and the planner, which
+imports it from here (the planner builds on the performance model, never the reverse). Unknown
+fields are refused with the allowed list; the format is in docs/planner.md.
 """
 
 import dataclasses

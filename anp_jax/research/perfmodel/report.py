@@ -1,4 +1,5 @@
-"""What the command line (``python -m anp_jax.research.perfmodel``) prints: `prediction_report`
+"""What the command line (``.venv/bin/python -m anp_jax.research.perfmodel``) prints:
+`prediction_report`
 maps its flags onto presets, recalibration and `predict` / `rank_configurations`, and formats the
 table."""
 
@@ -100,7 +101,8 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
                       target_global_batch: Optional[int] = None, exact: bool = False,
                       seed: int = 0, input_pipeline: str = 'none',
                       host_cores_per_node: Optional[int] = None) -> str:
-  """The prediction table ``python -m anp_jax.research.perfmodel`` prints, with its header lines.
+  """The prediction table ``.venv/bin/python -m anp_jax.research.perfmodel`` prints, with its
+  header lines.
 
   The arguments are the command line's flags (bandwidths in GB/s, latencies in microseconds,
   times in ms). ``cluster`` is a preset (its links, with 16 nodes of 4 k80 devices unless

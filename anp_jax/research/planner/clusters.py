@@ -1,7 +1,7 @@
 """The hardware side's input: a cluster preset of the performance model, or a small JSON/YAML
 cluster file. The loader is the performance model's (`perfmodel.cluster_file`, so that
-``python -m anp_jax.research.perfmodel --cluster=FILE`` reads the same files); here its errors
-become the planner's `PlanError`."""
+``.venv/bin/python -m anp_jax.research.perfmodel --cluster=FILE`` reads the same files); here
+its errors become the planner's `PlanError`."""
 
 import functools
 from typing import Dict, List, Optional, Tuple
