@@ -5,8 +5,9 @@ a GPU cluster"), and JAX without its CUDA plugin, or with a plugin that fails to
 too old for it), quietly runs on the CPU: a 4-node GPU job then trains for days at a CPU's speed.
 The training entry points call `check_or_exit` before any work:
 
-* the node has NVIDIA GPUs: the driver lists them in ``/proc/driver/nvidia/gpus/``
-  (``ANP_NVIDIA_PROC_DIR`` overrides the folder, for tests) or ``nvidia-smi -L`` does;
+* the node has NVIDIA GPUs for this process: ``nvidia-smi -L`` lists them or, without
+  ``nvidia-smi``, the driver's ``/proc/driver/nvidia/gpus/`` (``ANP_NVIDIA_PROC_DIR`` overrides
+  the folder, for tests) does;
 * and nobody chose the CPU: ``CUDA_VISIBLE_DEVICES=''`` (or ``-1``), ``JAX_PLATFORMS`` without
   ``cuda`` / ``gpu`` (e.g. ``cpu``), or ``ANP_ALLOW_CPU=1`` (the opt-out, documented);
 * but this environment's JAX has no CUDA plugin (checked before JAX starts), or, given the
@@ -32,21 +33,22 @@ FIX = ('build the environment with CUDA JAX: ANP_ACCELERATOR=cuda ./run.sh ... (
 
 
 def nvidia_gpus() -> List[str]:
-  """The NVIDIA GPUs this node's driver lists (names or PCI ids; [] without a driver)."""
-  proc = os.environ.get('ANP_NVIDIA_PROC_DIR', PROC_DIR)
-  found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(proc, '*')))
-  if found:
-    return found
+  """The NVIDIA GPUs this process can use, as the driver lists them ([] without a driver).
+
+  ``nvidia-smi -L`` first: it lists only the GPUs this process may open (a SLURM job's cgroup
+  hides the others of a shared node). Without it, the driver's folder, which lists every GPU of
+  the node."""
   smi = shutil.which('nvidia-smi')
-  if not smi:
-    return []
-  try:
-    out = subprocess.run([smi, '-L'], capture_output=True, text=True, timeout=20)
-  except (OSError, subprocess.SubprocessError):
-    return []
-  if out.returncode != 0:  # Installed, but no driver loaded: no usable GPU.
-    return []
-  return [line.strip() for line in out.stdout.splitlines() if line.startswith('GPU ')]
+  if smi:
+    try:
+      out = subprocess.run([smi, '-L'], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+      return []
+    if out.returncode != 0:  # Installed, but no driver loaded: no usable GPU.
+      return []
+    return [line.strip() for line in out.stdout.splitlines() if line.startswith('GPU ')]
+  proc = os.environ.get('ANP_NVIDIA_PROC_DIR', PROC_DIR)
+  return sorted(os.path.basename(p) for p in glob.glob(os.path.join(proc, '*')))
 
 
 def cpu_chosen() -> str:

@@ -23,7 +23,7 @@ SMI_NO_DRIVER = ('echo "NVIDIA-SMI has failed because it could not communicate w
 
 def _env(tmp_path, smi=None, proc_entries=(), **extra):
   """This process's environment less the suite's CPU choices, with a fake `nvidia-smi` (a sh
-  body) first on PATH and a fake driver folder holding `proc_entries`."""
+  body) first on PATH (or no nvidia-smi) and a fake driver folder holding `proc_entries`."""
   env = {k: v for k, v in os.environ.items()
          if k not in ('CUDA_VISIBLE_DEVICES', 'JAX_PLATFORMS', 'JAX_PLATFORM_NAME',
                       'ANP_ALLOW_CPU')}
@@ -36,8 +36,11 @@ def _env(tmp_path, smi=None, proc_entries=(), **extra):
   proc.mkdir(exist_ok=True)
   for name in proc_entries:
     (proc / name).mkdir()
-  env.update(PATH=f'{bin_dir}:{env.get("PATH", "")}', ANP_NVIDIA_PROC_DIR=str(proc),
-             PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='2')
+  # Without a fake nvidia-smi, none at all (a real one, on a GPU machine, would answer).
+  path = (f'{bin_dir}:{env.get("PATH", "")}' if smi is not None else
+          f'{bin_dir}:{os.path.dirname(sys.executable)}')
+  env.update(PATH=path, ANP_NVIDIA_PROC_DIR=str(proc), PYTHONPATH=ROOT,
+             TF_CPP_MIN_LOG_LEVEL='2')
   env.update(extra)
   return env
 
@@ -122,9 +125,15 @@ def test_a_cuda_backend_that_fell_back_to_the_cpu_is_refused(tmp_path, monkeypat
 
 
 def test_the_gpu_listing(tmp_path, monkeypatch):
+  """nvidia-smi first (it lists the GPUs this process may open: a job's cgroup hides the others
+  of a shared node), the driver's folder (every GPU of the node) only without it."""
   monkeypatch.setenv('PATH', _env(tmp_path, smi=SMI_GPUS)['PATH'])
   monkeypatch.setenv('ANP_NVIDIA_PROC_DIR', str(tmp_path / 'proc_gpus'))
+  (tmp_path / 'proc_gpus' / '0000:17:00.0').mkdir()
   assert accelerator.nvidia_gpus() == ['GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)',
                                        'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)']
-  (tmp_path / 'proc_gpus' / '0000:17:00.0').mkdir()
-  assert accelerator.nvidia_gpus() == ['0000:17:00.0']  # The driver's folder first.
+  (tmp_path / 'bin' / 'nvidia-smi').write_text('#!/bin/sh\n')  # This job: no GPU of its own.
+  assert accelerator.nvidia_gpus() == []
+  (tmp_path / 'bin' / 'nvidia-smi').unlink()
+  monkeypatch.setenv('PATH', '/nonexistent')
+  assert accelerator.nvidia_gpus() == ['0000:17:00.0']
