@@ -7,8 +7,14 @@
 #
 # Creates the virtual environment from requirements.txt on first use (ANP_VENV, default
 # ./.venv; put it on a shared filesystem for multi-node jobs), passes every flag through to
-# `python -m anp_jax.main`, and turns exit code 75 (preempted, checkpoint written) into a SLURM
-# requeue when running inside a batch job.
+# `.venv/bin/python -m anp_jax.main`, and turns exit code 75 (preempted, checkpoint written)
+# into a SLURM requeue when running inside a batch job.
+#
+# GPUs (README "On a GPU cluster"): ANP_ACCELERATOR=cuda adds requirements-cuda.txt (JAX for
+# NVIDIA GPUs, CUDA 12, pinned) to the environment; ANP_ACCELERATOR=cpu removes it again; unset,
+# the environment keeps what it has (cpu when new). The choice is recorded in the venv's marker
+# (.anp_requirements_ok), so a switch installs or removes just that. ANP_DALI=1 adds
+# requirements-dali.txt (NVIDIA DALI, input_backend='dali', --no-deps: see the file).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${ANP_VENV:-$HERE/.venv}"
@@ -40,22 +46,59 @@ install_package() {
   echo "$HERE" > "$VENV/.anp_package_ok"
 }
 
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.anp_requirements_ok" ] || \
-   ! cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"; then
+# The environment wanted: requirements.txt, plus requirements-cuda.txt for ANP_ACCELERATOR=cuda;
+# the marker holds what was installed, the accelerator line included.
+MARKER="$VENV/.anp_requirements_ok"
+have_accel=cpu
+grep -qx '# ANP_ACCELERATOR=cuda' "$MARKER" 2>/dev/null && have_accel=cuda
+ACCEL="${ANP_ACCELERATOR:-$have_accel}"
+case "$ACCEL" in
+  cpu|cuda) ;;
+  *) echo "run.sh: ANP_ACCELERATOR=$ACCEL: use cpu or cuda (README: On a GPU cluster)" >&2; exit 2;;
+esac
+REQS=(-r "$HERE/requirements.txt")
+[ "$ACCEL" = cuda ] && REQS+=(-r "$HERE/requirements-cuda.txt")
+wanted() {
+  cat "$HERE/requirements.txt"
+  if [ "$ACCEL" = cuda ]; then echo '# ANP_ACCELERATOR=cuda'; cat "$HERE/requirements-cuda.txt"; fi
+}
+DALI="${ANP_DALI:-0}"
+DALI_MARKER="$VENV/.anp_dali_requirements_ok"  # test.sh's too.
+env_current() {
+  cmp -s <(wanted) "$MARKER" &&
+    { [ "$DALI" != 1 ] || cmp -s "$HERE/requirements-dali.txt" "$DALI_MARKER"; }
+}
+
+if [ ! -x "$VENV/bin/python" ] || ! env_current; then
   if [ "$RANK" != "0" ]; then
     # Other processes wait for process 0 to build the shared environment.
     for _ in $(seq 1 900); do
-      [ -f "$VENV/.anp_requirements_ok" ] && cmp -s "$HERE/requirements.txt" "$VENV/.anp_requirements_ok" && break
+      env_current && break
       sleep 2
     done
   else
-    echo "run.sh: creating the Python environment in $VENV (first run only, a few minutes)..." >&2
-    "$PY" -m venv "$VENV" || { echo "run.sh: could not create a venv with $PY" >&2; exit 2; }
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$HERE/requirements.txt" >&2 || {
-      echo "run.sh: pip install -r requirements.txt failed" >&2; exit 2; }
-    install_package || exit 2
-    cp "$HERE/requirements.txt" "$VENV/.anp_requirements_ok"
+    if [ ! -x "$VENV/bin/python" ] || ! cmp -s <(wanted) "$MARKER"; then
+      echo "run.sh: building the Python environment in $VENV ($ACCEL; first run only, a few" \
+           "minutes)..." >&2
+      "$PY" -m venv "$VENV" || { echo "run.sh: could not create a venv with $PY" >&2; exit 2; }
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${REQS[@]}" >&2 || {
+        echo "run.sh: pip install ${REQS[*]} failed" >&2; exit 2; }
+      if [ "$ACCEL" = cpu ] && [ "$have_accel" = cuda ]; then
+        # Back to the CPU: without its plugin JAX no longer looks for GPUs.
+        "$VENV/bin/python" -m pip uninstall -q -y jax-cuda12-plugin jax-cuda12-pjrt >&2 || {
+          echo "run.sh: pip uninstall of JAX's CUDA plugin failed" >&2; exit 2; }
+      fi
+      install_package || exit 2
+      wanted > "$MARKER"
+    fi
+    if [ "$DALI" = 1 ] && ! cmp -s "$HERE/requirements-dali.txt" "$DALI_MARKER"; then
+      echo "run.sh: installing requirements-dali.txt (NVIDIA DALI, ~490 MB, first time only)..." >&2
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+          -r "$HERE/requirements-dali.txt" >&2 || {
+        echo "run.sh: pip install --no-deps -r requirements-dali.txt failed" >&2; exit 2; }
+      cp "$HERE/requirements-dali.txt" "$DALI_MARKER"
+    fi
   fi
 fi
 # An environment built before pyproject.toml existed, or for another checkout: (re)install the

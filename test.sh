@@ -6,8 +6,13 @@
 # same tests as CI. Extra args go to pytest.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# requirements-dali.txt (NVIDIA DALI, ~490 MB, without its declared pins: see the file) through
+# run.sh's ANP_DALI: the DALI input backend's tests run on its CPU decoder. ANP_NO_DALI=1 skips
+# the install, and those tests skip (the only way they do: without it a missing DALI fails them).
 # ANP_TEST_NO_SETUP=1: use the environment ANP_VENV as it is (the suite's own tests of this script).
-[ "${ANP_TEST_NO_SETUP:-0}" = 1 ] || ANP_SETUP_ONLY=1 "$HERE/run.sh"
+dali=1
+[ "${ANP_NO_DALI:-0}" = 1 ] && dali=0
+[ "${ANP_TEST_NO_SETUP:-0}" = 1 ] || ANP_DALI=$dali ANP_SETUP_ONLY=1 "$HERE/run.sh"
 cd "$HERE"
 VENV_PY="${ANP_VENV:-$HERE/.venv}/bin/python"
 BENCH_OK="${ANP_VENV:-$HERE/.venv}/.anp_bench_requirements_ok"
@@ -18,17 +23,9 @@ elif ! cmp -s requirements-bench.txt "$BENCH_OK" 2>/dev/null; then
   "$VENV_PY" -m pip install -q -r requirements-bench.txt >&2
   cp requirements-bench.txt "$BENCH_OK"
 fi
-# requirements-dali.txt (NVIDIA DALI, ~490 MB, without its declared pins: see the file): the
-# DALI input backend's tests run on its CPU decoder. ANP_NO_DALI=1 skips the install, and those
-# tests skip (the only way they do: without it a missing DALI fails them).
-DALI_OK="${ANP_VENV:-$HERE/.venv}/.anp_dali_requirements_ok"
-if [ "${ANP_NO_DALI:-0}" != 1 ] && [ "${ANP_TEST_NO_SETUP:-0}" != 1 ] && \
-   ! cmp -s requirements-dali.txt "$DALI_OK" 2>/dev/null; then
-  echo "test.sh: installing requirements-dali.txt (NVIDIA DALI, ~490 MB, first run only)..." >&2
-  "$VENV_PY" -m pip install -q --no-deps -r requirements-dali.txt >&2
+if [ "$dali" = 1 ] && [ "${ANP_TEST_NO_SETUP:-0}" != 1 ]; then
   "$VENV_PY" -c "import nvidia.dali" 2>/dev/null || {
     echo "test.sh: NVIDIA DALI does not import after installing requirements-dali.txt" >&2; exit 1; }
-  cp requirements-dali.txt "$DALI_OK"
 fi
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1
 # Tests run in parallel worker processes (pytest-xdist): min(cores + 1, 4, GiB of memory / 6)

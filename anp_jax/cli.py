@@ -21,6 +21,18 @@ from anp_jax import errors
 EXIT_USAGE = errors.EXIT_CONFIG  # The documented exit code of bad config, input or environment.
 
 
+def _disclaim_key_flags() -> None:
+  """The flags this module's helpers define (`define_positive_ints`, `define_config_file`) are
+  the calling entry point's key flags, listed by its ``--help``: absl credits a flag to the
+  module whose code calls DEFINE, and without this it was this one, so that ``planner --help``
+  hid ``--batches``, ``--nodes`` and ``--sync_periods`` (only ``--helpfull`` showed them)."""
+  from absl import flags
+  flags.disclaim_key_flags()
+
+
+_disclaim_key_flags()
+
+
 def nearest_existing(path: str) -> str:
   """`path` if it exists, else its nearest existing ancestor ('' when a relative path has none):
   where a directory would have to be created, to tell a path under a file early."""
@@ -83,6 +95,9 @@ def unknown_field_message(key: str, fields: Sequence[str]) -> str:
   replaced = default.replaced_field_message(key)
   if replaced:
     return f'--config.{key}: {replaced}'
+  new_evaluator = _new_evaluator_message(key, fields)
+  if new_evaluator:
+    return new_evaluator
   # Compare within the same level first (model.nmae -> model.name), then anywhere.
   depth = key.count('.')
   same_level = [f for f in fields if f.count('.') == depth]
@@ -95,6 +110,28 @@ def unknown_field_message(key: str, fields: Sequence[str]) -> str:
                     if f.startswith(parent) and '.' not in f[len(parent):])
   return (f'Unknown config field --config.{key}; the fields at this level are: '
           f'{", ".join(siblings)}.')
+
+
+def _new_evaluator_message(key: str, fields: Sequence[str]) -> str:
+  """The message for ``--config.evals.<name>...`` where `<name>` is not an evaluator of the
+  config ('' otherwise): how to add one. The closest field would be another evaluator's
+  (``evals.test.split`` -> ``evals.eval.split``), and following that hint moves the validation
+  evaluator, on which every choice is made, onto the split the results are reported on."""
+  if not key.startswith('evals.') or 'evals' not in fields:
+    return ''
+  name = key.split('.')[1]
+  existing = sorted(f.split('.')[1] for f in fields if f.count('.') == 1 and
+                    f.startswith('evals.'))
+  # A misspelt option or name of an existing evaluator ('evals.eval.splt', 'evals.evl.split'):
+  # the usual hint, which stays on that evaluator.
+  if name in existing or difflib.get_close_matches(name, existing, n=1, cutoff=0.75):
+    return ''
+  split = name if name in ('test', 'train', 'validation') else 'SPLIT'
+  return (f'Unknown config field --config.{key}: config.evals has no evaluator {name!r} (it has '
+          f'{", ".join(existing) or "none"}), and new ones cannot be added from the command '
+          f"line: add it in a config file, c.evals.{name} = dict(kind='classification', "
+          f"split='{split}') (docs/evaluation.md); keep config.evals.eval on 'validation', "
+          'where choices are made.')
 
 
 def load_config_file(spec: str):

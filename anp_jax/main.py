@@ -1,6 +1,8 @@
-"""Entry point: `python -m anp_jax.main --config=anp_jax/configs/default.py --workdir=DIR`.
+"""Entry point: `.venv/bin/python -m anp_jax.main --config=anp_jax/configs/default.py
+--workdir=DIR` (what ./run.sh runs).
 
-Thin on purpose: flags → `distributed.initialize()` (before any other JAX call) →
+Thin on purpose: flags → the GPU check (`anp_jax.accelerator`: a node with NVIDIA GPUs and a
+CPU-only JAX exits 2 with the fix) → `distributed.initialize()` (before any other JAX call) →
 `trainer.train_and_evaluate(config, workdir)`; ``--config.eval_only=True`` evaluates the latest
 checkpoint instead, printing the metrics (and writing them to ``--eval_output``). Exit codes
 (`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir another training job holds), 3
@@ -14,7 +16,7 @@ import time
 
 from absl import app, flags, logging
 
-from anp_jax import cli, distributed, preemption, runtime
+from anp_jax import accelerator, cli, distributed, preemption, runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('workdir', None, 'Directory for logs, metrics and checkpoints.')
@@ -50,6 +52,10 @@ def main(argv):
     if error:
       print(f'ERROR: {error}', file=sys.stderr, flush=True)
       return 2
+  # A GPU node whose environment has no CUDA JAX would train on its CPU without a word.
+  if error := accelerator.unused_gpus_error():
+    print(f'ERROR: {error}', file=sys.stderr, flush=True)
+    return 2
   try:  # In a fraction of a second, before TensorFlow's import: bad topology, port taken.
     distributed.preflight(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   except (ValueError, RuntimeError) as e:
@@ -64,6 +70,11 @@ def main(argv):
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return 2
   import jax  # noqa: F401  (after initialize)
+  # CUDA JAX installed, but its backend did not start (a driver too old for it): JAX fell back
+  # to the CPU with a warning that scrolls away.
+  if error := accelerator.unused_gpus_error(jax.default_backend()):
+    print(f'ERROR: {error}', file=sys.stderr, flush=True)
+    return 2
   from anp_jax import errors, evaluators, reporting, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)

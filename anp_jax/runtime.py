@@ -1,6 +1,7 @@
 """Process set-up before JAX starts its backend and TensorFlow runs anything: `configure()`.
 
-Every entry point calls it first (``python -m anp_jax.main`` and the library's other command
+Every entry point calls it first (``.venv/bin/python -m anp_jax.main`` and the library's other
+command
 lines, the experiment scripts, the tests' conftest and their subprocess workers); in IPython or a
 notebook, call it before the first JAX computation::
 

@@ -38,14 +38,18 @@ def _task(size: int, train_per_class: int, eval_per_class: int, seed: int) -> di
               train_per_class=train_per_class, eval_per_class=eval_per_class, seed=seed)
 
 
-# name -> (model, width, image size, task A / B synthetic overrides, steps, batch, eval every)
+# name -> (model, width, image size, task A / B synthetic overrides, steps, batch, eval every;
+# images_per_s and overhead_s: the dry run's estimate, fitted to the committed cpu results,
+# experiments/results/finetune_cpu: 9 runs, 5.1 min of training)
 PRESETS = {
     'cpu': dict(model='resnet20', width=0.5, image_size=16, batch=64, lr=0.1,
                 task_a=_task(8, 100, 20, seed=0), task_b=_task(8, 25, 20, seed=1),
-                pretrain_steps=400, finetune_steps=200, eval_every_steps=20),
+                pretrain_steps=400, finetune_steps=200, eval_every_steps=20,
+                images_per_s=1000.0, overhead_s=10.0),
     'tiny': dict(model='resnet8', width=0.5, image_size=16, batch=32, lr=0.1,
                  task_a=_task(4, 16, 8, seed=0), task_b=_task(4, 8, 8, seed=1),
-                 pretrain_steps=6, finetune_steps=4, eval_every_steps=2),
+                 pretrain_steps=6, finetune_steps=4, eval_every_steps=2,
+                 images_per_s=300.0, overhead_s=5.0),
 }
 
 
@@ -202,6 +206,34 @@ def seed_configs(preset: str, work_dir: str, data_dir: str, freeze: str,
           'finetune': _finetune_config(preset, work_dir, data_dir, freeze,
                                        backbone_lr_multiplier, seed),
           'scratch': task_config(preset, 'b', p['finetune_steps'], data_dir, seed=seed)}
+
+
+def plan(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,
+         seeds: Sequence[int] = (0,)) -> Dict:
+  """What `run` trains for `seeds`, without training or writing anything: the runs (name,
+  task, steps, batch, whether already finished) and the estimated seconds of the rest
+  (training images and evaluations, at 1/3 the cost per image, at the preset's
+  ``images_per_s``, plus ``overhead_s`` per run: the estimate of the studies' dry runs)."""
+  p = PRESETS[preset]
+  data_dir = data_dir or os.path.join(work_dir, 'tfds')
+  runs, seconds = [], 0.0
+  for seed in seeds:
+    for kind, config in seed_configs(preset, work_dir, data_dir, '', 1.0, seed).items():
+      s = config.synthetic
+      directory = os.path.join(work_dir, 'runs', run_name(kind, seed))
+      finished = os.path.exists(os.path.join(directory, 'final_metrics.json'))
+      steps = int(config.num_train_steps)
+      evals = -(-steps // p['eval_every_steps'])
+      eval_images = 2 * s.num_pairs * s.eval_per_class  # Validation and test.
+      if not finished:
+        seconds += ((steps * p['batch'] + evals * eval_images / 3) / p['images_per_s']
+                    + p['overhead_s'])
+      runs.append({'name': run_name(kind, seed), 'task': 'A' if kind == 'pretrain' else 'B',
+                   'anps': s.num_pairs, 'train_images': s.num_pairs * s.train_per_class,
+                   'steps': steps, 'batch': p['batch'], 'finished': finished,
+                   'init_from': run_name('pretrain', seed) if kind == 'finetune' else ''})
+  return {'runs': runs, 'seconds': seconds, 'images_per_s': p['images_per_s'],
+          'overhead_s': p['overhead_s']}
 
 
 def run(work_dir: str, preset: str = 'cpu', data_dir: Optional[str] = None,

@@ -1,23 +1,28 @@
+#!/usr/bin/env python3
 """Synchronous batch size vs accuracy: a resumable sweep over global batch sizes.
 
-  python experiments/batch_size_sweep.py --preset cpu --out workdirs/bs_sweep
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --batch_sizes 64,256,1024 \\
-      --rules linear,none --warmup on,off --seeds 0,1 --epochs 6 --target_top1 0.3
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2 \\
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out workdirs/bs_sweep
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR \\
+      --batch_sizes 64,256,1024 --rules linear,none --warmup on,off --seeds 0,1 --epochs 6 \\
+      --target_top1 0.3
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR --lr_search 0.5,1,2 \\
       --lr_extensions 2 --seeds 0,1,2                                       # Shallue
-  python experiments/batch_size_sweep.py --preset paper --out /scratch/bs --config.data_dir=/d/anp
-  python experiments/batch_size_sweep.py --preset cpu --out DIR --dry_run   # grid + time estimate
-  python experiments/report.py DIR                                          # (also run at the end)
+  .venv/bin/python experiments/batch_size_sweep.py --preset paper --out /scratch/bs \\
+      --config.data_dir=/d/anp
+  .venv/bin/python experiments/batch_size_sweep.py --preset cpu --out DIR --dry_run  # + estimate
+  .venv/bin/python experiments/report.py DIR                          # (also run at the end)
 
 Thin on purpose: the sweep is `anp_jax.research.sweep`, a study on the runner of every study
 (`anp_jax.research.runner`, docs/experiments.md).
 
 The grid is global batch sizes × (scaling rule, warmup) arms × seeds × learning-rate multipliers,
 each trained for the same number of epochs with `anp_jax.trainer.train_and_evaluate` in
-``DIR/runs/<name>``. Without ``--rules``/``--warmup`` a preset's own arms are used (for ``cpu``
-and ``paper``: linear rule + warmup, linear without warmup, no scaling + warmup — Goyal et al.'s
-comparison); with either, the full product of the two lists. ``--lr_search`` multiplies the
-preset's ``base_lr`` (before the scaling rule); per batch size the rate is chosen on the
+``DIR/runs/<name>``. Without ``--rules``/``--warmup`` a preset's own arms are used (``paper``:
+linear rule + warmup, linear without warmup, no scaling + warmup — Goyal et al.'s comparison;
+``cpu``: one arm, the square-root rule with warmup, which only centres the rate grid tuned per
+batch size — Shallue et al.'s protocol); with either, the full product of the two lists.
+``--lr_search`` multiplies the preset's ``base_lr`` (before the scaling rule); per batch size
+the rate is chosen on the
 validation split (Shallue et al. 2018: compare batch sizes each at its own best learning rate,
 not at one fixed rule): a rate with a diverged seed is never chosen; among the others, the fewest
 mean steps to the target over seeds that all reached it, else the best mean final top-1 (its
@@ -61,26 +66,34 @@ again x2 beyond it, at most E times per batch size, until it is interior.
 
 Presets are config files, ``anp_jax/configs/sweep_<NAME>.py`` (``--preset NAME``): get_config()
 is the run config every grid point starts from, get_sweep() the grid, budget and time-estimate
-throughput. ``tiny`` (tests, about a minute), ``cpu`` (the experiment on a 2-core machine, ≤ 45
-min; its docstring gives the measured results and the estimate) and ``paper`` (ResNet-50 at 224
-px with Goyal et al.'s recipe, for a GPU cluster; multi-process jobs are set up from SLURM /
-ANP_* variables, as in main.py).
+throughput. ``tiny`` (the tests' dataset, two runs), ``cpu`` (Shallue et al.'s protocol on a
+2-core machine; ``cpu:goyal`` the fixed-budget comparison; its docstring gives the measured
+cost) and ``paper`` (ResNet-50 at 224 px with Goyal et al.'s recipe, for a GPU cluster; its
+estimate needs the prepared photos; multi-process jobs are set up from SLURM / ANP_* variables,
+as in main.py). ``--dry_run`` prints the runs and the estimated time, here for each preset as
+it stands (every run training its whole budget, so an upper bound with ``--stop_at_target``):
+{dry_run_estimates}
 
 Any ``--config.<field>=<value>`` overrides the preset's config (e.g. ``--config.model.width=1``,
 ``--config.synthetic.label_noise=0.1``); the swept fields (batch_size, lr_scaling, seed) are set
 by the sweep flags instead. ``--epochs E`` is ``--config.num_epochs=E``.
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
 
-from anp_jax import runtime
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli, sweep, sweep_report
 
 
 def main(argv=None) -> int:
   """Runs the sweep of `argv` (default: the command line); 2 on bad input."""
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
+  accelerator.check_or_exit(argv=argv)  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   return sweep.main(argv, make_report=sweep_report.make_report, doc=__doc__)
 
 

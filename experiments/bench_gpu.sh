@@ -8,10 +8,11 @@
 #                                                 # (~5 min per batch on the loaded 2-core machine)
 #
 # Environment:
-#   ANP_VENV        virtual environment (default ./.venv; created from requirements.txt by run.sh)
+#   ANP_VENV        virtual environment (default ./.venv; created by run.sh from requirements.txt
+#                   and, on a GPU node, requirements-cuda.txt: ANP_ACCELERATOR=cuda)
 #   ANP_PYTHON      instead: a Python that already has JAX for this GPU and the requirements (a
 #                   container's or a cluster module's); no venv is made and pip is not run
-#   ANP_WHEELS      folder of wheels for an offline install of jax[cuda12]==0.10.2 (and the
+#   ANP_WHEELS      folder of wheels for an offline install of requirements-cuda.txt (and the
 #                   requirements); without it pip uses its index (PyPI)
 #   ANP_BENCH_OUT   where the JSON results go (default workdirs/bench_gpu)
 #   ANP_DATA_DIR + ANP_CONFIG_NAME   a prepared `anp` dataset (JPEGs, Inception crops) for the
@@ -49,16 +50,15 @@ if [ -n "${ANP_PYTHON:-}" ]; then
   TF_CPP_MIN_LOG_LEVEL=2 "$PY" -c "import jax, flax, optax, tensorflow, tensorflow_datasets" || {
     echo "bench_gpu.sh: ANP_PYTHON=$PY lacks a package of requirements.txt (above)" >&2; exit 2; }
 else
-  ANP_SETUP_ONLY=1 "$HERE/run.sh"   # The venv from requirements.txt (first run only).
+  # The venv from requirements.txt, with requirements-cuda.txt on a GPU node (run.sh's
+  # ANP_ACCELERATOR=cuda; first run only).
+  accel="${ANP_ACCELERATOR:-}"
+  [ "$TINY" != 1 ] && accel=cuda
+  ANP_ACCELERATOR="$accel" ANP_SETUP_ONLY=1 "$HERE/run.sh"
   PY="$VENV/bin/python"
 fi
 
 if [ "$TINY" != 1 ]; then
-  if [ -z "${ANP_PYTHON:-}" ] && \
-     ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
-    echo "bench_gpu.sh: installing jax[cuda12]==0.10.2 into $VENV" >&2
-    "$PY" -m pip install -q "jax[cuda12]==0.10.2" >&2
-  fi
   "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" || {
     echo "bench_gpu.sh: JAX sees no GPU (nvidia-smi? driver >= CUDA 12?); ANP_BENCH_TINY=1 for a CPU dry run" >&2
     exit 2; }

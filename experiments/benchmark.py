@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Training throughput, MFU and side-by-side ratios for a config (logic: anp_jax/benchmarking/;
 the PyTorch contender: experiments/torch_reference.py).
 
@@ -10,8 +11,11 @@ Prints progress and a table and writes every figure as JSON (`--out`, default
 `environment.xla_flags` says which flags were in effect).
 """
 
-import os
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
 
 from absl import app, flags
 

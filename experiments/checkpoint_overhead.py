@@ -1,6 +1,7 @@
+#!/usr/bin/env python3
 """Checkpoint save cost: time the training loop is blocked vs. the background write, per model.
 
-  python experiments/checkpoint_overhead.py --models resnet20,resnet50 --repeats 3
+  .venv/bin/python experiments/checkpoint_overhead.py --models resnet20,resnet50 --repeats 3
 
 Builds the real `TrainState` (params, SGD momentum, BN statistics) of each model, saves it with
 the same `Checkpointer` the trainer uses (async orbax), and reports the blocking time (what a
@@ -9,9 +10,13 @@ the medians), and the size on disk. The state is replicated over this process's 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` for 8 CPU devices.
 """
 
-import json
-import os
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+import json
 import tempfile
 import time
 

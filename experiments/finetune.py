@@ -1,8 +1,10 @@
+#!/usr/bin/env python3
 """Pre-train a small ResNet on one generated ANP task, fine-tune it on another vs from scratch.
 
-  python experiments/finetune.py --out experiments/results/finetune_cpu --workdir /tmp/ft \
-      --seeds 0,1,2                                                           # CPU, ~15 min
-  python experiments/finetune.py --preset tiny --out /tmp/ft                # seconds
+  .venv/bin/python experiments/finetune.py --out experiments/results/finetune_cpu \
+      --workdir /tmp/ft --seeds 0,1,2                   # CPU: 9 runs, ~5 min of training
+  .venv/bin/python experiments/finetune.py --preset tiny --out /tmp/ft          # seconds
+  .venv/bin/python experiments/finetune.py --out DIR --seeds 0,1,2 --dry_run    # runs + estimate
 
 The runs (configs, the three runs of a seed) are `anp_jax.transfer`, the statistics over seeds
 and the report `anp_jax.research.study_finetune`; see their docstrings. Writes OUT/curves.png,
@@ -11,14 +13,18 @@ WORKDIR/runs and WORKDIR/tfds (--workdir, default OUT; --data_dir). Rerunning co
 runs are not retrained, an interrupted one resumes.
 """
 
-import os
-import shlex
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+import shlex
 import time
 
 from absl import app, flags
 
-from anp_jax import cli, runtime, transfer
+from anp_jax import accelerator, cli, runtime, transfer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('out', None, 'Directory for curves.png, summary.md and results.json.',
@@ -32,12 +38,29 @@ flags.DEFINE_float('backbone_lr_multiplier', 1.0, 'config.backbone_lr_multiplier
 flags.DEFINE_list('seeds', ['0'], 'Seeds (config.seed of the three runs of each): statistics '
                   'over them.')
 flags.DEFINE_enum('ci', 't', ['t', 'bootstrap'], 'Intervals over seeds.')
+flags.DEFINE_bool('dry_run', False, 'List the runs and the estimated time; train and write '
+                  'nothing.')
+
+
+def print_plan(plan, work_dir: str) -> None:
+  """The dry run's lines: the runs, and the estimated time of those not finished."""
+  todo = [r for r in plan['runs'] if not r['finished']]
+  print(f'finetune --preset {FLAGS.preset}: {len(plan["runs"])} runs ({len(todo)} to train) in '
+        f'{os.path.join(work_dir, "runs")}; estimated {plan["seconds"] / 60:.1f} min at '
+        f'~{plan["images_per_s"]:.0f} img/s + {plan["overhead_s"]:.0f} s per run.', flush=True)
+  for r in plan['runs']:
+    start = f', from {r["init_from"]} (heads re-initialised)' if r['init_from'] else ''
+    print(f'  {r["name"]}: task {r["task"]} ({r["anps"]} ANPs, {r["train_images"]:,} training '
+          f'images), {r["steps"]} steps of {r["batch"]}{start}'
+          + (' [finished]' if r['finished'] else ''), flush=True)
 
 
 def main(argv):
   runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
+  if not FLAGS.dry_run:
+    accelerator.check_or_exit()  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
   from anp_jax import errors
   expand = lambda path: os.path.expanduser(path) if path else path
   out, data_dir = expand(FLAGS.out), expand(FLAGS.data_dir)
@@ -50,6 +73,9 @@ def main(argv):
     # another variant's runs in the same directory fail before pre-training.
     transfer.check(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
                    FLAGS.backbone_lr_multiplier, out_dir=out, seeds=seeds)
+    if FLAGS.dry_run:
+      print_plan(transfer.plan(work_dir, FLAGS.preset, data_dir, seeds), work_dir)
+      return 0
     per_seed = [transfer.run(work_dir, FLAGS.preset, data_dir, FLAGS.freeze,
                              FLAGS.backbone_lr_multiplier, out_dir=out, seed=seed)
                 for seed in seeds]

@@ -1,8 +1,10 @@
+#!/usr/bin/env python3
 """Input-pipeline benchmark on photo-like JPEGs: what each stage costs per core, and whether the
 host can feed the model.
 
-  python experiments/input_benchmark.py [--images 600] [--short_sides 256,160] [--out FILE]
-  python experiments/input_benchmark.py --data_dir DIR --config_name NAME   # a prepared `anp`
+  .venv/bin/python experiments/input_benchmark.py [--images 600] [--short_sides 256,160] \\
+      [--out FILE]
+  .venv/bin/python experiments/input_benchmark.py --data_dir DIR --config_name NAME  # prepared
 
 Without ``--data_dir`` it writes ``--images`` photo-like JPEGs of ``--width`` x ``--height`` px
 at ``--quality`` (default 500 x 375 at 90, as the Flickr photos of MVSO), over 20 ANPs, and
@@ -34,9 +36,13 @@ Timings need a quiet machine: nothing else running, the files in the page cache 
 written just before).
 """
 
-import json
-import os
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+import json
 import tempfile
 import time
 

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Validate the performance model: measured vs. predicted here, and the seed paper's cluster.
 
   .venv/bin/python experiments/perfmodel_validation.py --out workdirs/perfval       # full, <= 10 min
@@ -14,7 +15,11 @@ DIR/report.md, DIR/cpu_measured_vs_predicted.png and DIR/paper_speedup.png. See
 `perfmodel_validation_lib.py` (next to this file) for this machine's jobs and the report.
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
 
 from absl import app, flags
 

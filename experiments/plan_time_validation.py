@@ -1,11 +1,12 @@
+#!/usr/bin/env python3
 """Time to target, predicted and measured on this machine: the planner's time side.
 
-  python experiments/plan_time_validation.py --out workdirs/plan_time      # quiet machine, ~16 min
-  python experiments/plan_time_validation.py --out workdirs/plan_time --dry_run   # runs, bound
+  .venv/bin/python experiments/plan_time_validation.py --out workdirs/plan_time  # quiet, ~16 min
+  .venv/bin/python experiments/plan_time_validation.py --out workdirs/plan_time --dry_run
 
 The planner's time to target is steps to target (statistics) x time per step (hardware). This
 script checks the product end to end, on configurations that differ in processes, devices and
-batch size, with the real trainer (``python -m anp_jax.main``, stopping at the target):
+batch size, with the real trainer (``.venv/bin/python -m anp_jax.main``, stopping at the target):
 
 1. **Calibration**: one process, one device, one run at each of ``--calibration_batches``
    (spanning the measured batches: the step time of a CPU is not linear in the batch),
@@ -43,13 +44,17 @@ reused (its config must be the one this invocation would run), an interrupted on
 Timing is meaningless on a loaded machine: run it alone.
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
 import dataclasses
 import json
 import math
-import os
 import statistics
 import subprocess
-import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 

@@ -1,6 +1,7 @@
+#!/usr/bin/env python3
 """The time-to-accuracy planner (`anp_jax.research.planner`) against measurements and the seed paper.
 
-  python experiments/plan_validation.py --out experiments/results/plan_validation   # seconds
+  .venv/bin/python experiments/plan_validation.py --out experiments/results/plan_validation
 
 Reads committed results only (no training):
 
@@ -24,11 +25,15 @@ Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is
 `anp_jax.research.planner` and `plan_validation_lib.py` (next to this file).
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
 import dataclasses
 import json
 import math
-import os
-import sys
 
 from absl import app, flags
 

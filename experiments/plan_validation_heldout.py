@@ -1,6 +1,7 @@
+#!/usr/bin/env python3
 """The planner on held-out tasks: steps to target predicted from a pilot vs measured, scored.
 
-  python experiments/plan_validation_heldout.py --studies DIR_A,...,DIR_F \
+  .venv/bin/python experiments/plan_validation_heldout.py --studies DIR_A,...,DIR_F \
       --calibration DIR_A,DIR_B,DIR_C --out experiments/results/plan_validation/heldout
 
 Each DIR is a finished study of the ``plan_validation`` preset (``anp_jax/configs/
@@ -24,9 +25,13 @@ The report checks that the default is what the calibration tasks give. The logic
 `plan_validation_lib.py` (next to this file).
 """
 
-import json
-import os
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+import json
 
 from absl import app, flags
 

@@ -1,4 +1,6 @@
-"""Report of a study directory: `python experiments/report.py DIR` writes DIR/report.md + figures.
+#!/usr/bin/env python3
+"""Report of a study directory: `.venv/bin/python experiments/report.py DIR` writes DIR/report.md
+and figures.
 
 DIR is the ``--out`` directory of a study, which also wrote its report at the end; rerun this to
 regenerate it (e.g. after a new ``--target_top1``'s results). A batch-size sweep
@@ -8,7 +10,11 @@ directory (`experiments/study.py`) `anp_jax.research.study_report`'s. Exit 2 whe
 results of either (sync/async/mixed writes its summary itself).
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
 
 from absl import app
 
@@ -18,7 +24,8 @@ from anp_jax.research import study_report, study_results, sweep_report
 
 def main(argv) -> int:
   if len(argv) != 2:
-    raise app.UsageError('Give the --out directory of a study: python experiments/report.py DIR',
+    raise app.UsageError('Give the --out directory of a study: '
+                         '.venv/bin/python experiments/report.py DIR',
                          exitcode=2)
   kind = study_results.out_dir_kind(argv[1])
   try:

@@ -1,11 +1,12 @@
+#!/usr/bin/env python3
 """Any study preset: its runs trained resumably, the learning rate chosen per point, statistics
 over seeds, results and a report.
 
-  python experiments/study.py --preset ghost_bn --out workdirs/ghost_bn
-  python experiments/study.py --preset ghost_bn --out DIR --dry_run        # runs + estimate
-  python experiments/study.py --preset ghost_bn --out DIR --seeds 0,1,2,3 --lr_grid 0.5,1 \\
-      --lr_extensions 1 --ci bootstrap --config.num_epochs=8
-  python experiments/study.py --preset ghost_bn:tiny --out /tmp/gbn         # a preset's variant
+  .venv/bin/python experiments/study.py --preset ghost_bn --out workdirs/ghost_bn
+  .venv/bin/python experiments/study.py --preset ghost_bn --out DIR --dry_run  # runs + estimate
+  .venv/bin/python experiments/study.py --preset ghost_bn --out DIR --seeds 0,1,2,3 \\
+      --lr_grid 0.5,1 --lr_extensions 1 --ci bootstrap --config.num_epochs=8
+  .venv/bin/python experiments/study.py --preset ghost_bn:tiny --out /tmp/gbn   # a variant
 
 A preset is one file, ``anp_jax/configs/study_<NAME>.py``: ``get_config()`` the run config every
 point starts from (with ``target_metric`` / ``target_value``), ``get_sweep()`` the points
@@ -18,16 +19,21 @@ preemption); see docs/experiments.md. Thin on purpose: the command line is
 `anp_jax.research.study_cli`, the runner `anp_jax.research.runner`.
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
 
-from anp_jax import runtime
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli
 
 
 def main(argv=None) -> int:
   """Runs the study of `argv` (default: the command line); 2 on bad input."""
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
+  accelerator.check_or_exit(argv=argv)  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   return study_cli.main(argv, doc=__doc__)
 
 

@@ -1,12 +1,17 @@
+#!/usr/bin/env python3
 """Synchronous vs simulated asynchronous vs local SGD: accuracy per epoch and per predicted hour,
 each arm at its own best learning rate.
 
-  python experiments/sync_async_mixed.py --preset cpu --out DIR --nodes ''  # 1st of 2: see preset
-  python experiments/sync_async_mixed.py --preset cpu --out DIR --dry_run       # grid + estimate
-  python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam           # ~75 s (CI)
-  python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 --workers 4,16 \\
-      --mixed 4 --nodes 4 --sync_every 1,8 --lr_grid 0.25,0.5,1 --lr_extensions 1 \\
-      --target_top1 0.3 --config.base_lr=0.1
+  .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --stop_at_target
+  .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --dry_run  # + estimate
+  .venv/bin/python experiments/sync_async_mixed.py --preset tiny --out /tmp/sam      # ~75 s (CI)
+  .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --epochs 8 \\
+      --workers 4,16 --mixed 4 --nodes= --sync_every 1,8 --lr_grid 0.25,0.5,1 \\
+      --lr_extensions 1 --target_top1 0.3 --config.base_lr=0.1
+
+The ``cpu`` preset runs in two parts, each a process of its own (its arms need one and four
+simulated devices: see the preset); giving any of the parts' flags (``--nodes``, ``--workers``,
+``--mixed``, ``--cpu_devices``) runs that one invocation only.
 
 Thin on purpose: the logic is `anp_jax.research.sync_async_mixed` (arms, predicted times, the
 summary), a study on the runner of every study (`anp_jax.research.runner`: seeds, the per-arm
@@ -63,22 +68,27 @@ Presets are config files, ``anp_jax/configs/sync_async_mixed_<NAME>.py`` (``--pr
 get_config() the run config, get_sweep() the arms, lr grid and target): ``cpu`` — every arm
 mapped to 16 K80s of 32 images (sync, async-16 with and without momentum compensation, mixed
 with 4 workers of 4 devices and 8 of 2, local SGD over 4 nodes with H = 1, 4, 16), lr x 0.5, 1,
-2 and 3 seeds (72 runs; two invocations, see the preset) and up to 4 extensions per arm at the
-grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync + async-4 + local-n2-h2, half an
-epoch each. ``--config.x=y`` overrides the preset's config (not the fields
-the arms set: method, async_sgd, local_sgd, batch_size, seed).
+2 and 3 seeds (72 runs, in two parts that one command runs, see the preset) and up to 4
+extensions per arm at the grid's edge; ``tiny`` — the tests' dataset and ResNet-8, sync +
+async-4 + local-n2-h2, half an epoch each. ``--config.x=y`` overrides the preset's config (not
+the fields the arms set: method, async_sgd, local_sgd, batch_size, seed).
 """
 
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
 
-from anp_jax import runtime
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
+import _venv  # noqa: E402,F401  (started by another Python, e.g. the shebang's: rerun in .venv)
+
+from anp_jax import accelerator, runtime
 from anp_jax.research import study_cli, sync_async_mixed
 
 
 def main(argv=None) -> int:
   """Runs the experiment of `argv` (default: the command line); 2 on bad input."""
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   argv = sys.argv[1:] if argv is None else argv
+  accelerator.check_or_exit(argv=argv)  # GPUs here, but a CPU-only JAX: exit 2 with the fix.
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   return sync_async_mixed.main(argv, doc=__doc__)
 
 

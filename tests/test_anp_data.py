@@ -368,7 +368,8 @@ def test_bad_inputs_raise_naming_the_file_or_row(manual_dir, tmp_path):
     options.make_config(split_fractions=(0.8, 0.1, 0.2))
   with pytest.raises(ValueError, match='Unknown anp option'):
     options.make_config(min_images=3)
-  assert not prepared.prepared_dirs(data_dir)  # Failed preparations leave nothing behind.
+  # Failed preparations leave nothing behind: not even an empty config folder or the lock file.
+  assert not os.path.exists(data_dir), sorted(os.listdir(data_dir))
 
 
 def test_cli_prints_report_and_writes_contact_sheet(folder_builder, manual_dir, tmp_path, capsys):
@@ -589,3 +590,104 @@ def test_a_png_colour_key_is_composited_on_white(tmp_path, mode, key):
   assert rgb.shape == (4, 4, 3)
   assert (rgb[1:, 1:] == 255).all()  # The keyed colour.
   assert tuple(rgb[0, 0]) == ((1, 2, 3) if mode == 'RGB' else (5, 5, 5))
+
+
+# ----------------------------------------------------------------------------------------------
+# The same command again on a changed folder, progress, TFDS's noise, ANP_DATA_DIR, plain classes.
+
+
+def _small_manual(root: str, classes=('happy_dog', 'sad_cat'), per_class: int = 10) -> str:
+  for k, name in enumerate(classes):
+    write_class(root, name, per_class, 50 + k)
+  return root
+
+
+def test_a_changed_folder_is_refused_not_reused_silently(tmp_path, capsys):
+  """Adding photos and rerunning the same prepare command printed the old split sizes: the
+  preparation records its files (names, sizes, mtimes) and refuses a changed folder."""
+  root = _small_manual(str(tmp_path / 'manual'))
+  argv = ['--manual_dir', root, '--data_dir', str(tmp_path / 'd'), '--resize', '32']
+  assert prepare_cli.main(argv) == 0
+  first = capsys.readouterr().out
+  assert re.search(r'^  train +16 ', first, re.M), first
+  assert prepare_cli.main(argv) == 0  # Unchanged: reused, and said so.
+  assert 'anp_jax | reusing ' in capsys.readouterr().out
+  write_class(root, 'happy_dog', 15, 53, prefix='more')  # 15 photos more.
+  with pytest.raises(ValueError, match=r'prepared from 20 files of .*; the folder now has 35: '
+                                       r'pass --overwrite'):
+    prepare_cli.main(argv)
+  shutil.rmtree(os.path.join(root, 'happy_dog'))
+  write_class(root, 'happy_dog', 10, 52)  # As many files as prepared, other bytes.
+  os.utime(os.path.join(root, 'happy_dog', 'img_00.jpg'), (1, 1))
+  with pytest.raises(ValueError, match='has as many, but names, sizes or modification times'):
+    prepare_cli.main(argv)
+  write_class(root, 'happy_dog', 15, 53, prefix='more')
+  assert prepare_cli.main(argv + ['--overwrite']) == 0
+  out = capsys.readouterr().out
+  assert re.search(r'^  train +28 ', out, re.M), out  # 25 + 10 photos: 20 + 8 to train.
+  assert prepare_cli.main(argv) == 0 and 'reusing' in capsys.readouterr().out
+
+
+def test_progress_is_shown_and_tfds_is_quiet(tmp_path, capfd, monkeypatch):
+  monkeypatch.setattr(selection, 'PROGRESS_EVERY_S', 0.0)  # A line per file and image.
+  root = _small_manual(str(tmp_path / 'manual'))
+  # Options other than the defaults: TFDS logged its 400-character "custom data configuration".
+  argv = ['--manual_dir', root, '--data_dir', str(tmp_path / 'd'), '--resize', '32',
+          '--min_images_per_anp', '2', '--num_workers', '1']
+  assert prepare_cli.main(argv) == 0
+  out, err = capfd.readouterr()
+  text = out + err
+  for noise in ('Downloading and preparing', 'Using custom data configuration', 'Generating',
+                'Shuffling', 'downloaded and prepared', '\r', '\x1b['):
+    assert noise not in text, (noise, text[:3000])
+  assert 'anp_jax | scanning 20 files' in out and 'anp_jax | scanned 19 / 20 files' in out
+  assert 'anp_jax | writing train: 15 / 16 images' in out and 'anp_jax | prepared in ' in out
+  assert not err.strip(), err
+
+
+def test_the_data_dir_defaults_to_where_training_looks(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv('ANP_DATA_DIR', str(tmp_path / 'data'))
+  root = _small_manual(str(tmp_path / 'manual'))
+  assert prepare_cli.main(['--manual_dir', root, '--resize', '32']) == 0
+  assert f"--config.data_dir={tmp_path / 'data'} " in capsys.readouterr().out
+  assert len(prepared.prepared_dirs(str(tmp_path / 'data'))) == 1
+
+
+def test_plain_class_folders_prepare_and_train(tmp_path, capsys):
+  """cat/ and dog/ were refused ("not of the form adjective_noun"), and the failed attempt left
+  an empty config folder behind; --labels class prepares them: one label per class, trained
+  with the ANP head only."""
+  from anp_jax import trainer
+  from conftest import tiny_config
+  root = _small_manual(str(tmp_path / 'pets'), classes=('cat', 'dog', 'golden_retriever'),
+                       per_class=12)
+  data_dir = str(tmp_path / 'd')
+  with pytest.raises(ValueError, match=r"'cat' .*prepare with --labels=class"):
+    prepare_cli.main(['--manual_dir', root, '--data_dir', data_dir])
+  assert not os.path.exists(data_dir)
+  assert prepare_cli.main(['--manual_dir', root, '--data_dir', data_dir, '--labels', 'class',
+                           '--resize', '32']) == 0
+  out = capsys.readouterr().out
+  assert '--config.model.adjective_head=False --config.model.noun_head=False' in out
+  assert 'classes: 3 (--labels class' in out and 'cat, dog, golden_retriever' in out
+  builder = prepared.load_builder(data_dir)
+  assert builder.info.features['label_anp'].names == ['cat', 'dog', 'golden_retriever']
+  assert builder.info.features['label_adjective'].names == [options.NO_LABEL]
+  # The name of an ANP preparation of the same options is unchanged by the new option.
+  assert builder.builder_config.name.startswith('auto_classes_')
+  assert options.make_config(resize=32).name == 'auto_min0_max0_r32_q90_' + options.make_config(
+      resize=32).name.rsplit('_', 1)[1]
+
+  config = tiny_config(data_dir, dataset='anp', eval_every_epochs=1.0,
+                       **{'anp.config_name': builder.builder_config.name})
+  with pytest.raises(ValueError, match='add --config.model.adjective_head=False '
+                                       '--config.model.noun_head=False'):
+    trainer.build(config)
+  config.model.adjective_head = config.model.noun_head = False
+  config.batch_size, config.eval_batch_size, config.bn_group_size = 16, 16, 2
+  config.num_train_steps = 3
+  result = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert sorted(k for k in result.final_eval if k.endswith('_top1')) == ['eval/anp_top1']
+  n_eval = builder.info.splits['validation'].num_examples
+  assert n_eval == 3 and result.final_eval['eval/anp_top1'] * 3 == pytest.approx(
+      round(result.final_eval['eval/anp_top1'] * 3))

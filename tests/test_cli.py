@@ -139,6 +139,9 @@ def _env(**extra):
     # absl's other forms (the message was a garbled repr of ml_collections' error).
     ('--noconfig.batchsize', 'Unknown config field --config.batchsize; did you mean'),
     ('-config.batchsize=64', 'Unknown config field --config.batchsize; did you mean'),
+    # A test evaluator: how to add one, never a move of the validation evaluator onto test.
+    ('--config.evals.test.split=test', "add it in a config file, c.evals.test = "
+                                       "dict(kind='classification', split='test')"),
 ])
 def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',
@@ -149,6 +152,27 @@ def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
   assert expected in first, out.stderr
   assert 'config_config' not in out.stderr
   assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('key', ['evals.test.split', 'evals.test', 'evals.test.kind',
+                                 'evals.heldout.split'])
+def test_a_new_evaluator_is_never_hinted_onto_the_validation_evaluator(key):
+  """`--config.evals.test.split=test` was answered "did you mean --config.evals.eval.split?":
+  followed, it replaces validation (where every choice is made) with the test split."""
+  from anp_jax import cli
+  message = cli.unknown_field_message(key, cli.config_fields(default.get_config()))
+  assert 'did you mean' not in message and 'evals.eval.split' not in message, message
+  name = key.split('.')[1]
+  assert f"c.evals.{name} = dict(kind='classification'" in message
+  assert 'docs/evaluation.md' in message and "keep config.evals.eval on 'validation'" in message
+
+
+@pytest.mark.parametrize('key, hint', [('evals.eval.splt', 'evals.eval.split'),
+                                       ('evals.evl.split', 'evals.eval.split')])
+def test_a_misspelt_existing_evaluator_still_gets_its_field(key, hint):
+  from anp_jax import cli
+  message = cli.unknown_field_message(key, cli.config_fields(default.get_config()))
+  assert message.endswith(f'did you mean --config.{hint}?'), message
 
 
 def test_sweep_override_typo_suggests_the_field(tmp_path):
@@ -198,3 +222,18 @@ def test_prepare_help_does_not_import_tensorflow():
                        timeout=120)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == 'False'
+
+
+@pytest.mark.parametrize('module, names', [
+    ('anp_jax.research.planner', ('--batches', '--nodes', '--sync_periods', '--pilot')),
+    ('anp_jax.research.perfmodel', ('--sweep_nodes', '--cluster')),
+    ('anp_jax.main', ('--config', '--workdir'))])
+def test_help_lists_the_flags_defined_through_cli_helpers(module, names):
+  """`planner --help` hid --batches, --nodes and --sync_periods (absl credited them to
+  anp_jax.cli, whose helper defined them: only --helpfull listed them)."""
+  out = subprocess.run([sys.executable, '-m', module, '--help'], env=_env(), capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  listed = {line.split(':')[0].strip() for line in out.stdout.splitlines()
+            if line.startswith('  --')}
+  assert set(names) <= listed, (sorted(set(names) - listed), out.stdout[-3000:])

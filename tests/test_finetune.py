@@ -577,3 +577,26 @@ def test_pretrained_cli_checks_a_pth_file_and_writes_its_safetensors_copy(tmp_pa
   assert sorted(copy) == sorted(sd)
   for name, value in sd.items():
     np.testing.assert_array_equal(copy[name], np.asarray(value))
+
+
+def test_finetune_dry_run_lists_the_runs_and_writes_nothing(tmp_path):
+  """The README says every study has --dry_run; finetune.py had none."""
+  out = tmp_path / 'out'
+  r = _finetune_cli('--out', str(out), '--seeds', '0,1', '--dry_run')
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert 'finetune --preset tiny: 6 runs (6 to train)' in r.stdout, r.stdout
+  assert '  finetune-s1: task B' in r.stdout and 'from pretrain-s1' in r.stdout
+  assert not out.exists()  # Nothing trained or written.
+
+
+def test_finetune_estimate_and_docstring_agree_with_the_committed_cost():
+  """finetune.py's docstring said "~15 min" for the run that took 5.1 min of training: it quotes
+  the dry run's estimate, which is fitted to the committed results."""
+  from anp_jax import transfer
+  committed = json.load(open(os.path.join(ROOT, 'experiments', 'results', 'finetune_cpu',
+                                          'results.json')))
+  measured = sum(r['wall_s'] for s in committed['seeds'] for r in s['runs'].values())
+  plan = transfer.plan('/nonexistent/ft', 'cpu', seeds=(0, 1, 2))
+  assert len(plan['runs']) == 9 and abs(plan['seconds'] / measured - 1) < 0.15
+  doc = open(os.path.join(ROOT, 'experiments', 'finetune.py')).read()
+  assert f'CPU: 9 runs, ~{plan["seconds"] / 60:.0f} min' in doc

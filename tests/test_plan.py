@@ -482,3 +482,38 @@ def test_cli_expands_a_tilde_in_paths(tmp_path):
   assert (home / 'plan' / 'plan.json').exists() and not (tmp_path / '~').exists()
   r = run('--pilot=~/pilot', '--target=0.3', '--methods', 'sync')
   assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_performance_model_reads_the_planners_cluster_files(tmp_path):
+  """perfmodel's --cluster refused the YAML file the planner accepts; one loader now serves both
+  (in the performance model: the planner imports it, never the reverse)."""
+  import os
+  (tmp_path / 'c.yaml').write_text(
+      'nodes: 8\ndevices_per_node: 4\ndevice: {preset: v100, efficiency: 0.15}\n'
+      'interconnect: {intra_node_bandwidth: 2.0e+10, intra_node_latency: 1.0e-5,\n'
+      '               inter_node_bandwidth: 3.0e+9, inter_node_latency: 5.0e-6}\n')
+  cluster, counts = plan.load_cluster(str(tmp_path / 'c.yaml'))
+  assert (cluster, counts) == pm.load_cluster(str(tmp_path / 'c.yaml'))
+  text = pm.prediction_report(cluster=str(tmp_path / 'c.yaml'))
+  assert 'cluster: v100 x 4/node; intra 20.0 GB/s, 10.0 us; inter 3.0 GB/s, 5.0 us' in text
+  rows = [l.split()[:2] for l in text.splitlines() if l.strip()[:1].isdigit()]
+  assert rows == [['1', '4'], ['2', '8'], ['4', '16'], ['8', '32']]  # The file's node counts.
+  text = pm.prediction_report(cluster=str(tmp_path / 'c.yaml'), nodes=2, gpus_per_node=2,
+                              device='k80')
+  assert "cluster's links with k80 devices: k80 x 2/node" in text
+  # The preset path is unchanged: 16 nodes of 4 k80s on minotauro's links.
+  assert 'minotauro: k80 x 4/node' in pm.prediction_report()
+  out = subprocess.run([sys.executable, '-m', 'anp_jax.research.perfmodel',
+                        f'--cluster={tmp_path / "c.yaml"}', '--sweep_nodes=1,8'],
+                       env=subprocess_env(1), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0 and 'v100 x 4/node' in out.stdout, out.stderr[-2000:]
+  with pytest.raises(ValueError, match='neither a preset'):
+    pm.prediction_report(cluster=str(tmp_path / 'nope.yaml'))
+  import ast
+  perfmodel_dir = os.path.join(ROOT, 'anp_jax', 'research', 'perfmodel')
+  for name in os.listdir(perfmodel_dir):
+    if name.endswith('.py'):
+      tree = ast.parse(open(os.path.join(perfmodel_dir, name)).read())
+      imported = [n.module or '' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+      imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+      assert not [m for m in imported if 'planner' in m], (name, imported)

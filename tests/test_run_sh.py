@@ -6,6 +6,7 @@ needed (re)installing; one of them failed (`__editable__...pth`: No such file). 
 whose `python` only logs its arguments shows which process installs."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -125,3 +126,114 @@ def test_a_workdir_in_a_flagfile_is_not_overridden_by_the_demo_default(tmp_path)
   subprocess.run(['bash', os.path.join(ROOT, 'run.sh')], env=env, check=True,
                  capture_output=True, timeout=30)
   assert f'--workdir={ROOT}/workdirs/demo' in log.read_text()  # Still the default otherwise.
+
+
+# ----------------------------------------------------------------------------------------------
+# The environment's accelerator (README "On a GPU cluster"): ANP_ACCELERATOR=cuda adds
+# requirements-cuda.txt, cpu removes it, unset keeps what the venv has; ANP_DALI=1 adds DALI.
+# A fake Python logs what run.sh asks of it: `-m venv DIR` makes DIR/bin/python a copy of itself,
+# so the whole build runs offline in a second, with the exact pip commands checked.
+
+
+def _fake_python(tmp_path):
+  log = tmp_path / 'calls.log'
+  fake = tmp_path / 'python3'
+  fake.write_text('#!/bin/sh\n'
+                  f'echo "$@" >> {log}\n'
+                  'if [ "$1 $2" = "-m venv" ]; then\n'
+                  '  mkdir -p "$3/bin" && cp "$0" "$3/bin/python"\n'
+                  'fi\n')
+  fake.chmod(0o755)
+  return fake, log
+
+
+def _build(tmp_path, **env):
+  """`ANP_SETUP_ONLY=1 run.sh` with ANP_PYTHON the fake; returns (run.sh's result, the calls
+  it made since the last call, the venv's marker or None)."""
+  fake, log = _fake_python(tmp_path)
+  log.unlink(missing_ok=True)
+  venv = tmp_path / 'venv'
+  proc = subprocess.run(['bash', os.path.join(ROOT, 'run.sh')], capture_output=True, text=True,
+                        timeout=60, env=dict(_clean_env(), ANP_VENV=str(venv), ANP_PYTHON=str(fake),
+                                             ANP_SETUP_ONLY='1', **env))
+  marker = venv / '.anp_requirements_ok'
+  return (proc, log.read_text().splitlines() if log.exists() else [],
+          marker.read_text() if marker.exists() else None)
+
+
+def _req(name):
+  return os.path.join(ROOT, name)
+
+
+def _pip_installs(calls):
+  return [c for c in calls if c.startswith('-m pip install') and '-e ' not in c and
+          '--upgrade pip' not in c]
+
+
+def test_cuda_builds_with_the_cuda_requirements_and_cpu_removes_them(tmp_path):
+  base = open(_req('requirements.txt')).read()
+  proc, calls, marker = _build(tmp_path, ANP_ACCELERATOR='cuda')
+  assert proc.returncode == 0, proc.stderr
+  assert calls[0].startswith('-m venv ')
+  assert _pip_installs(calls) == [f'-m pip install -q --disable-pip-version-check -r '
+                                  f'{_req("requirements.txt")} -r {_req("requirements-cuda.txt")}']
+  assert marker == base + '# ANP_ACCELERATOR=cuda\n' + open(_req('requirements-cuda.txt')).read()
+  assert '(cuda;' in proc.stderr
+
+  proc, calls, marker2 = _build(tmp_path)  # Unset: the venv keeps its CUDA JAX, no pip at all.
+  assert proc.returncode == 0 and calls == [] and marker2 == marker, (proc.stderr, calls)
+
+  proc, calls, marker = _build(tmp_path, ANP_ACCELERATOR='cpu')  # Back to the CPU.
+  assert proc.returncode == 0, proc.stderr
+  assert _pip_installs(calls) == [f'-m pip install -q --disable-pip-version-check -r '
+                                  f'{_req("requirements.txt")}']
+  assert '-m pip uninstall -q -y jax-cuda12-plugin jax-cuda12-pjrt' in calls
+  assert marker == base
+
+
+def test_a_new_environment_is_cpu_and_touches_no_cuda_plugin(tmp_path):
+  proc, calls, marker = _build(tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  assert _pip_installs(calls) == [f'-m pip install -q --disable-pip-version-check -r '
+                                  f'{_req("requirements.txt")}']
+  assert not [c for c in calls if 'uninstall' in c or 'cuda' in c]
+  assert marker == open(_req('requirements.txt')).read()  # As before: old venvs stay current.
+
+
+def test_dali_on_request_without_dependencies(tmp_path):
+  _build(tmp_path)
+  proc, calls, _ = _build(tmp_path, ANP_DALI='1')
+  assert proc.returncode == 0, proc.stderr
+  assert _pip_installs(calls) == [f'-m pip install -q --disable-pip-version-check --no-deps -r '
+                                  f'{_req("requirements-dali.txt")}']
+  proc, calls, _ = _build(tmp_path, ANP_DALI='1')  # Recorded: once.
+  assert calls == []
+  assert (tmp_path / 'venv' / '.anp_dali_requirements_ok').read_text() == open(
+      _req('requirements-dali.txt')).read()  # The marker test.sh reads.
+
+
+def test_a_cuda_switch_on_another_rank_waits_and_installs_nothing(tmp_path):
+  _build(tmp_path, ANP_ACCELERATOR='cuda')
+  proc, calls, _ = _build(tmp_path, ANP_ACCELERATOR='cuda', SLURM_PROCID='1')
+  assert proc.returncode == 0 and not [c for c in calls if 'pip' in c], (proc.stderr, calls)
+
+
+def test_an_unknown_accelerator_exits_2_with_one_line(tmp_path):
+  proc, calls, _ = _build(tmp_path, ANP_ACCELERATOR='gpu')
+  assert proc.returncode == 2 and calls == []
+  assert proc.stderr.strip() == ('run.sh: ANP_ACCELERATOR=gpu: use cpu or cuda (README: On a GPU '
+                                 'cluster)')
+
+
+def test_the_cuda_requirements_pin_the_jax_of_requirements_txt():
+  """requirements-cuda.txt: every line an exact pin, jax[cuda12] and its plugin at
+  requirements.txt's jax (a CUDA plugin of another version would not load into this jaxlib)."""
+  def pins(name):
+    lines = [l.split('#')[0].strip() for l in open(_req(name))]
+    return [l for l in lines if l]
+  cuda = pins('requirements-cuda.txt')
+  assert all(re.fullmatch(r'[A-Za-z0-9_.\-]+(\[[a-z0-9\-]+\])?==[0-9][0-9A-Za-z.]*', l)
+             for l in cuda), cuda
+  jax_version = dict(l.split('==') for l in pins('requirements.txt'))['jax']
+  for name in ('jax[cuda12]', 'jax-cuda12-plugin[with-cuda]', 'jax-cuda12-pjrt'):
+    assert f'{name}=={jax_version}' in cuda, (name, cuda)

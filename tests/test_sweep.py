@@ -511,3 +511,73 @@ def test_sweep_rows_use_interpolated_steps_and_passes(tmp_path):
   assert row['eval_step_reaching_target'] == 30
   assert row['examples_to_target'] == pytest.approx(25 * 512)
   assert row['epochs_to_target'] == pytest.approx(25 * 512 / 8000)  # Passes, not steps / 15.
+
+
+# ----------------------------------------------------------------------------------------------
+# One set of numbers: --help, the preset's docstring and --dry_run say the same time.
+
+
+def test_the_generated_sizes_are_the_datasets(data_dir):
+  """`synthetic_meta` (the sizes the estimates use without generating the dataset) is what the
+  generated dataset has."""
+  from anp_jax.data import pipeline
+  from conftest import tiny_config
+  config = tiny_config(data_dir)
+  real = pipeline.dataset_meta(pipeline.get_builder(config), config)
+  fake = sweep.synthetic_meta(config)
+  assert (fake.train_size, fake.eval_size, fake.split_sizes) == (
+      real.train_size, real.eval_size, real.split_sizes)
+
+
+def test_help_preset_docstring_and_dry_run_give_the_same_time(tmp_path, capsys):
+  """batch_size_sweep --help said "≤ 45 min" for the cpu preset, its docstring "≈ 1.5 h", and
+  --dry_run "267 min + up to 178" (also with --stop_at_target); --help claimed three arms for a
+  preset that runs one."""
+  import runpy
+  import anp_jax.configs.sweep_cpu as sweep_cpu
+  cpu = sweep.dry_run_estimate('cpu')
+  goyal = sweep.dry_run_estimate('cpu:goyal')
+  # What --dry_run prints (the runner's own lines), for the same plan.
+  args, config, overrides = sweep.parse_args(['--preset', 'cpu', '--out', str(tmp_path / 'o')])
+  sw = sweep.resolve(args, config, overrides)
+  study = sweep.build_study(sw, 2, sweep.sweep_preset('cpu'))
+  meta = sweep.synthetic_meta(config)
+  opts = sweep.options(sw, args, [], False)
+  runs, _ = runner.plan_runs(study, sw.base, opts, 2, meta=meta)
+  capsys.readouterr()
+  runner._print_plan(study, opts, runs, meta)
+  printed = capsys.readouterr().out
+  assert f'{cpu["runs"]} runs (0 finished earlier)' in printed
+  assert f'estimated {cpu["minutes"]:.0f} min for the rest' in printed
+  assert (f'up to {cpu["extension_runs"]} more runs (~{cpu["extension_minutes"]:.0f} min)'
+          in printed)
+  # The preset's docstring quotes them, beside what the committed sweep measured.
+  doc = ' '.join(sweep_cpu.__doc__.split())
+  assert (f'estimates {cpu["minutes"]:.0f} min for the {cpu["runs"]} runs of ``cpu`` and up to '
+          f'{cpu["extension_minutes"]:.0f} min for its {cpu["extension_runs"]} possible '
+          f'extension runs, and {goyal["minutes"]:.0f} min for the {goyal["runs"]} runs of '
+          '``cpu:goyal``') in doc, doc
+  committed = json.load(open(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                          'experiments', 'results', 'bs_sweep_cpu_shallue',
+                                          'results.json')))
+  extensions = len(committed) - cpu['runs']
+  assert f'took {len(committed)} runs ({cpu["runs"]} + {extensions} extensions)' in doc
+  # --help prints the same estimates, and the arms each preset has.
+  script = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments',
+                        'batch_size_sweep.py')
+  main = runpy.run_path(script)['main']
+  assert main(['--help']) == 0
+  text = capsys.readouterr().out
+  assert (f'  cpu: {cpu["runs"]} runs, {cpu["minutes"]:.0f} min + up to '
+          f'{cpu["extension_minutes"]:.0f} min for {cpu["extension_runs"]} extension runs') in text
+  assert f'  cpu:goyal: {goyal["runs"]} runs, {goyal["minutes"]:.0f} min' in text
+  assert '45 min' not in text and '{dry_run_estimates}' not in text
+  assert sweep.sweep_preset('cpu').arms == (('sqrt', True),)
+  assert "``cpu``: one arm, the square-root rule with warmup" in text
+
+
+def test_a_stop_at_target_dry_run_says_its_estimate_is_a_bound(data_dir, tmp_path, capsys):
+  sweep.sweep(_argv(tmp_path / 'o', data_dir, '--dry_run', '--stop_at_target'))
+  assert 'are an upper bound' in capsys.readouterr().out
+  sweep.sweep(_argv(tmp_path / 'o', data_dir, '--dry_run'))
+  assert 'upper bound' not in capsys.readouterr().out

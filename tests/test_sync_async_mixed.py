@@ -6,6 +6,7 @@ edge); the mixed-asynchronous arms (staleness of N workers on the sync arm's clu
 import json
 import math
 import os
+import sys
 import types
 
 import pytest
@@ -470,3 +471,30 @@ def test_the_mapped_studys_claims_are_inside_their_intervals():
   # Top-1 at equal examples: every interval at least 30 points wide.
   widths = [c['top1_difference']['high'] - c['top1_difference']['low'] for c in compared]
   assert min(widths) > 0.3
+
+
+# ----------------------------------------------------------------------------------------------
+# A preset in parts: `--preset cpu --out DIR` (README) was exit 2 "config.local_sgd.nodes=4 does
+# not divide the 1 devices", repeated per point: its local-SGD arms need four simulated devices,
+# the others one; the command now runs both parts, each a process of its own.
+
+
+def test_a_preset_with_parts_runs_each_as_its_own_invocation():
+  from anp_jax.research import sync_async_mixed as sam
+  argv = ['--preset', 'cpu', '--out', 'DIR', '--stop_at_target']
+  first, second = sam.part_commands(argv)
+  assert first[0] == sys.executable and first[1].endswith('experiments/sync_async_mixed.py')
+  assert first[2:] == argv + ['--nodes='] and second[2:] == argv + [
+      '--workers=', '--mixed=', '--cpu_devices=4']
+  for own in (['--nodes='], ['--nodes', '4'], ['--cpu_devices=4'], ['--help']):
+    assert sam.part_commands(argv + own) == []  # One invocation: the user's.
+  assert sam.part_commands(['--preset', 'tiny', '--out', 'DIR']) == []
+
+
+def test_the_parts_run_in_turn_and_stop_at_the_first_failure(capsys):
+  from anp_jax.research import sync_async_mixed as sam
+  log = lambda n, rc: [sys.executable, '-c', f'print("part {n}"); raise SystemExit({rc})']
+  assert sam.run_parts([log(1, 0), log(2, 0)]) == 0
+  assert sam.run_parts([log(1, 75), log(2, 0)]) == 75  # Preempted: the same command resumes.
+  out = capsys.readouterr().out
+  assert out.count('sync_async_mixed: part 1 of 2') == 2 and out.count('part 2 of 2') == 1

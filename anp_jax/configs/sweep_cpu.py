@@ -25,12 +25,14 @@ Variants:
   each, at the rate the ``cpu`` sweep chose for the batch (``--lr_from``; it was tuned for steps
   to the target under the 16-epoch budget, not for the 6-epoch accuracy).
 
-Time (``--dry_run`` prints the estimate): ~700 img/s of training on the 2 cores while other jobs
-loaded them (load 6-8), each epoch ~15 s with its two evaluations of both splits, ~12 s of
-set-up per run (30 s when its compilation is not in JAX's persistent cache:
-``JAX_COMPILATION_CACHE_DIR``). ``cpu``: 54 runs stopping at ~2-7 epochs plus extensions ≈
-1.5 h; ``cpu:goyal``: 18 runs x 6 epochs ≈ 35 min. Measured costs in
-``docs/studies.md`` (section 1).
+Time: ``--dry_run`` estimates 267 min for the 54 runs of ``cpu`` and up to 178 min for its 36
+possible extension runs, and 36 min for the 18 runs of ``cpu:goyal`` (~520 img/s and 15 s of
+set-up per run, as if every run trained its whole budget: an upper bound with
+``--stop_at_target``). Measured (docs/studies.md, section 1): the ``cpu`` sweep with
+``--stop_at_target``, its runs stopping at ~2-7 epochs, took 66 runs (54 + 12 extensions), 1.06
+h of training and ~1.4 h wall on the loaded 2-core machine (~700 img/s, load 6-8; ~12 s of
+set-up per run, 30 s when its compilation is not in JAX's persistent cache,
+``JAX_COMPILATION_CACHE_DIR``); ``cpu:goyal`` 13 min of training, 15 min wall.
 """
 
 from anp_jax.configs import default

@@ -1,12 +1,18 @@
 """The sync/async/mixed experiment's ``cpu`` preset: every arm mapped to the 16-K80 cluster, each
 at its own learning rate tuned on validation, 3 seeds.
 
-  # Arms on one simulated device (sync, async, mixed), then the local-SGD arms on four (a node
-  # per device); the second invocation's results and summary cover every arm of DIR:
+  .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --stop_at_target
+
+One command, two parts (``parts`` below), each a process of its own: the arms on one simulated
+device (sync, async, mixed), then the local-SGD arms on four (a node per device); the second
+part's results and summary cover every arm of DIR. The command runs them in turn, as:
+
   .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --stop_at_target \\
-      --nodes ''
+      --nodes=
   .venv/bin/python experiments/sync_async_mixed.py --preset cpu --out DIR --stop_at_target \\
-      --workers '' --mixed '' --cpu_devices 4
+      --workers= --mixed= --cpu_devices=4
+
+(either one alone, or any of these flags given, runs that invocation only).
 
 The proxy of the batch-size sweep's cpu preset (ResNet-20 width 0.5 at 16 px, 8,000 train /
 1,696 validation / 1,696 test images, 32 ANPs, nesterov, 1 warmup epoch, cosine), at most 8
@@ -58,4 +64,5 @@ def get_sweep():
   return dict(workers=(16,), nodes=(4,), sync_every=(1, 4, 16), aware=(False,),
               compensate=(False, True), mixed=(4, 8), mixed_aware=(False,), cpu_devices=1,
               lr_grid=(0.5, 1.0, 2.0), lr_extensions=4, seeds=(0, 1, 2), target_top1=0.25,
-              device_batch=32, sync_devices=16, images_per_s=520.0, overhead_s=15.0)
+              device_batch=32, sync_devices=16, images_per_s=520.0, overhead_s=15.0,
+              parts=({'nodes': ''}, {'workers': '', 'mixed': '', 'cpu_devices': '4'}))

@@ -4,7 +4,7 @@ The generated dataset is tiny too: 8 ANPs of 4 adjectives x 4 nouns, 32 training
 evaluation images per class (104 evaluation examples: not a multiple of any batch the tests use,
 so the padded evaluation is exercised). Checkpoints only when asked, no progress bar.
 
-  python -m anp_jax.main --config=anp_jax/configs/tiny.py --workdir=/tmp/tiny
+  .venv/bin/python -m anp_jax.main --config=anp_jax/configs/tiny.py --workdir=/tmp/tiny
 """
 
 import ml_collections

@@ -83,7 +83,7 @@ def check_data_dir(config) -> None:
   data_dir = os.path.expanduser(config.data_dir)
   if config.dataset == 'anp' and not os.path.isdir(data_dir):
     raise FileNotFoundError(f'config.data_dir={data_dir!r} does not exist; prepare the ANP '
-                            'dataset there first with `python -m anp_jax.data.prepare`.')
+                            'dataset there first with `.venv/bin/python -m anp_jax.data.prepare`.')
 
 
 def _prepared(make, data_dir: str) -> tfds.core.DatasetBuilder:
@@ -149,6 +149,7 @@ def dataset_meta(builder, config) -> DatasetMeta:
   # The split of the run's default evaluation (config.evals' 'eval' entry).
   eval_split = default_config.default_eval_split(config)
   check_split(builder, eval_split, "config.evals['eval'].split")
+  check_heads(builder, config)
   return DatasetMeta(
       name=builder.name,
       num_anps=feats['label_anp'].num_classes,
@@ -161,6 +162,24 @@ def dataset_meta(builder, config) -> DatasetMeta:
       stored_image_size=_stored_size(builder),
       stored_short_side=_stored_short_side(builder),
       split_sizes={name: split.num_examples for name, split in info.splits.items()})
+
+
+def check_heads(builder, config) -> None:
+  """A dataset prepared with ordinary class names (``prepare --labels class``) has no adjective
+  or noun labels (one placeholder each): training those heads would report a meaningless 100 %.
+  Raises with the flags that turn them off."""
+  if builder.name != 'anp':
+    return
+  from anp_jax.data.anp import prepared
+  if prepared.read_summary(builder.data_dir).get('labels') != 'class':
+    return
+  on = [f'config.model.{h}_head' for h in ('adjective', 'noun')
+        if config.model.get(f'{h}_head', True)]
+  if on:
+    raise ValueError(f'{" and ".join(on)} need adjective / noun labels, and the dataset '
+                     f'{builder.info.full_name} was prepared with ordinary class names (--labels '
+                     'class: one label per class): add --config.model.adjective_head=False '
+                     '--config.model.noun_head=False.')
 
 
 def check_split(builder, split: str, what: str = 'split') -> None:

@@ -1,14 +1,20 @@
 """Prepares the `anp` TFDS dataset from a local folder and reports what went in.
 
-  python -m anp_jax.data.prepare --manual_dir /data/mvso_images --data_dir ~/tensorflow_datasets \\
-      --min_images_per_anp 500 --resize_short_side 256 --contact_sheet /tmp/anp_sheet.png
+  .venv/bin/python -m anp_jax.data.prepare --manual_dir /data/mvso_images \\
+      --data_dir ~/tensorflow_datasets --min_images_per_anp 500 --resize_short_side 256 \\
+      --contact_sheet /tmp/anp_sheet.png
+  .venv/bin/python -m anp_jax.data.prepare --manual_dir /data/pets --labels class  # cat/, dog/
 
 The manual dir holds either a CSV list (``--csv_file``, default ``images.csv``) or class folders
-``ROOT/<adjective>_<noun>/`` (see `anp_jax.data.anp`). After preparing, this prints the classes,
-examples per split, the smallest and largest class per split, and how many files were skipped,
-de-duplicated or dropped with their classes; the per-file lists sit in the dataset dir. The
-printed ``--config.anp.config_name`` selects this preparation for training when `data_dir` holds
-several.
+``ROOT/<adjective>_<noun>/`` (see `anp_jax.data.anp`); ``--labels class`` takes any class names
+(one label per class, the ANP head only). ``--data_dir`` defaults to where training looks
+($ANP_DATA_DIR, else ~/tensorflow_datasets). It says how far the scan and the writing got every
+few seconds; after preparing, it prints the classes, examples per split, the smallest and largest
+class per split, and how many files were skipped, de-duplicated or dropped with their classes;
+the per-file lists sit in the dataset dir. The printed training flags (``--config.anp.config_name``
+selects this preparation when `data_dir` holds several) train on it. The same command again
+reuses the preparation if the folder's files are unchanged, and refuses (exit 2) if files were
+added, removed or changed since: ``--overwrite`` prepares again.
 """
 
 import collections
@@ -48,7 +54,8 @@ def _flags() -> flags.FlagValues:
   fv = flags.FlagValues()
   kw = dict(flag_values=fv)
   flags.DEFINE_string('manual_dir', None, 'Folder with the images (and the CSV).', **kw)
-  flags.DEFINE_string('data_dir', None, 'TFDS data dir to write the dataset to.', **kw)
+  flags.DEFINE_string('data_dir', None, 'TFDS data dir to write the dataset to (default: where '
+                      'training looks, $ANP_DATA_DIR, else ~/tensorflow_datasets).', **kw)
   flags.DEFINE_string('layout', None, 'auto, csv or folder (see anp_jax.data.anp)'
                       + _BUILDER_DEFAULT.format('auto: csv when --csv_file exists'), **kw)
   flags.DEFINE_string('csv_file', None, 'CSV list, relative to --manual_dir'
@@ -78,9 +85,14 @@ def _flags() -> flags.FlagValues:
   flags.DEFINE_integer('jpeg_quality', None, 'Quality of the JPEGs that preparation encodes '
                        '(resized or converted images; a source JPEG that needs no change is '
                        'stored as it is)' + _BUILDER_DEFAULT.format(90), **kw)
+  flags.DEFINE_string('labels', None, "anp: class names are <adjective>_<noun> (three heads' "
+                      'labels); class: ordinary class names (cat/, dog/), one label per class, '
+                      'trained with the adjective and noun heads off'
+                      + _BUILDER_DEFAULT.format('anp'), **kw)
   flags.DEFINE_string('source_tag', None, 'Name of the source, part of the config name (e.g. '
                       "mvso_en)" + _BUILDER_DEFAULT.format("''"), **kw)
-  flags.DEFINE_bool('overwrite', False, 'Prepare again even if prepared.', **kw)
+  flags.DEFINE_bool('overwrite', False, 'Prepare again even if prepared (needed when the '
+                    "folder's files changed since).", **kw)
   flags.DEFINE_integer('num_workers', None, 'Decoding threads (default: up to 8 CPUs); does not '
                        'change the output.', **kw)
   flags.DEFINE_string('contact_sheet', '', 'Write a PNG grid of sample images with their ANP '
@@ -155,13 +167,18 @@ def _print_report(builder, out=None):
     side = summary['options']['resize']
     print(f"  stored images: JPEG, shorter side {f'<= {side} px' if side else 'as in the source'}"
           f" (re-encoded at quality {summary['options']['jpeg_quality']})", file=out)
-  print(f'  training flags: --config.dataset=anp --config.data_dir={builder.data_dir_root} '
-        f'--config.anp.config_name={builder.builder_config.name}', file=out)
-  print(f"  classes: {feats['label_anp'].num_classes} ANPs, "
-        f"{feats['label_adjective'].num_classes} adjectives, "
-        f"{feats['label_noun'].num_classes} nouns", file=out)
-  for title, key in (('ANPs', 'label_anp'), ('adjectives', 'label_adjective'),
-                     ('nouns', 'label_noun')):
+  print(f'  training flags: {training_flags(builder)}', file=out)
+  plain = (summary or {}).get('labels') == 'class'
+  if plain:
+    print(f"  classes: {feats['label_anp'].num_classes} (--labels class: one label per class, "
+          'no adjectives or nouns)', file=out)
+  else:
+    print(f"  classes: {feats['label_anp'].num_classes} ANPs, "
+          f"{feats['label_adjective'].num_classes} adjectives, "
+          f"{feats['label_noun'].num_classes} nouns", file=out)
+  for title, key in (('classes' if plain else 'ANPs', 'label_anp'),
+                     *(() if plain else (('adjectives', 'label_adjective'),
+                                         ('nouns', 'label_noun')))):
     print(textwrap.fill(', '.join(feats[key].names), width=100,
                         initial_indent=f'    {title}: ', subsequent_indent='      '), file=out)
   print(f"  {'split':<12}{'examples':>10}{'classes':>9}{'min/class':>11}{'max/class':>11}",
@@ -184,6 +201,15 @@ def _print_report(builder, out=None):
   print(f'  dropped classes (< min_images_per_anp): {len(dropped)}' +
         (': ' + ', '.join(f'{a} ({n})' for a, n in dropped[:20]) +
          (' ...' if len(dropped) > 20 else '') if dropped else ''), file=out)
+
+
+def training_flags(builder) -> str:
+  """The `anp_jax.main` flags that train on this preparation (its heads included)."""
+  flags_ = (f'--config.dataset=anp --config.data_dir={builder.data_dir_root} '
+            f'--config.anp.config_name={builder.builder_config.name}')
+  if builder.builder_config.labels == 'class':
+    flags_ += ' --config.model.adjective_head=False --config.model.noun_head=False'
+  return flags_
 
 
 def _check_contact_sheet(args) -> str:
@@ -221,14 +247,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _usage(f"{text}{'' if text.endswith('?') else '.'} Fix the flag (--help lists them).")
   if (rc := cli.refuse_extra_arguments(rest)) is not None:
     return rc
-  for name, what in (('manual_dir', 'the folder with the images (and the CSV)'),
-                     ('data_dir', 'the TFDS data dir to write the dataset to')):
-    if not fv[name].value:
-      return _usage(f'--{name} is required: {what}.')
+  if not fv.manual_dir:
+    return _usage('--manual_dir is required: the folder with the images (and the CSV).')
+  if fv.data_dir is None:  # Where training looks by default (config.data_dir's default).
+    from anp_jax.configs import default
+    fv.data_dir = default.default_data_dir()
+  if not fv.data_dir.strip():
+    return _usage('--data_dir is empty: give the TFDS data dir to write the dataset to.')
   _import_tensorflow()
-  if fv.layout is not None and fv.layout not in anp.options.LAYOUTS:
-    return _usage(f'--layout={fv.layout!r} is unknown; use one of '
-                  f'{", ".join(anp.options.LAYOUTS)}.')
+  for name, choices in (('layout', anp.options.LAYOUTS), ('labels', anp.options.LABELS)):
+    if fv[name].value is not None and fv[name].value not in choices:
+      return _usage(f'--{name}={fv[name].value!r} is unknown; use one of {", ".join(choices)}.')
   data_dir = os.path.expanduser(fv.data_dir)
   message = (f'--data_dir={fv.data_dir} is a file, not a folder: give the TFDS data dir to write '
              'the dataset to.' if os.path.exists(data_dir) and not os.path.isdir(data_dir)

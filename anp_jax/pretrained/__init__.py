@@ -9,7 +9,8 @@ trainer calls them only for a fresh run: a checkpoint in the workdir wins (resum
 ``init_from`` is part of the checkpoint identity.
 
 The other fine-tuning knobs, ``config.freeze`` and ``config.backbone_lr_multiplier``, partition
-the optimizer: `anp_jax.optim.partition`. ``python -m anp_jax.pretrained --source=FILE --model=resnet50``
+the optimizer: `anp_jax.optim.partition`.
+``.venv/bin/python -m anp_jax.pretrained --source=FILE --model=resnet50``
 checks a file against a model (`anp_jax.pretrained.__main__`).
 """
 

@@ -1,4 +1,5 @@
-"""``python -m anp_jax.pretrained --source=FILE --model=resnet50 [--to_safetensors=OUT]``: check a
+"""``.venv/bin/python -m anp_jax.pretrained --source=FILE --model=resnet50
+[--to_safetensors=OUT]``: check a
 weight file against a model (the start-up report, or the error a run would stop with) and
 optionally write a .safetensors copy of a .pth file."""
 

@@ -450,6 +450,64 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None, args=None):
   return runner.plan_runs(study, sw.base, options(sw, args, [], False), devices)
 
 
+def synthetic_meta(config):
+  """The sizes `runner.plan_runs` needs of a generated (``synthetic_anp``) dataset, from the
+  config alone (without generating it); None for a prepared dataset, whose sizes only its
+  preparation knows."""
+  if config.dataset != 'synthetic_anp':
+    return None
+  from anp_jax.data import pipeline
+  s = config.synthetic
+  validation = s.num_pairs * s.eval_per_class
+  sizes = {'train': s.num_pairs * s.train_per_class, 'validation': validation,
+           'test': s.num_pairs * (s.test_per_class or s.eval_per_class)}
+  return pipeline.DatasetMeta(
+      name='synthetic_anp', num_anps=s.num_pairs, num_adjectives=s.num_adjectives,
+      num_nouns=s.num_nouns, anp_names=[], train_size=sizes['train'], eval_size=validation,
+      eval_split='validation', stored_image_size=s.image_size, stored_short_side=s.image_size,
+      split_sizes=sizes)
+
+
+def dry_run_estimate(preset: str) -> Optional[Dict[str, float]]:
+  """What ``--preset PRESET --dry_run`` estimates (`runner.estimate_seconds`: every run trains
+  its whole budget, so an upper bound under ``--stop_at_target``) on the preset's simulated
+  devices: ``runs``, ``minutes``, ``extension_runs`` (the most the rate extensions add) and
+  ``extension_minutes``; None when the preset's dataset must be prepared first. The --help text
+  and the presets' docstrings quote these numbers (tests/test_sweep.py checks them)."""
+  import tempfile
+  with tempfile.TemporaryDirectory() as out:
+    args, config, overrides = parse_args(['--preset', preset, '--out', out])
+    meta = synthetic_meta(config)
+    if meta is None:
+      return None
+    sw = resolve(args, config, overrides)
+    spec = sweep_preset(preset)
+    devices = spec.cpu_devices or 1
+    study = build_study(sw, devices, spec)
+    runs, _ = runner.plan_runs(study, sw.base, options(sw, args, [], False), devices, meta=meta)
+  per_run = runner.estimate_seconds(runs[:1], meta.eval_size, study.images_per_s,
+                                    study.overhead_s)
+  more = study.lr.extensions * len(study.points) * len(study.seeds)
+  return {'runs': len(runs), 'extension_runs': more, 'extension_minutes': more * per_run / 60,
+          'minutes': runner.estimate_seconds(runs, meta.eval_size, study.images_per_s,
+                                             study.overhead_s) / 60}
+
+
+ESTIMATES = '{dry_run_estimates}'  # In a --help text: the presets' `dry_run_estimate`s.
+
+
+def estimates_text(presets: Sequence[str] = ('tiny', 'cpu', 'cpu:goyal')) -> str:
+  """One line per preset: its `dry_run_estimate`, as the --help text gives it."""
+  lines = []
+  for name in presets:
+    e = dry_run_estimate(name)
+    more = (f' + up to {e["extension_minutes"]:.0f} min for {e["extension_runs"]} extension '
+            'runs' if e['extension_runs'] else '')
+    minutes = f'{e["minutes"]:.0f}' if e['minutes'] >= 1 else '< 1'
+    lines.append(f'  {name}: {e["runs"]} runs, {minutes} min{more}')
+  return '\n'.join(lines)
+
+
 def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = None,
           doc: str = __doc__) -> List[Dict]:
   """Runs (or continues) the sweep of `argv`; returns the results rows. Raises SweepError.
@@ -457,6 +515,8 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
   `make_report(out)` (experiments/report.py's) writes the report at the end unless --no_report.
   """
   preemption.install()  # From here on, SIGTERM/SIGUSR1 mean "checkpoint and exit 75".
+  if ESTIMATES in doc and any(a in cli.HELP_FLAGS for a in argv):
+    doc = doc.replace(ESTIMATES, estimates_text())
   parsed = parse_args(argv, doc)
   if parsed is None:
     return []
@@ -469,6 +529,9 @@ def sweep(argv: Sequence[str], make_report: Optional[Callable[[str], str]] = Non
   study = build_study(sw, jax.device_count(), preset, make_report)
   report = make_report is not None and not args.no_report
   rows = runner.run_study(study, sw.base, options(sw, args, overrides, report))
+  if args.dry_run and sw.stop_at_target and jax.process_index() == 0:
+    print('With --stop_at_target each run ends at its target: the minutes above, every run '
+          'training its whole budget, are an upper bound.', flush=True)
   return select_best_lr(sorted(rows, key=lambda r: r['name']))
 
 

@@ -1,4 +1,5 @@
-"""Report of a batch-size sweep (`python experiments/report.py DIR`) → DIR/report.md + PNGs.
+"""Report of a batch-size sweep (`.venv/bin/python experiments/report.py DIR`) → DIR/report.md
++ PNGs.
 
 Reads what `experiments/batch_size_sweep.py` (`anp_jax.research.sweep`) left in DIR
 (``results.json``, one row per run, and each run's ``runs/<name>/metrics.jsonl``) and draws the

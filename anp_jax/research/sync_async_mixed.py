@@ -38,12 +38,15 @@ training ResNet-50 on the MUSA2 ANP training split; `predicted_epoch` gives its 
 import dataclasses
 import os
 import re
+import shlex
+import subprocess
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import ml_collections
 from absl import flags
 
-from anp_jax import metrics_io, plotting, reporting
+from anp_jax import cli, metrics_io, plotting, reporting
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import runner, stats, study_cli, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError
@@ -79,6 +82,12 @@ class Preset:
   # it has there (`RunSpec.batch`), 0 every arm at config.batch_size (an unmapped proxy).
   device_batch: int = 0
   sync_devices: int = 16
+  # Arms that need other simulated devices than the rest (local SGD over K nodes needs K | the
+  # devices, set before JAX starts): the parts one command runs, each in a process of its own
+  # (`part_commands`), as flags added to the command line, e.g. ({'nodes': ''}, {'workers': '',
+  # 'mixed': '', 'cpu_devices': '4'}). Every part writes into the same --out; the last one's
+  # results and summary cover every arm there.
+  parts: Sequence[Dict[str, str]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -708,8 +717,48 @@ def write_results(ex: Experiment, rows: List[Dict], points: List[Dict]) -> List[
 # The command.
 
 
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'experiments',
+                      'sync_async_mixed.py')
+
+
+def part_commands(argv: Sequence[str]) -> List[List[str]]:
+  """The commands that run the preset of `argv` part by part (`Preset.parts`), or [] when it has
+  one part or the command line sets a part's flags itself (then it is one of the parts)."""
+  if any(a in cli.HELP_FLAGS for a in argv):
+    return []
+  name = cli._config_spec(list(argv), 'preset', 'cpu')
+  try:
+    preset = Preset(**study_cli.load_preset(PREFIX, name)[1])
+  except (StudyError, TypeError, OSError):
+    return []  # The single invocation reports it.
+  flags_ = {f for part in preset.parts for f in part}
+  given = {a.split('=')[0].lstrip('-') for a in argv if a.startswith('-')}
+  if not preset.parts or given & (flags_ | {f'no{f}' for f in flags_}):
+    return []
+  return [[sys.executable, os.path.abspath(SCRIPT), *argv,
+           *(f'--{k}={v}' for k, v in part.items())] for part in preset.parts]
+
+
+def run_parts(commands: Sequence[Sequence[str]]) -> int:
+  """Runs the parts in turn (each a process of its own: its simulated devices are set before
+  JAX starts); stops at the first that fails and returns its exit code (75: preempted, the same
+  command again resumes), else 0."""
+  for i, command in enumerate(commands):
+    print(f'sync_async_mixed: part {i + 1} of {len(commands)}: '
+          f'{" ".join(shlex.quote(c) for c in command[1:])}', flush=True)
+    rc = subprocess.call(list(command))
+    if rc:
+      return rc
+  return 0
+
+
 def main(argv: Sequence[str], doc: str = __doc__) -> int:
-  """Runs (or continues) the experiment of `argv`; 2 on bad input, 75 when preempted."""
+  """Runs (or continues) the experiment of `argv`; 2 on bad input, 75 when preempted. A preset
+  with parts (`Preset.parts`) runs each in a process of its own, one after the other."""
+  commands = part_commands(argv)
+  if commands:
+    return run_parts(commands)
+
   def resolved():
     ex = resolve(argv, doc)
     return None if ex is None else (study(ex), ex.base, ex.opts, ex.cpu_devices)

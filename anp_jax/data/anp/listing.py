@@ -11,10 +11,11 @@ Listing only reads names; whether a file is a usable image is decided by the sca
 
 import csv
 import dataclasses
+import hashlib
 import os
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from anp_jax.data.anp.options import AnpConfig, parse_anp
+from anp_jax.data.anp.options import AnpConfig, split_label
 
 _SPLIT_ALIASES = {'train': 'train', 'training': 'train', 'validation': 'validation',
                   'valid': 'validation', 'val': 'validation', 'dev': 'validation',
@@ -84,7 +85,7 @@ def list_csv(manual_dir: str, config: AnpConfig) -> Tuple[List[Candidate], bool]
       where = f'{config.csv_file} line {line}'
       image = _csv_field(row, image_col, 'image path', header, csv_path, line)
       anp = _csv_field(row, anp_col, 'ANP', header, csv_path, line)
-      parse_anp(anp, config.separator, where)
+      split_label(anp, config, where)
       split = (None if split_col is None else
                _split_name(_csv_field(row, split_col, 'split', header, csv_path, line), where))
       path = os.path.normpath(os.path.join(manual_dir, image))
@@ -106,6 +107,28 @@ def _class_files(class_dir: str) -> List[str]:
     dirs[:] = visible(dirs)
     files.extend(os.path.join(root, n) for n in visible(names))
   return sorted(files)
+
+
+def list_candidates(manual_dir: str, config: AnpConfig) -> Tuple[str, List[Candidate], bool]:
+  """The layout, the candidates in listing order, and whether the source gives splits."""
+  layout = resolve_layout(manual_dir, config)
+  lister = list_csv if layout == 'csv' else list_folder
+  return (layout, *lister(manual_dir, config))
+
+
+def fingerprint(candidates: Sequence[Candidate]) -> Dict[str, object]:
+  """What the listed files were when prepared: their count and a digest of every file's name,
+  size and modification time (second), so that adding, removing, replacing or editing a file
+  is noticed when the same preparation is asked for again. One ``stat`` per file."""
+  digest = hashlib.sha1()
+  for cand in sorted(candidates, key=lambda c: (c.file_name, c.anp, c.split or '')):
+    try:
+      st = os.stat(cand.path)
+      size, mtime = st.st_size, int(st.st_mtime)
+    except OSError:  # A CSV row naming a missing file: listed, skipped by the scan.
+      size, mtime = -1, -1
+    digest.update(f'{cand.file_name}\t{cand.anp}\t{cand.split}\t{size}\t{mtime}\n'.encode())
+  return {'files': len(candidates), 'sha1': digest.hexdigest()}
 
 
 def list_folder(manual_dir: str, config: AnpConfig) -> Tuple[List[Candidate], bool]:
@@ -133,7 +156,7 @@ def list_folder(manual_dir: str, config: AnpConfig) -> Tuple[List[Candidate], bo
     class_dirs = [d for d in visible(os.listdir(root)) if os.path.isdir(os.path.join(root, d))]
     for anp in class_dirs:
       class_dir = os.path.join(root, anp)
-      parse_anp(anp, config.separator, f'folder {class_dir}')
+      split_label(anp, config, f'folder {class_dir}')
       for path in _class_files(class_dir):
         rel = os.path.relpath(path, manual_dir).replace(os.sep, '/')
         candidates.append(Candidate(path=path, file_name=rel, anp=anp, split=split,

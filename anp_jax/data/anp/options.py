@@ -13,6 +13,11 @@ import tensorflow_datasets as tfds
 
 SPLITS = ('train', 'validation', 'test')
 LAYOUTS = ('auto', 'csv', 'folder')
+# What a class name is: 'anp' (adjective<separator>noun: three heads' labels) or 'class' (any
+# name, one label per class, e.g. folders cat/ and dog/: the ANP head only; the adjective and
+# noun labels hold one placeholder, NO_LABEL, and training turns those heads off).
+LABELS = ('anp', 'class')
+NO_LABEL = 'none'
 
 
 @dataclasses.dataclass
@@ -32,18 +37,23 @@ class AnpConfig(tfds.core.BuilderConfig):
   resize: int = 256  # Shorter side <= resize px at preparation time; 0 keeps the source size.
   jpeg_quality: int = 90
   source_tag: str = ''  # Free name for the source (e.g. 'mvso_en'); part of the config name.
+  labels: str = 'anp'  # 'anp' or 'class' (ordinary class names; see LABELS).
 
 
 OPTION_NAMES = ('layout', 'csv_file', 'csv_image_column', 'csv_anp_column', 'csv_split_column',
                 'csv_delimiter', 'separator', 'min_images_per_anp', 'max_images_per_anp',
-                'split_fractions', 'split_seed', 'resize', 'jpeg_quality', 'source_tag')
+                'split_fractions', 'split_seed', 'resize', 'jpeg_quality', 'source_tag', 'labels')
+# Options added later, with the value every earlier preparation had: left out of the config
+# name's digest at that value, so that earlier preparations keep their names.
+_LATER_OPTIONS = {'labels': 'anp'}
 
 
 def make_config(**options) -> AnpConfig:
   """Builds an `AnpConfig` whose name encodes every option, so option sets never collide.
 
-  The name reads ``[<source_tag>_]<layout>_min<m>_max<n>_r<resize>_q<quality>_<digest>``; the
-  digest covers all options, including those not spelled out.
+  The name reads ``[<source_tag>_]<layout>[_classes]_min<m>_max<n>_r<resize>_q<quality>_<digest>``
+  (``_classes`` for ``labels='class'``); the digest covers all options, including those not
+  spelled out.
   """
   unknown = sorted(set(options) - set(OPTION_NAMES))
   if unknown:
@@ -52,9 +62,11 @@ def make_config(**options) -> AnpConfig:
     options['split_fractions'] = parse_fractions(options['split_fractions'])
   probe = AnpConfig(name='probe', **options)
   _validate(probe)
-  values = {k: getattr(probe, k) for k in OPTION_NAMES}
+  values = {k: getattr(probe, k) for k in OPTION_NAMES
+            if k not in _LATER_OPTIONS or getattr(probe, k) != _LATER_OPTIONS[k]}
   digest = hashlib.sha1(repr(sorted(values.items())).encode()).hexdigest()[:8]
-  name = (f'{probe.layout}_min{probe.min_images_per_anp}_max{probe.max_images_per_anp}'
+  kind = '_classes' if probe.labels == 'class' else ''
+  name = (f'{probe.layout}{kind}_min{probe.min_images_per_anp}_max{probe.max_images_per_anp}'
           f'_r{probe.resize}_q{probe.jpeg_quality}_{digest}')
   if probe.source_tag:
     name = f'{probe.source_tag}_{name}'
@@ -80,6 +92,8 @@ def _validate(c: AnpConfig):
   """Rejects option values that cannot describe a dataset, naming the option."""
   if c.layout not in LAYOUTS:
     raise ValueError(f'anp layout must be one of {LAYOUTS}, got {c.layout!r}.')
+  if c.labels not in LABELS:
+    raise ValueError(f'anp labels must be one of {LABELS}, got {c.labels!r}.')
   if not c.separator:
     raise ValueError('anp separator must be a non-empty string.')
   if not c.csv_image_column or not c.csv_anp_column:
@@ -108,19 +122,36 @@ def _validate(c: AnpConfig):
 _CONTROL = re.compile(r'[\x00-\x1f\x7f-\x9f\u2028\u2029]')
 
 
-def parse_anp(name: str, separator: str = '_', where: str = '') -> Tuple[str, str]:
-  """Splits ``adjective<sep>noun`` on the first separator; raises naming the ANP and `where`."""
-  at = f' ({where})' if where else ''
+def check_name(name: str, where: str = '') -> None:
+  """Raises naming the class and `where` when label files cannot hold `name`."""
   if name != name.strip() or _CONTROL.search(name):
     # Refused, not stripped: TFDS strips the names in the label file it reads back, so
     # 'happy_dog ' beside 'happy_dog' would load as one name twice, and stripping here would
     # silently merge two folders that the user kept apart.
+    at = f' ({where})' if where else ''
     raise ValueError(f'ANP {name!r}{at} has whitespace at either end or a control character '
                      '(tab, newline): label files cannot hold it. Rename it (the folder or the '
                      'CSV field) without them.')
+
+
+def parse_anp(name: str, separator: str = '_', where: str = '') -> Tuple[str, str]:
+  """Splits ``adjective<sep>noun`` on the first separator; raises naming the ANP and `where`."""
+  check_name(name, where)
+  at = f' ({where})' if where else ''
   idx = name.find(separator)
   if idx <= 0 or idx + len(separator) >= len(name):
     raise ValueError(f'ANP {name!r}{at} is not of the form adjective{separator}noun: it needs a '
-                     f'non-empty adjective and noun around the separator {separator!r}.')
+                     f'non-empty adjective and noun around the separator {separator!r}. For '
+                     'ordinary class names (folders such as cat/ and dog/: one label each, no '
+                     'adjective or noun) prepare with --labels=class.')
   return name[:idx], name[idx + len(separator):]
+
+
+def split_label(name: str, config: 'AnpConfig', where: str = '') -> Tuple[str, str]:
+  """The (adjective, noun) of a class name: `parse_anp` for ``labels='anp'``; for ordinary
+  class names (``labels='class'``) the placeholder pair, after the same checks of the name."""
+  if config.labels == 'class':
+    check_name(name, where)
+    return NO_LABEL, NO_LABEL
+  return parse_anp(name, config.separator, where)
 

@@ -57,7 +57,7 @@ def dataset_dir(data_dir: str, config_name: Optional[str] = None) -> str:
                               f'prepared: {sorted(found) or "none"}.')
     return found[config_name]
   if not found:
-    raise FileNotFoundError(f'No prepared anp dataset in {data_dir!r}; run `python -m '
+    raise FileNotFoundError(f'No prepared anp dataset in {data_dir!r}; run `.venv/bin/python -m '
                             'anp_jax.data.prepare --manual_dir DIR --data_dir '
                             f'{data_dir}` first.')
   if len(found) > 1:

@@ -6,15 +6,17 @@ import dataclasses
 import hashlib
 import logging
 import math
-from typing import Dict, List, Sequence, Set, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from anp_jax.data.anp.images import inspect_file, ordered_map
-from anp_jax.data.anp.listing import Candidate, list_csv, list_folder, resolve_layout
-from anp_jax.data.anp.options import SPLITS, AnpConfig, parse_anp, parse_fractions
+from anp_jax.data.anp.listing import Candidate, fingerprint, list_candidates
+from anp_jax.data.anp.options import SPLITS, AnpConfig, parse_fractions, split_label
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 5.0  # How often a long step of the preparation says how far it got.
 
 
 def allocate(n: int, fractions: Sequence[float]) -> List[int]:
@@ -54,6 +56,7 @@ class ScanResult:
   dropped: List[Tuple[str, int]]  # (anp, usable images)
   capped: Dict[str, int]  # anp -> images left out by max_images_per_anp
   split_origin: Dict[str, str]  # split -> where its images come from (for summary.json)
+  source_fingerprint: Dict[str, object]  # `listing.fingerprint` of the listed files.
 
 
 def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult:
@@ -76,20 +79,18 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
   ``capped`` counts each ANP's distinct images that are nowhere in the dataset because of the
   cap; ``duplicates`` pairs every other usable file whose bytes are stored with the stored copy.
   """
-  layout = resolve_layout(manual_dir, config)
-  lister = list_csv if layout == 'csv' else list_folder
-  candidates, source_splits = lister(manual_dir, config)
-  log.info('anp: scanning %d listed files in %s (%s layout).', len(candidates), manual_dir,
-           layout)
+  layout, candidates, source_splits = list_candidates(manual_dir, config)
+  print(f'anp_jax | scanning {len(candidates):,} files in {manual_dir} ({layout} layout): each '
+        'is decoded once', flush=True)
 
   skipped = []
   usable: List[Tuple[Candidate, str]] = []  # (candidate, sha1) of every usable file, listed.
   # Per ANP its distinct images: the first copy of each byte string, (listing position, copy).
   distinct: Dict[str, Dict[str, Tuple[int, Candidate]]] = collections.defaultdict(dict)
   results = ordered_map(lambda c: inspect_file(c.path, config.resize), candidates, num_workers)
+  progress = Progress(f'scanned %s / {len(candidates):,} files')
   for i, (cand, (digest, reason)) in enumerate(zip(candidates, results)):
-    if i and i % 10000 == 0:
-      log.info('anp: scanned %d / %d files.', i, len(candidates))
+    progress.update(i)
     if reason is not None:
       where = f' ({cand.origin})' if layout == 'csv' else ''
       skipped.append((cand.file_name, reason + where))
@@ -140,9 +141,13 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
     raise ValueError(f'Every ANP in {manual_dir!r} has fewer than min_images_per_anp='
                      f'{config.min_images_per_anp} usable images (the largest has {largest}); '
                      'lower min_images_per_anp.')
+  print(f'anp_jax | scanned {len(candidates):,} files in {progress.elapsed():.0f} s: '
+        f'{len(usable):,} usable, {len(skipped):,} skipped; {len(dropped)} of '
+        f'{len(distinct)} classes dropped (< min_images_per_anp={config.min_images_per_anp} '
+        'usable images, or each image kept in another class)', flush=True)
   for anp, n in dropped:
-    log.warning('anp: dropped ANP %r: %d usable images < min_images_per_anp=%d.', anp, n,
-                config.min_images_per_anp)
+    log.info('anp: dropped ANP %r: %d usable images < min_images_per_anp=%d.', anp, n,
+             config.min_images_per_anp)
   kept: Dict[str, Candidate] = {}  # sha1 -> the copy in the dataset.
   for digest, h in holders.items():
     first = next((i for i, anp in sorted(h) if anp in alive), None)
@@ -174,15 +179,34 @@ def scan(manual_dir: str, config: AnpConfig, num_workers: int = 1) -> ScanResult
                                        listed_splits, parse_fractions(config.split_fractions),
                                        config.split_seed)
   if 'train' not in splits:
-    log.warning('anp: the source has no train images; splits: %s.', sorted(splits))
+    print(f'anp_jax | warning: the source has no train images; splits: {sorted(splits)}.',
+          flush=True)
 
   anps = sorted(alive)
-  pairs = [parse_anp(a, config.separator) for a in anps]
+  pairs = [split_label(a, config) for a in anps]
   return ScanResult(layout=layout, source_splits=source_splits, num_listed=len(candidates),
                     splits=splits, anps=anps, adjectives=sorted({a for a, _ in pairs}),
                     nouns=sorted({n for _, n in pairs}), skipped=skipped,
                     duplicates=duplicates, dropped=dropped, capped=capped,
-                    split_origin=split_origin)
+                    split_origin=split_origin, source_fingerprint=fingerprint(candidates))
+
+
+class Progress:
+  """A line ``anp_jax | <what>`` every `every_s` seconds of a long loop (preparation takes
+  minutes to hours: the user sees it move; a log that is not a terminal gets whole lines)."""
+
+  def __init__(self, what: str, every_s: Optional[float] = None):
+    self.what = what
+    self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+    self.start = self.last = time.time()
+
+  def update(self, done: int) -> None:
+    if time.time() - self.last >= self.every_s:
+      self.last = time.time()
+      print(f'anp_jax | {self.what % f"{done:,}"}', flush=True)
+
+  def elapsed(self) -> float:
+    return time.time() - self.start
 
 
 def assign_splits(stored: Dict[str, List[Candidate]], listed_splits: Set[str],

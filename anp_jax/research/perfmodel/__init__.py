@@ -26,7 +26,10 @@ concern, every public name re-exported here (``from anp_jax.research import perf
   batch for a target global batch, fastest epoch first;
 * `workloads`: `workload_from_flax`, FLOPs and parameter bytes of a Flax model from XLA's cost
   analysis;
-* `report`: `prediction_report`, what the command line ``python -m anp_jax.research.perfmodel``
+* `cluster_file`: `load_cluster`, a cluster preset or a JSON/YAML cluster file (the planner's
+  ``--cluster`` too);
+* `report`: `prediction_report`, what the command line
+  ``.venv/bin/python -m anp_jax.research.perfmodel``
   (`__main__`) prints.
 
 Units are SI throughout: bytes, seconds, FLOP (one multiply-add = 2 FLOP), bytes/s. The package is
@@ -40,6 +43,7 @@ epochs-to-accuracy, from experiments, times the epoch time predicted here; the p
 """
 
 from anp_jax.research.perfmodel.analytic_async import AsyncAnalytic, analytic_async, total_variation
+from anp_jax.research.perfmodel.cluster_file import ClusterFileError, load_cluster
 from anp_jax.research.perfmodel.costs import (check_memory, compute_time, device_step_time,
                                               hierarchical_allreduce_time,
                                               node_axis_allreduce_time, ring_allreduce_time,
@@ -66,13 +70,13 @@ from anp_jax.staleness import AsyncSimResult, simulate_async, staleness_sampler
 
 __all__ = [
     'AsyncAnalytic', 'AsyncSimResult', 'CIFAR10_TRAIN_IMAGES', 'CLUSTERS', 'CLUSTER_DATASETS',
-    'Cluster', 'DEFAULT_INPUT_PIPELINE', 'DEVICES', 'Device', 'IMAGENET_TRAIN_IMAGES',
+    'Cluster', 'ClusterFileError', 'DEFAULT_INPUT_PIPELINE', 'DEVICES', 'Device', 'IMAGENET_TRAIN_IMAGES',
     'INPUT_PIPELINES', 'InputPipeline', 'Interconnect', 'METHODS', 'MUSA2_TRAIN_IMAGES',
     'Prediction', 'WORKLOADS', 'Workload', 'analytic_async', 'best_configuration',
     'check_memory', 'compute_time', 'cores_per_device_needed', 'cpu', 'device_step_time',
     'dgx_h200', 'flax_workload', 'format_duration', 'format_table', 'from_benchmark', 'h200',
     'hierarchical_allreduce_time', 'input_pipeline', 'input_step_time', 'input_warnings', 'k80',
-    'minotauro', 'minotauro_interconnect', 'node_axis_allreduce_time', 'node_feed_rate',
+    'load_cluster', 'minotauro', 'minotauro_interconnect', 'node_axis_allreduce_time', 'node_feed_rate',
     'predict', 'prediction_report', 'rank_configurations', 'recalibrated_device', 'resnet20',
     'resnet50', 'ring_allreduce_time', 'ring_reduce_scatter_time', 'simulate_async',
     'staleness_sampler', 'synthetic_png64', 'tf_jpeg224', 'total_variation', 'v100',

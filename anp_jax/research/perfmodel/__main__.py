@@ -1,8 +1,9 @@
 """Predict data-parallel training performance (SPRINT-style model) from the command line.
 
-  python -m anp_jax.research.perfmodel --model=resnet50 --cluster=minotauro --device=k80 \
+  .venv/bin/python -m anp_jax.research.perfmodel --model=resnet50 --cluster=minotauro --device=k80 \
       --per_device_batch=32 --sweep_nodes=1,2,4,8,16
-  python -m anp_jax.research.perfmodel --flax_model=resnet20 --image_size=16 --width=0.5 \
+  .venv/bin/python -m anp_jax.research.perfmodel --cluster=my_cluster.yaml --per_device_batch=64
+  .venv/bin/python -m anp_jax.research.perfmodel --flax_model=resnet20 --image_size=16 --width=0.5 \
       --device=cpu --step_time_ms=100 --measured_batch=64 --nodes=1 --gpus_per_node=1
 
 Prints the workload, the cluster, the method and a table of predictions (seconds to the epoch,
@@ -29,11 +30,14 @@ flags.DEFINE_float('width', 1.0, 'With --flax_model: channel multiplier.')
 flags.DEFINE_integer('num_classes', 553, "With --flax_model: ANP classes (553: MUSA2's ANPs).")
 flags.DEFINE_integer('dataset_size', None, "Training images per epoch (default: the preset's "
                      'dataset).')
-flags.DEFINE_enum('cluster', 'minotauro', sorted(pm.CLUSTERS),
-                  'Interconnect and node-size preset.')
-flags.DEFINE_integer('nodes', 16, 'Nodes.')
-flags.DEFINE_integer('gpus_per_node', 4, 'Devices per node.')
-flags.DEFINE_enum('device', 'k80', sorted(pm.DEVICES), 'Device preset.')
+flags.DEFINE_string('cluster', 'minotauro', f'A cluster preset ({", ".join(sorted(pm.CLUSTERS))}: '
+                    'its links) or a JSON/YAML cluster file, as the planner takes '
+                    '(docs/planner.md: its device, devices per node and node counts).')
+flags.DEFINE_integer('nodes', None, 'Nodes (default: 16, or the cluster file\'s).')
+flags.DEFINE_integer('gpus_per_node', None, 'Devices per node (default: 4, or the cluster '
+                     "file's).")
+flags.DEFINE_enum('device', None, sorted(pm.DEVICES), "Device preset (default: k80, or the "
+                  "cluster file's device).")
 flags.DEFINE_float('peak_tflops', None, "Override the device's peak, TFLOP/s (with --efficiency).")
 flags.DEFINE_float('efficiency', None, "Override the device's achieved fraction of peak, in "
                    '(0, 1].')

@@ -1,13 +1,16 @@
-"""What the command line (``python -m anp_jax.research.perfmodel``) prints: `prediction_report`
+"""What the command line (``.venv/bin/python -m anp_jax.research.perfmodel``) prints:
+`prediction_report`
 maps its flags onto presets, recalibration and `predict` / `rank_configurations`, and formats the
 table."""
 
 import dataclasses
 import math
+import os
 import re
 from typing import Optional, Sequence
 
 from anp_jax.research.perfmodel.analytic_async import total_variation
+from anp_jax.research.perfmodel.cluster_file import load_cluster
 from anp_jax.research.perfmodel.hardware import Device, Interconnect, Workload
 from anp_jax.research.perfmodel.input_stage import input_pipeline as parse_input_pipeline
 from anp_jax.research.perfmodel.prediction import Prediction, predict
@@ -50,13 +53,15 @@ def format_table(predictions: Sequence[Prediction]) -> str:
   return '\n'.join(lines)
 
 
-def recalibrated_device(device: str, workload: Workload, *, peak_tflops: Optional[float] = None,
+def recalibrated_device(device, workload: Workload, *, peak_tflops: Optional[float] = None,
                         efficiency: Optional[float] = None, step_time_ms: Optional[float] = None,
                         measured_batch: Optional[int] = None,
                         step_overhead_ms: Optional[float] = None) -> Device:
-  """The `DEVICES` preset ``device``, recalibrated by a datasheet peak/efficiency or a measured
-  step time of ``workload`` (``--step_time_ms`` at ``--measured_batch``), not both."""
-  preset = DEVICES[device]()
+  """The `DEVICES` preset ``device`` (or a `Device`, e.g. a cluster file's), recalibrated by a
+  datasheet peak/efficiency or a measured step time of ``workload`` (``--step_time_ms`` at
+  ``--measured_batch``), not both."""
+  preset = DEVICES[device]() if isinstance(device, str) else device
+  device = device if isinstance(device, str) else preset.name
   if step_time_ms is not None or measured_batch is not None:
     if step_time_ms is None or measured_batch is None:
       raise ValueError('--step_time_ms and --measured_batch go together: give the measured step '
@@ -81,7 +86,8 @@ def recalibrated_device(device: str, workload: Workload, *, peak_tflops: Optiona
 def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = None,
                       image_size: int = 224, width: float = 1.0, num_classes: int = 553,
                       dataset_size: Optional[int] = None, cluster: str = 'minotauro',
-                      nodes: int = 16, gpus_per_node: int = 4, device: str = 'k80',
+                      nodes: Optional[int] = None, gpus_per_node: Optional[int] = None,
+                      device: Optional[str] = None,
                       peak_tflops: Optional[float] = None, efficiency: Optional[float] = None,
                       step_time_ms: Optional[float] = None, measured_batch: Optional[int] = None,
                       step_overhead_ms: Optional[float] = None, devices_per_compute_pool: int = 1,
@@ -95,19 +101,34 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
                       target_global_batch: Optional[int] = None, exact: bool = False,
                       seed: int = 0, input_pipeline: str = 'none',
                       host_cores_per_node: Optional[int] = None) -> str:
-  """The prediction table ``python -m anp_jax.research.perfmodel`` prints, with its header lines.
+  """The prediction table ``.venv/bin/python -m anp_jax.research.perfmodel`` prints, with its
+  header lines.
 
   The arguments are the command line's flags (bandwidths in GB/s, latencies in microseconds,
-  times in ms); `predict` for each of ``sweep_nodes`` (default: ``nodes``), or with
-  ``target_global_batch`` the ten best of `rank_configurations`. ``input_pipeline`` (a preset
+  times in ms). ``cluster`` is a preset (its links, with 16 nodes of 4 k80 devices unless
+  ``nodes``, ``gpus_per_node``, ``device`` say otherwise) or a JSON/YAML cluster file, the
+  planner's (`cluster_file.load_cluster`: its device, devices per node and node counts unless
+  those arguments say otherwise). `predict` for each of ``sweep_nodes`` (default: ``nodes``, or
+  a cluster file's node counts), or with ``target_global_batch`` the ten best of
+  `rank_configurations`. ``input_pipeline`` (a preset
   of `input_stage.INPUT_PIPELINES`, an input_benchmark.py JSON[:BACKEND], or 'none') models the
   input stage on ``host_cores_per_node`` cores per node (default: the cluster preset's). Raises
   ValueError for unknown presets and impossible configurations.
   """
-  for name, value, known in (('model', model, WORKLOADS), ('cluster', cluster, CLUSTERS),
-                             ('device', device, DEVICES)):
-    if value not in known:
+  for name, value, known in (('model', model, WORKLOADS), ('device', device, DEVICES)):
+    if value is not None and value not in known:
       raise ValueError(f'--{name} {value!r} is unknown; choose one of {sorted(known)}.')
+  from_file = cluster not in CLUSTERS
+  if from_file and not os.path.isfile(os.path.expanduser(cluster)):
+    raise ValueError(f'--cluster {cluster!r} is neither a preset ({sorted(CLUSTERS)}) nor a '
+                     'JSON/YAML cluster file.')
+  if from_file:
+    file_cluster, file_counts = load_cluster(os.path.expanduser(cluster))
+    nodes = file_cluster.nodes if nodes is None else nodes
+    gpus_per_node = file_cluster.devices_per_node if gpus_per_node is None else gpus_per_node
+    sweep_nodes = sweep_nodes or (None if nodes != file_cluster.nodes else file_counts)
+  nodes = 16 if nodes is None else nodes
+  gpus_per_node = 4 if gpus_per_node is None else gpus_per_node
   dataset_source = '--dataset_size'
   if dataset_size is None and cluster in CLUSTER_DATASETS:
     dataset_size, dataset_source = CLUSTER_DATASETS[cluster]
@@ -116,10 +137,14 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
     dataset_source = f'the {flax_model or model} default; set --dataset_size'
   workload = (flax_workload(flax_model, image_size, width, num_classes, **kwargs) if flax_model
               else WORKLOADS[model](**kwargs))
-  base = CLUSTERS[cluster](device=recalibrated_device(
-      device, workload, peak_tflops=peak_tflops, efficiency=efficiency,
-      step_time_ms=step_time_ms, measured_batch=measured_batch,
-      step_overhead_ms=step_overhead_ms))
+  calibration = dict(peak_tflops=peak_tflops, efficiency=efficiency,
+                     step_time_ms=step_time_ms, measured_batch=measured_batch,
+                     step_overhead_ms=step_overhead_ms)
+  if from_file:
+    base = dataclasses.replace(file_cluster, device=recalibrated_device(
+        file_cluster.device if device is None else device, workload, **calibration))
+  else:
+    base = CLUSTERS[cluster](device=recalibrated_device(device or 'k80', workload, **calibration))
   ic = base.interconnect
   ic = Interconnect(
       intra_node_bandwidth=ic.intra_node_bandwidth if intra_bw is None else intra_bw * 1e9,
@@ -146,7 +171,8 @@ def prediction_report(*, model: str = 'resnet50', flax_model: Optional[str] = No
     predictions = [predict(the_cluster.resized(nodes=n), workload, per_device_batch,
                            **predict_kwargs) for n in node_counts]
   widest = max(predictions, key=lambda p: p.num_devices)
-  native = CLUSTERS[cluster]().device.name
+  native = file_cluster.device.name if from_file else CLUSTERS[cluster]().device.name
+  device = device or (native if from_file else 'k80')
   where = (the_cluster.name if device == native and step_time_ms is None else
            f"{the_cluster.name}'s links with {device} devices")
   lines = [

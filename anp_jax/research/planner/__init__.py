@@ -1,6 +1,6 @@
 """Time-to-accuracy planner: which batch size, sync or async, how many nodes.
 
-The command line is ``python -m anp_jax.research.planner --pilot DIR ...`` (`__main__`);
+The command line is ``.venv/bin/python -m anp_jax.research.planner --pilot DIR ...`` (`__main__`);
 `build_plan` is the same from Python, `write_plan` writes what ``--out`` gets. Reference page:
 docs/planner.md.
 

@@ -1,9 +1,11 @@
 """Time-to-accuracy planner: which batch size, sync or async, how many nodes.
 
-  python -m anp_jax.research.planner --pilot=workdirs/pilot --target=0.25 --cluster=minotauro \
+  .venv/bin/python -m anp_jax.research.planner --pilot=workdirs/pilot --target=0.25 \
+      --cluster=minotauro --out=plan/
+  .venv/bin/python -m anp_jax.research.planner --pilot=runs/b128-s0,runs/b128-s1,runs/b128-s2 \
       --out=plan/
-  python -m anp_jax.research.planner --pilot=runs/b128-s0,runs/b128-s1,runs/b128-s2 --out=plan/
-  python -m anp_jax.research.planner --sweep=workdirs/bs_sweep --cluster=my_cluster.yaml --out=plan/
+  .venv/bin/python -m anp_jax.research.planner --sweep=workdirs/bs_sweep \
+      --cluster=my_cluster.yaml --out=plan/
 
 The command line only: the planner is this package (`build_plan`, `write_plan`). Prints the plan;
 ``--out`` also writes plan.md, plan.json and the PNGs. Bad input exits 2. Reference page:

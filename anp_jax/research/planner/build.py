@@ -1,4 +1,5 @@
-"""From run directories to a plan: what ``python -m anp_jax.research.planner`` computes."""
+"""From run directories to a plan: what ``.venv/bin/python -m anp_jax.research.planner``
+computes."""
 
 import math
 import os

@@ -1,122 +1,33 @@
 """The hardware side's input: a cluster preset of the performance model, or a small JSON/YAML
-cluster file (`load_cluster`; unknown fields are refused with the allowed list)."""
+cluster file. The loader is the performance model's (`perfmodel.cluster_file`, so that
+``.venv/bin/python -m anp_jax.research.perfmodel --cluster=FILE`` reads the same files); here
+its errors become the planner's `PlanError`."""
 
-import dataclasses
-import json
-import os
+import functools
 from typing import Dict, List, Optional, Tuple
 
 from anp_jax.research import perfmodel as pm
+from anp_jax.research.perfmodel import cluster_file
 from anp_jax.research.planner.errors import PlanError
 
-_DEVICE_FIELDS = {f.name for f in dataclasses.fields(pm.Device)}
-_INTERCONNECT_FIELDS = {f.name for f in dataclasses.fields(pm.Interconnect)}
-_CLUSTER_FIELDS = {'name', 'nodes', 'devices_per_node', 'max_devices_per_node', 'device',
-                   'interconnect', 'devices_per_compute_pool', 'node_counts',
-                   'host_cores_per_node'}
+
+def _as_plan_error(function):
+  @functools.wraps(function)
+  def wrapped(*args, **kwargs):
+    try:
+      return function(*args, **kwargs)
+    except cluster_file.ClusterFileError as e:
+      raise PlanError(str(e)) from e
+  return wrapped
 
 
-def _check_fields(where: str, given: Dict, allowed):
-  unknown = sorted(set(given) - set(allowed))
-  if unknown:
-    raise PlanError(f'Unknown field(s) {unknown} in {where}; allowed: {sorted(allowed)}.')
-
-
+@_as_plan_error
 def cluster_from_dict(spec: Dict) -> Tuple[pm.Cluster, List[int]]:
-  """A `perfmodel.Cluster` (at its maximum node count) and the node counts to plan for.
-
-  Fields: ``nodes`` (the most nodes available), ``devices_per_node``, ``device`` (a preset name:
-  k80, v100, h200, cpu, or a dict of `perfmodel.Device` fields, optionally with ``preset`` to
-  start from), ``interconnect`` (a dict of `perfmodel.Interconnect` fields, or a cluster preset
-  name whose links to use), optional ``name``, ``max_devices_per_node``,
-  ``devices_per_compute_pool``, ``host_cores_per_node`` (the input stage's cores; unknown: no
-  input check) and ``node_counts`` (default: 1, 2, 4, ... up to ``nodes``).
-  """
-  if not isinstance(spec, dict):
-    raise PlanError(f'A cluster file holds one mapping of fields, got {type(spec).__name__}.')
-  _check_fields('the cluster file', spec, _CLUSTER_FIELDS)
-  for req in ('nodes', 'devices_per_node', 'device', 'interconnect'):
-    if req not in spec:
-      raise PlanError(f'The cluster file needs the field {req!r}.')
-  device = spec['device']
-  try:
-    if isinstance(device, str):
-      if device not in pm.DEVICES:
-        raise PlanError(f'device {device!r} is not a preset; choose one of {sorted(pm.DEVICES)} '
-                        'or give its fields.')
-      device = pm.DEVICES[device]()
-    else:
-      _check_fields('cluster.device', device, _DEVICE_FIELDS | {'preset'})
-      device = dict(device)
-      base = device.pop('preset', None)
-      if base is not None:
-        if base not in pm.DEVICES:
-          raise PlanError(f'device.preset {base!r} is unknown; choose one of {sorted(pm.DEVICES)}.')
-        device = dataclasses.replace(pm.DEVICES[base](), **device)
-      else:
-        device.setdefault('name', 'device')
-        device = pm.Device(**device)
-    links = spec['interconnect']
-    if isinstance(links, str):
-      if links not in pm.CLUSTERS:
-        raise PlanError(f'interconnect {links!r} is not a cluster preset; choose one of '
-                        f'{sorted(pm.CLUSTERS)} or give its fields.')
-      links = pm.CLUSTERS[links]().interconnect
-    else:
-      _check_fields('cluster.interconnect', links, _INTERCONNECT_FIELDS)
-      links = pm.Interconnect(**links)
-    cluster = pm.Cluster(nodes=spec['nodes'], devices_per_node=spec['devices_per_node'],
-                         device=device, interconnect=links,
-                         max_devices_per_node=spec.get('max_devices_per_node'),
-                         name=spec.get('name', 'cluster'),
-                         devices_per_compute_pool=spec.get('devices_per_compute_pool', 1),
-                         host_cores_per_node=spec.get('host_cores_per_node'))
-  except (TypeError, ValueError) as e:
-    if isinstance(e, PlanError):
-      raise
-    raise PlanError(f'Bad cluster description: {e}') from e
-  counts = spec.get('node_counts')
-  if counts is None:
-    counts = _powers_of_two(cluster.nodes)
-  elif not isinstance(counts, (list, tuple)) or not counts:
-    # A scalar (``node_counts: 4``) is a plausible slip for a one-element list; iterating it
-    # would be a TypeError and a traceback instead of this message.
-    raise PlanError(f'node_counts must be a list of node counts, e.g. [1, 2, 4], got {counts!r}; '
-                    'leave it out for 1, 2, 4, ... up to nodes.')
-  # bool is an int subclass, but `true` in YAML is no node count.
-  if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 or n > cluster.nodes
-         for n in counts):
-    raise PlanError(f'node_counts {counts} must be integers in 1..nodes={cluster.nodes}.')
-  return cluster, sorted(set(counts))
+  """`perfmodel.cluster_file.cluster_from_dict`, raising PlanError."""
+  return cluster_file.cluster_from_dict(spec)
 
 
-def _powers_of_two(top: int) -> List[int]:
-  counts, n = [], 1
-  while n < top:
-    counts.append(n)
-    n *= 2
-  return counts + [top]
-
-
+@_as_plan_error
 def load_cluster(name_or_path: str, nodes: Optional[int] = None) -> Tuple[pm.Cluster, List[int]]:
-  """A cluster preset (``minotauro``, ``dgx_h200``) or a JSON/YAML cluster file."""
-  if name_or_path in pm.CLUSTERS:
-    cluster = pm.CLUSTERS[name_or_path]() if nodes is None else pm.CLUSTERS[name_or_path](nodes)
-    return cluster, _powers_of_two(cluster.nodes)
-  if not os.path.exists(name_or_path):
-    raise PlanError(f'--cluster {name_or_path!r} is neither a preset ({sorted(pm.CLUSTERS)}) '
-                    'nor an existing file.')
-  with open(name_or_path) as f:
-    text = f.read()
-  if name_or_path.endswith(('.yaml', '.yml')):
-    import yaml
-    try:
-      spec = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-      raise PlanError(f'{name_or_path}: not valid YAML ({e}).') from e
-  else:
-    try:
-      spec = json.loads(text)
-    except ValueError as e:
-      raise PlanError(f'{name_or_path}: not valid JSON ({e}); YAML files end in .yaml.') from e
-  return cluster_from_dict(spec)
+  """A cluster preset (``minotauro``, ``dgx_h200``) or a JSON/YAML cluster file (PlanError)."""
+  return cluster_file.load_cluster(name_or_path, nodes)

@@ -350,7 +350,7 @@ def load_sweep(out_dir: str, rule: Optional[str] = None, warmup: Optional[str] =
   recorded = {r.get('target_top1') for r in rows}
   if target is not None and recorded != {target}:
     raise PlanError(f'The sweep results are for target {sorted(recorded)}, not {target}: '
-                    'recompute them with `python experiments/batch_size_sweep.py ... '
+                    'recompute them with `.venv/bin/python experiments/batch_size_sweep.py ... '
                     f'--target_top1 {target}` (no retraining), then plan again.')
   model = sweep_model(sweep_points(rows, rule, warmup), use=use)
   model.notes.update(metric=DEFAULT_METRIC, target=rows[0]['target_top1'] if rows else target,
