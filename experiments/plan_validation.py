@@ -21,7 +21,7 @@ Reads committed results only (no training):
    16-node speed-up's sensitivity to the assumed B_noise and epochs.
 
 Writes ``report.md``, ``results.json`` and PNGs into ``--out``; the logic is
-`anp_jax.research.planner` and `plan_validation_lib.py` (next to this file).
+`anp_jax.research.planner` and `anp_jax.research.plan_validation`.
 """
 
 import dataclasses
@@ -32,9 +32,9 @@ import sys
 
 from absl import app, flags
 
-import plan_validation_lib as validation
 from anp_jax import cli, plotting, runtime
 from anp_jax.research import perfmodel as pm
+from anp_jax.research import plan_validation as validation
 from anp_jax.research import planner
 
 HERE = os.path.dirname(os.path.abspath(__file__))

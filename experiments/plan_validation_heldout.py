@@ -21,7 +21,7 @@ median and worst |error| and the coverage against the targets (median <= 15 %, e
 `B_CRIT_FACTOR`. Each of them is scored with the factor of the *other* calibration tasks (leave
 one task out); every other study with the planner's default, and those are the held-out score.
 The report checks that the default is what the calibration tasks give. The logic:
-`plan_validation_lib.py` (next to this file).
+`anp_jax.research.plan_validation`.
 """
 
 import json
@@ -30,8 +30,8 @@ import sys
 
 from absl import app, flags
 
-import plan_validation_lib as validation
 from anp_jax import cli, plotting, runtime
+from anp_jax.research import plan_validation as validation
 from anp_jax.research import planner
 
 FLAGS = flags.FLAGS

@@ -11,7 +11,7 @@ from anp_jax.research import planner as plan
 from anp_jax.research import stats
 from anp_jax.research.planner import steps_model
 from conftest import ROOT
-from test_plan import _plan_cli, _write_pilot
+from planner_helpers import plan_cli, write_pilot
 
 HELDOUT = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'heldout')
 
@@ -19,7 +19,7 @@ HELDOUT = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'heldo
 def test_the_default_factor_is_the_committed_calibration_tasks_fit():
   """`B_CRIT_FACTOR` and its log-sd are the geometric mean and log-sd of fitted B_crit / pilot
   B_noise over the calibration tasks of the committed held-out results (a, b, c), no other."""
-  from experiments import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   results = json.load(open(os.path.join(HELDOUT, 'results.json')))
   names = results.get('calibration') or [t['study'] for t in results['tasks']]
   pairs = [validation.task_factor_pair(t, d) for t, d in zip(results['tasks'],
@@ -77,17 +77,17 @@ def test_the_factors_uncertainty_is_zero_at_the_pilot_and_is_its_log_derivative_
 def test_the_planner_uses_the_calibrated_factor_and_says_so(tmp_path):
   """A pilot's plan states B_crit = factor x B_noise and where the factor comes from;
   --b_crit_factor 1 is the uncorrected premise, taken as exact; with --sweep it is refused."""
-  pilot = _write_pilot(tmp_path / 'p', drift=2.0)
+  pilot = write_pilot(tmp_path / 'p', drift=2.0)
   model = plan.load_pilot(pilot, target=0.3)
   assert model.b_crit_factor == steps_model.B_CRIT_FACTOR
   assert model.factor_log_sd == steps_model.B_CRIT_FACTOR_LOG_SD and model.factor_tasks == 3
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert f'B_crit = {steps_model.B_CRIT_FACTOR:.4g} x B_noise' in r.stdout
   assert 'held-out tasks a, b, c' in r.stdout
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
                 '--b_crit_factor', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert '--b_crit_factor 1, taken as exact' in r.stdout
-  r = _plan_cli('--sweep', str(tmp_path), '--b_crit_factor', '2')
+  r = plan_cli('--sweep', str(tmp_path), '--b_crit_factor', '2')
   assert r.returncode == 2 and '--b_crit_factor' in r.stderr and 'Traceback' not in r.stderr

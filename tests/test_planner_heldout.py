@@ -83,13 +83,13 @@ def test_missed_points_are_counted_with_the_budget_flags_not_scored(tmp_path):
   """A point whose seeds did not all reach the target has no mean: it is never scored, and the
   feasibility tally says whether the planner flagged it (here B=256 is predicted past its
   budget and its seeds missed; B=64 flagged nothing and reached)."""
-  from experiments import plan_validation_lib as validation
-  from test_plan import _write_pilot
+  from anp_jax.research import plan_validation as validation
+  from planner_helpers import write_pilot
   study = tmp_path / 'study'
   names = {}
   for seed, reach in ((0, 40), (1, 50)):
     name = f'pilot_b00064-lrx1-s{seed}'
-    _write_pilot(study / 'runs' / name, batch=64, trace=64.0, steps=60, reach_step=reach,
+    write_pilot(study / 'runs' / name, batch=64, trace=64.0, steps=60, reach_step=reach,
                  seed=seed, num_epochs=0.5, target_metric='eval/anp_top1', target_value=0.3)
     names[seed] = name
   points = [{'point': 'b00032', 'fields': {'batch_size': 32}, 'lr_mult': 1.0,
@@ -118,12 +118,12 @@ def test_missed_points_are_counted_with_the_budget_flags_not_scored(tmp_path):
 def test_the_test_split_scoring_predicts_test_crossings_from_the_pilots_test_crossing(tmp_path):
   """The studies publish steps on test; the held-out scoring does both splits: on test the
   pilot's test crossing (here later than its validation one) predicts the points' test steps."""
-  from experiments import plan_validation_lib as validation
-  from test_plan import _write_pilot
+  from anp_jax.research import plan_validation as validation
+  from planner_helpers import write_pilot
   study = tmp_path / 'study'
   name = 'pilot_b00064-lrx1-s0'
   run = study / 'runs' / name
-  _write_pilot(run, batch=64, trace=64.0, steps=60, reach_step=30, num_epochs=2.0,
+  write_pilot(run, batch=64, trace=64.0, steps=60, reach_step=30, num_epochs=2.0,
                target_metric='eval/anp_top1', target_value=0.3, stop_at_target=True)
   lines = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
   for line in lines:  # Test beside each evaluation: 0.1 up to step 40, 0.5 from step 50.
@@ -156,7 +156,7 @@ def test_the_test_split_scoring_predicts_test_crossings_from_the_pilots_test_cro
 def _exact_study(study, s_min=20.0, b_crit=200.0, pilot=64, batches=(32, 64, 128, 256)):
   """A plan_validation study whose points' mean steps follow S = s_min (1 + b_crit / B) exactly
   (2 identical seeds), each run logging B_simple = its batch (trace = B, |G|² = 1)."""
-  from test_plan import _write_pilot
+  from planner_helpers import write_pilot
   points, rows = [], []
   for batch in batches:
     steps = s_min * (1 + b_crit / batch)
@@ -164,7 +164,7 @@ def _exact_study(study, s_min=20.0, b_crit=200.0, pilot=64, batches=(32, 64, 128
     for seed in (0, 1):
       run = f'{name}-lrx1-s{seed}'
       reach = int(10 * (steps // 10 + 1))  # The first evaluation at or after the crossing.
-      _write_pilot(study / 'runs' / run, batch=batch, trace=float(batch), steps=reach + 10,
+      write_pilot(study / 'runs' / run, batch=batch, trace=float(batch), steps=reach + 10,
                    reach_step=reach, seed=seed, target_metric='eval/anp_top1',
                    target_value=0.3)
       rows.append({'point': name, 'name': run, 'seed': seed, 'lr_mult': 1.0,
@@ -180,7 +180,7 @@ def test_the_diagnosis_recovers_b_crit_from_the_measured_means_and_b_simple_per_
   """`task_diagnostics`: on points whose means follow S = 20 (1 + 200 / B) exactly, the fit
   recovers B_crit = 200 and every leave-one-out error is 0; B_simple per batch is the window up
   to each seed's crossing (here trace / |G|² = the batch-dependent value written)."""
-  from experiments import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   study = _exact_study(tmp_path / 'study')
   d = validation.task_diagnostics(str(study))
   assert d['fit']['b_crit'] == pytest.approx(200.0) and d['fit']['s_min'] == pytest.approx(20.0)
@@ -196,7 +196,7 @@ def test_calibration_tasks_are_scored_with_the_other_tasks_factor(tmp_path):
   """`--calibration`: each calibration task is scored with the factor the other calibration
   tasks give (geometric mean of their fitted B_crit / pilot B_noise, with their log-sd), every
   other task with the planner's default; the report checks the default against all of them."""
-  from experiments import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   # Pilot B_noise 64 (its batch); fitted B_crit 128, 256, 512: ratios 2, 4, 8.
   dirs = [str(_exact_study(tmp_path / f't{k}', b_crit=64.0 * k)) for k in (2, 4, 8)]
   dirs.append(str(_exact_study(tmp_path / 'held', b_crit=100.0)))

@@ -12,7 +12,7 @@ import pytest
 
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import planner as plan
-from test_plan import _plan_cli, _write_pilot
+from planner_helpers import plan_cli, write_pilot
 
 
 def test_one_node_local_sgd_is_synchronous_sgd():
@@ -36,7 +36,7 @@ def _pilot_with_top5(path, **config):
   """A pilot whose evaluations log top-1 (0.1, then 0.5 from step 40) and top-5 (0.1, then 0.5
   from step 20) and whose config recorded the target eval/anp_top1 >= 0.3."""
   evals = {s: 0.5 if s >= 40 else 0.1 for s in range(10, 61, 10)}
-  p = _write_pilot(path, steps=60, evals=evals, **{'target_metric': 'eval/anp_top1',
+  p = write_pilot(path, steps=60, evals=evals, **{'target_metric': 'eval/anp_top1',
                                                    'target_value': 0.3, **config})
   with open(f'{p}/metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
@@ -54,10 +54,10 @@ def test_metric_is_honoured_refused_without_a_target_and_printed(tmp_path):
   for; without --target it is refused unless it is the pilot's recorded target metric (whose
   value then applies); the plan's first lines name the target and where it came from."""
   pilot = _pilot_with_top5(tmp_path / 'p')
-  r = _plan_cli('--pilot', pilot, '--metric', 'eval/anp_top5', '--methods', 'sync')
+  r = plan_cli('--pilot', pilot, '--metric', 'eval/anp_top5', '--methods', 'sync')
   assert r.returncode == 2, r.stdout[-2000:]
   assert '--metric eval/anp_top5' in r.stderr and '--target' in r.stderr, r.stderr[-2000:]
-  r = _plan_cli('--pilot', pilot, '--methods', 'sync')
+  r = plan_cli('--pilot', pilot, '--methods', 'sync')
   assert r.returncode == 0, r.stderr[-2000:]
   assert "Target: eval/anp_top1 >= 0.3 (the pilot's recorded target)" in r.stdout
   top1 = plan.build_plan(pilot=pilot, methods='sync', metric='eval/anp_top1')
@@ -160,7 +160,7 @@ def test_a_pilot_recorded_by_an_earlier_trainer_is_detected(tmp_path, validation
   steps; today's trainer computes 8000 / 128 = 62.5 and 625 for its config (epochs are
   examples, the tail is no longer dropped). plan_validation says so in its report and prints the
   command that re-runs the pilot. (Before: presented as the current trainer's.)"""
-  from experiments import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   stale = validation.trainer_mismatch(_pilot_record(tmp_path / 'old', 62, 620))
   assert any('steps_per_epoch' in m and '62' in m and '62.5' in m for m in stale), stale
   assert any('total_steps' in m and '620' in m and '625' in m for m in stale), stale

@@ -244,9 +244,7 @@ def test_the_heldout_planner_figures_are_the_committed_studies_rescored():
   """docs/studies.md section 5 quotes the planner's held-out scores: rescoring the committed
   studies (the pilots' metrics.jsonl, the points' statistics; a, b, c each with the factor of the
   other two, d, e, f with the planner's default) gives them, and the text's reading follows."""
-  import sys
-  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-  import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   doc = _studies()
   studies = [os.path.join(HELDOUT, t) for t in 'abcdef']
   calibration = set(studies[:3])
@@ -301,9 +299,7 @@ def test_the_two_batch_pilot_figures_are_the_committed_studies_rescored():
   """Section 5's pilots at B0 and 4 B0: rescoring the committed studies gives the table (a-e; f
   refused: a seed missed at 512), the single pilot with k on the same points, and the reading."""
   import statistics
-  import sys
-  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-  import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   doc = _studies()
   studies = [os.path.join(HELDOUT, t) for t in 'abcdef']
   diagnostics = [validation.task_diagnostics(d) for d in studies]
@@ -450,9 +446,7 @@ def test_the_heldout_diagnosis_quoted_is_the_committed_studies():
   """Section 5's diagnosis: the form fits each task (leave-one-batch-out errors as quoted), the
   fitted B_crit over the pilot's B_noise with its bootstrap interval above 1 for every task, and
   B_simple up to the crossing not growing with the batch on task a."""
-  import sys
-  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-  import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   doc = _studies()
   for t in 'abc':
     study = os.path.join(HELDOUT, t)

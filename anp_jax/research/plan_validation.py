@@ -1,5 +1,7 @@
 """The planner's validation against committed measurements: the computations behind
-``experiments/plan_validation.py`` (which reads the results, calls these and writes the report).
+``experiments/plan_validation.py`` and ``experiments/plan_validation_heldout.py`` (which read the
+results, call these and write the reports). No JAX at import (`trainer_mismatch` imports the
+setup when it runs).
 
 * `validate_pilot` / `validate_model`: steps to target at every batch predicted from one run (or
   any steps model), against a sweep's measured steps;
