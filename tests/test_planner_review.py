@@ -186,9 +186,9 @@ def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(va
   assert "master's thesis" in text and '12 h synchronous, 16 h mixed-asynchronous' in text
   assert '**30\nepochs**' in text or '**30 epochs**' in text
   assert '**B_noise**' in text
-  cases = {(c['b_noise_x'], c['epochs_x'], c['slope']): c['speedup_16']
+  cases = {(c['b_noise_x'], c['epochs_x'], c['penalty']): c['speedup_16']
            for c in results['seed_paper']['sensitivity']}
-  slope = results['seed_paper']['penalty_slope']
+  slope = results['seed_paper']['penalty']
   base = [k for k in cases if k[:2] == (1.0, 1.0)]
   assert {(b, e) for b, e, _ in cases} >= {(0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0)}
   by = {(b, e): v for (b, e, s), v in cases.items() if s == slope or (b, e) != (1.0, 1.0)}
@@ -196,5 +196,10 @@ def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(va
   for e in (0.5, 2.0):
     assert by[(1.0, e)]['sync'] == pytest.approx(by[(1.0, 1.0)]['sync'], rel=1e-6)
   assert by[(0.5, 1.0)]['sync'] < by[(1.0, 1.0)]['sync'] < by[(2.0, 1.0)]['sync']
-  assert len(base) == 3  # The penalty's central slope and the two ends of its range.
-  assert '| B_noise | epochs | async penalty slope |' in text
+  assert len(base) == 3  # The mapped penalty's ratio and the two ends of its 95 % interval.
+  assert '| B_noise | epochs | async penalty (x sync\'s examples) |' in text
+  # The mixed speed-up falls as the penalty grows; the penalty is the mapped study's.
+  mixed = {s: cases[(1.0, 1.0, s)]['mixed'] for _, _, s in base}
+  assert [mixed[s] for s in sorted(mixed)] == sorted(mixed.values(), reverse=True)
+  low, high = results['seed_paper']['penalty_interval']
+  assert low < slope < high and 1.0 < low

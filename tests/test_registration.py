@@ -3,12 +3,15 @@ recorded in its directory before the first run, a change after that run is refus
 differs from its registration is refused, and reports print both times."""
 
 import json
+import subprocess
+import sys
 import types
 
 import pytest
 
 from anp_jax.research import registration
 from anp_jax.research.study import StudyError
+from conftest import ROOT, subprocess_env
 
 
 def _study(path, points=(('p1', {'batch_size': 32}),), seeds=(0, 1), target=0.3):
@@ -102,3 +105,29 @@ def test_reports_print_the_registrations_time_beside_the_first_runs(tmp_path):
   _write(reg, rule='y')
   with pytest.raises(ValueError, match='score with the registration it recorded'):
     registration.verify(str(out), str(reg))
+
+
+def test_the_study_command_refuses_a_registration_changed_after_the_first_run(tmp_path):
+  """Through `experiments/study.py` (the tiny preset, registered): a directory whose record
+  holds another hash and which has a started run is refused before anything trains (exit 2);
+  the registered new tasks list exactly the presets' points, seeds and targets."""
+  out = tmp_path / 'study'
+  _start_run(out, 'b00016-lrx1-s0')
+  (out / registration.REGISTRATION_FILE).write_text(json.dumps(
+      {'source': 'experiments/registrations/plan_heldout_tiny.json', 'sha256': '0' * 64,
+       'recorded_at': 1.0e9, 'content': {}}))
+  r = subprocess.run([sys.executable, 'experiments/study.py', '--preset', 'plan_validation:tiny',
+                      '--out', str(out), '--dry_run'], env=subprocess_env(2), cwd=ROOT,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 2 and 'changed' in r.stderr and 'Traceback' not in r.stderr
+  from anp_jax.configs import study_plan_validation as spv
+  from anp_jax.research import study_cli
+  content = registration.load(spv.REGISTRATION)
+  assert sorted(content['studies']) == [f'plan_validation:{t}' for t in sorted(spv.NEW_TASKS)]
+  for t in spv.NEW_TASKS:
+    config, sweep = study_cli.load_preset('study', f'plan_validation:{t}')
+    entry = content['studies'][f'plan_validation:{t}']
+    assert entry['seeds'] == [0, 1, 2, 3, 4] == list(sweep['seeds'])
+    assert entry['points'] == {name: fields for name, fields in sweep['points']}
+    assert entry['target_value'] == config.target_value
+    assert sweep['registration'] == spv.REGISTRATION
