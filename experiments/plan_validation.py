@@ -284,6 +284,7 @@ def fresh_pilot(rows, data, ax):
                  f'{_band(r)} | {share} | '
                  f'{"in sample" if r["in_sample"] else _pct(r["error"])} | {_inside(r)} |')
   lines += ['', planner.describe_score(fresh, 'predictions up to 8× the pilot batch'), '']
+  lines += baseline_lines(points, data)
   own = points.get(PILOT_BATCH, {}).get('steps')
   if own and not stale:
     gap = model.notes['pilot_steps'] / own - 1
@@ -302,6 +303,26 @@ def fresh_pilot(rows, data, ax):
           label='separate pilot (B_simple up to the target)')
   ax.legend(fontsize=8)
   return lines
+
+
+def baseline_lines(points, data):
+  """The separate pilot read by every predictor and baseline (`planner.predictors`, their
+  parameters fitted on the held-out tasks a-f, none on this sweep), scored on the same points."""
+  lines = ['Every predictor from this pilot, the planner\'s default among them, beside the '
+           'baselines that ignore the noise scale (parameters fitted on the held-out tasks a-f, '
+           'none on this sweep; one seed per batch, so these rank nothing):', '',
+           '| predictor | within 25 % | median abs. error | worst | inside the band |',
+           '|---|---|---|---|---|']
+  data['predictors'] = {}
+  for kind in planner.predictors.PREDICTORS:
+    model = planner.load_pilot(PILOT, predictor=kind)
+    score = planner.score_predictions(validation.validate_model(model, points),
+                                      in_sample=[PILOT_BATCH], max_batch=8 * PILOT_BATCH)
+    data['predictors'][kind] = score
+    lines.append(f'| {planner.predictors.NAMES[kind]} | {score["within"]}/{score["n"]} | '
+                 f'{100 * score["median_abs_error"]:.1f} % | {100 * score["max_abs_error"]:.1f} % '
+                 f'| {score["inside"]}/{score["banded"]} |')
+  return lines + ['']
 
 
 def methods(results, out):

@@ -137,6 +137,12 @@ def test_validation_tallies_are_out_of_sample(validation_report):
   assert len(tallies) >= 3, text[:3000]
   for _, n in tallies:  # 32 ... 1024 is six batch sizes; without the pilot's 128, five.
     assert int(n) == 5
+  # The separate pilot is read by every predictor beside the baselines, scored alike.
+  _, _, results = validation_report
+  from anp_jax.research.planner import predictors
+  scores = results['statistical']['predictors']
+  assert set(scores) == set(predictors.PREDICTORS) and all(s['n'] == 5 for s in scores.values())
+  assert '| constant B_crit (baseline) |' in text and '| perfect scaling (baseline) |' in text
 
 
 def _pilot_record(path, steps_per_epoch, total_steps):

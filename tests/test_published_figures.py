@@ -123,6 +123,14 @@ def test_the_fixed_budget_table_and_its_reading():
   # "flat only up to B = 64": 64's difference includes 0, every larger batch's lies below it.
   assert diffs[64]['low'] < 0 < diffs[64]['high']
   assert all(diffs[b]['high'] < 0 for b in (128, 256, 512, 1024))
+  # As a family of five (Holm), the same reading.
+  from anp_jax.research import stats
+  batches = sorted(b for b in diffs if diffs[b])
+  adjusted = dict(zip(batches, stats.holm([diffs[b]['p'] for b in batches])))
+  big = max(adjusted[b] for b in batches if b >= 128)
+  assert big < 0.05 and adjusted[64] > 0.05
+  assert (f'Holm-adjusted p-values are {big:.3f} or less from B = 128 on and '
+          f'{adjusted[64]:.2f} at B = 64') in doc
 
 
 GHOST = os.path.join(ROOT, 'experiments', 'results', 'ghost_bn_cpu')
