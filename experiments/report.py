@@ -6,8 +6,10 @@ DIR is the ``--out`` directory of a study, which also wrote its report at the en
 regenerate it (e.g. after a new ``--target_top1``'s results). A batch-size sweep
 (`experiments/batch_size_sweep.py`; also a directory without ``experiment.json``) gets
 `anp_jax.research.sweep_report`'s report (fits, Goyal and Shallue figures); a study preset's
-directory (`experiments/study.py`) `anp_jax.research.study_report`'s. Exit 2 when DIR holds no
-results of either (sync/async/mixed writes its summary itself).
+directory (`experiments/study.py`) `anp_jax.research.study_report`'s; a sync/async/mixed
+directory its ``summary.md`` again (`sync_async_mixed.rewrite_summary`, as its last invocation
+resolved it). After a fresh-seed confirmation (``--confirm_seeds``, into DIR/confirmation) this
+puts its figures beside the selection's. Exit 2 when DIR holds no results of any.
 """
 
 import os  # noqa: I001  (first: the environment, before anything else is imported)
@@ -30,10 +32,11 @@ def main(argv) -> int:
   kind = study_results.out_dir_kind(argv[1])
   try:
     if kind == 'sync_async_mixed':
-      raise ValueError(f'{argv[1]} holds sync/async/mixed results: its summary.md is written by '
-                       'experiments/sync_async_mixed.py (rerun it: nothing is retrained).')
-    make = sweep_report if kind in (None, 'batch_size_sweep') else study_report
-    path = make.make_report(argv[1])
+      from anp_jax.research import sync_async_mixed
+      path = sync_async_mixed.rewrite_summary(argv[1])
+    else:
+      make = sweep_report if kind in (None, 'batch_size_sweep') else study_report
+      path = make.make_report(argv[1])
   except (FileNotFoundError, ValueError) as e:
     print(f'ERROR: {e}', file=sys.stderr)
     return 2

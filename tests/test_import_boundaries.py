@@ -67,3 +67,38 @@ def test_nothing_outside_research_and_experiments_imports_research():
           if imported == 'anp_jax.research' or imported.startswith('anp_jax.research.'):
             offenders.append(f'{os.path.relpath(path, ROOT)} imports {imported}')
   assert not offenders, '\n'.join(sorted(set(offenders)))
+
+
+def _changes_sys_path(path: str) -> bool:
+  """Whether the file at `path` calls ``sys.path.insert`` / ``sys.path.append``."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr in ('insert', 'append') and ast.unparse(n.func.value) == 'sys.path'
+             for n in ast.walk(tree))
+
+
+# The PyTorch reference implementation stays a script beside the experiments (the package does
+# not depend on torch); the tests that compare against it import it as a module.
+SCRIPT_IMPORTS_ALLOWED = ('experiments', 'experiments.torch_reference')
+
+
+def test_no_test_imports_another_test_file_or_an_experiment_script():
+  """Tests share helpers through modules named for them (`conftest`, `planner_helpers`, ...),
+  never by importing another test file (which ties the two together and runs its module-level
+  code twice), and read what they check of an experiment from the package, never by putting
+  ``experiments/`` on the path (a script's module-level flags and side effects come with it)."""
+  offenders = []
+  tests = os.path.join(ROOT, 'tests')
+  for name in sorted(os.listdir(tests)):
+    if not name.endswith('.py'):
+      continue
+    path = os.path.join(tests, name)
+    for imported in _imported_modules(path, 'tests'):
+      top = imported.split('.')[0]
+      if top.startswith('test_') or (top == 'experiments'
+                                     and imported not in SCRIPT_IMPORTS_ALLOWED):
+        offenders.append(f'tests/{name} imports {imported}')
+    if _changes_sys_path(path):
+      offenders.append(f'tests/{name} changes sys.path')
+  assert not offenders, '\n'.join(sorted(set(offenders)))

@@ -12,43 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from anp_jax import noise_scale
 from anp_jax.research import perfmodel as pm
+from anp_jax.research import plan_validation as validation
 from anp_jax.research import planner as plan
 from conftest import ROOT, run_experiment, subprocess_env
-from experiments import plan_validation_lib as validation
-
-
-def _plan_cli(*args):
-  """``python -m anp_jax.research.planner ARGS``, the planner's command line, as a user runs it."""
-  return subprocess.run([sys.executable, '-m', 'anp_jax.research.planner', *args],
-                        env=subprocess_env(), capture_output=True, text=True, timeout=600)
-
-
-def _write_pilot(path, batch=64, trace=200.0, reach_step=40, steps=40, noise=True, drift=0.0,
-                 evals=None, **config):
-  """A pilot workdir: noise EMAs every 2 steps (B_simple = trace / 1, drifting), evals every 10
-  (top-1 0.1, then 0.5 from `reach_step`), or at the steps of `evals` ({step: top-1}); the
-  default config (5 epochs of 32 x 250 generated images) with `config`'s recorded fields (e.g.
-  method)."""
-  from anp_jax.configs import default
-  path.mkdir(parents=True, exist_ok=True)
-  recorded = default.get_config().to_dict()  # A config.json as the trainer writes it.
-  recorded.update({'batch_size': batch, 'image_size': 16, **config})
-  recorded['model'].update(name='resnet8', width=0.5)
-  (path / 'config.json').write_text(json.dumps(recorded))
-  lines = []
-  for s in range(2, steps + 1, 2):
-    r = {'step': s, 'train/loss': 1.0}
-    if noise:
-      r.update({noise_scale.G2_FIELD: 1.0, noise_scale.TRACE_FIELD: trace + drift * s})
-    lines.append(r)
-  if evals is None:
-    evals = {s: 0.5 if s >= reach_step else 0.1 for s in range(10, steps + 1, 10)}
-  for s, top1 in evals.items():
-    lines.append({'step': s, 'eval/anp_top1': top1})
-  (path / 'metrics.jsonl').write_text(''.join(json.dumps(l) + '\n' for l in lines))
-  return str(path)
+from planner_helpers import plan_cli, sweep_rows, write_pilot
 
 
 def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_from_the_pilot(
@@ -57,7 +25,7 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   training; what sets the steps to the target is the training before it), the late window (the
   second half of the run, as the sweep reports it) beside it. (Before: the second half of the
   whole run, 262 here, for a target crossed at step 35.)"""
-  model = plan.load_pilot(_write_pilot(tmp_path / 'p', drift=2.0), target=0.3)
+  model = plan.load_pilot(write_pilot(tmp_path / 'p', drift=2.0), target=0.3)
   # S0: top-1 0.1 at step 30, 0.5 at 40; the target 0.3 is crossed half-way, at step 35.
   assert model.notes['pilot_steps'] == pytest.approx(35)
   # Window = steps 2..34 (up to the crossing): mean trace = 200 + 2 * mean(2..34) = 236.
@@ -80,17 +48,17 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   assert lo < central * math.exp(-width) and hi > central * math.exp(width)
   assert model.e_min == pytest.approx(model.s_min * model.b_crit)
   # Given a factor, it is taken as exact: 1 is B_crit = B_noise.
-  exact = plan.load_pilot(_write_pilot(tmp_path / 'p1', drift=2.0), target=0.3, b_crit_factor=1)
+  exact = plan.load_pilot(write_pilot(tmp_path / 'p1', drift=2.0), target=0.3, b_crit_factor=1)
   assert exact.s_min == pytest.approx(35 / (1 + 236 / 64)) and exact.factor_log_var(512) == 0
 
 
 def test_pilot_errors_say_what_to_change(tmp_path):
   with pytest.raises(plan.PlanError, match='no usable noise-scale logs'):
-    plan.load_pilot(_write_pilot(tmp_path / 'a', noise=False), target=0.3)
+    plan.load_pilot(write_pilot(tmp_path / 'a', noise=False), target=0.3)
   with pytest.raises(plan.PlanError, match=r'never reached eval/anp_top1 >= 0.9 \(best: 0.5\)'):
-    plan.load_pilot(_write_pilot(tmp_path / 'b'), target=0.9)
+    plan.load_pilot(write_pilot(tmp_path / 'b'), target=0.9)
   with pytest.raises(plan.PlanError, match='Give --target'):
-    plan.load_pilot(_write_pilot(tmp_path / 'c'))
+    plan.load_pilot(write_pilot(tmp_path / 'c'))
   with pytest.raises(plan.PlanError, match='not a trainer workdir'):
     plan.load_pilot(str(tmp_path / 'missing'), target=0.3)
 
@@ -101,12 +69,12 @@ def test_pilot_seeds_continued_to_their_test_crossing_keep_the_validation_target
   The held-out validation's pilots (3 seeds, one of them continued) were refused as "pilots
   recorded different targets"; the target its choices were made on is the validation one."""
   target = {'target_value': 0.3, 'stop_at_target': True}
-  dirs = [_write_pilot(tmp_path / 's0', seed=0, target_metric='eval/anp_top1', **target),
-          _write_pilot(tmp_path / 's1', seed=1, target_metric='test/anp_top1', **target)]
+  dirs = [write_pilot(tmp_path / 's0', seed=0, target_metric='eval/anp_top1', **target),
+          write_pilot(tmp_path / 's1', seed=1, target_metric='test/anp_top1', **target)]
   model = plan.load_pilot(dirs)
   assert (model.notes['metric'], model.notes['target']) == ('eval/anp_top1', 0.3)
   # Without stop_at_target no runner continued it: a recorded test target is taken as given.
-  other = _write_pilot(tmp_path / 's2', target_metric='test/anp_top1', target_value=0.3)
+  other = write_pilot(tmp_path / 's2', target_metric='test/anp_top1', target_value=0.3)
   with pytest.raises(plan.PlanError, match='recorded different targets'):
     plan.load_pilot([dirs[0], other])
 
@@ -117,7 +85,7 @@ def test_the_pilots_steps_to_target_are_the_sweeps_interpolated_crossing(tmp_pat
   up to one evaluation interval. (Before: the pilot took that evaluation's step, 100 here, while
   the same run as a sweep row had 81.8.)"""
   evals = {20: 0.10, 40: 0.15, 60: 0.20, 80: 0.249, 100: 0.26}
-  model = plan.load_pilot(_write_pilot(tmp_path / 'p', batch=128, trace=256.0, steps=100,
+  model = plan.load_pilot(write_pilot(tmp_path / 'p', batch=128, trace=256.0, steps=100,
                                        evals=evals), target=0.25, b_crit_factor=1.0)
   crossing = 80 + (0.25 - 0.249) / (0.26 - 0.249) * 20
   assert model.notes['pilot_steps'] == pytest.approx(crossing)
@@ -125,7 +93,7 @@ def test_the_pilots_steps_to_target_are_the_sweeps_interpolated_crossing(tmp_pat
   records = [{'step': s, 'eval/anp_top1': a} for s, a in evals.items()]
   assert sweep_target_crossing(records, 0.25)['step'] == pytest.approx(crossing)
   # Already the first evaluation at the target: its step (nothing to interpolate from).
-  first = plan.load_pilot(_write_pilot(tmp_path / 'q', evals={10: 0.5, 20: 0.6}), target=0.3)
+  first = plan.load_pilot(write_pilot(tmp_path / 'q', evals={10: 0.5, 20: 0.6}), target=0.3)
   assert first.notes['pilot_steps'] == 10
 
 
@@ -142,36 +110,29 @@ def test_a_pilot_must_be_a_synchronous_run(tmp_path):
   averaged updates, which the plan adds on top: refused. (Before: accepted as synchronous.)"""
   for method in ('async', 'mixed', 'local_sgd'):
     with pytest.raises(plan.PlanError, match=f"method '{method}'.*synchronous"):
-      plan.load_pilot(_write_pilot(tmp_path / method, method=method), target=0.3)
-  assert plan.load_pilot(_write_pilot(tmp_path / 'sync', method='sync'), target=0.3).s_min > 0
-
-
-def _sweep_rows(s_min=120.0, b_crit=200.0, batches=(32, 64, 128, 256, 512, 1024), jitter=0.0):
-  rng = np.random.default_rng(0)
-  return [{'batch': b, 'rule': 'linear', 'warmup': 'on', 'best_lr': True, 'status': 'finished',
-           'steps_to_target': s_min * (1 + b_crit / b) * math.exp(jitter * rng.normal()),
-           'b_simple': 250.0 + b / 10, 'target_top1': 0.25} for b in batches]
+      plan.load_pilot(write_pilot(tmp_path / method, method=method), target=0.3)
+  assert plan.load_pilot(write_pilot(tmp_path / 'sync', method='sync'), target=0.3).s_min > 0
 
 
 def test_sweep_fit_recovers_s_min_and_b_crit_and_shows_b_simple(tmp_path):
-  model = plan.sweep_model(plan.sweep_points(_sweep_rows()))
+  model = plan.sweep_model(plan.sweep_points(sweep_rows()))
   assert model.s_min == pytest.approx(120.0) and model.b_noise == pytest.approx(200.0)
   assert model.notes['b_simple'] == pytest.approx(250.0 + (128 + 256) / 20)
   assert len(model.alternatives) == 6  # Leave-one-batch-out fits.
-  noisy = plan.sweep_model(plan.sweep_points(_sweep_rows(jitter=0.05)))
+  noisy = plan.sweep_model(plan.sweep_points(sweep_rows(jitter=0.05)))
   central, lo, hi = noisy.steps(2048)
   assert lo < central < hi
-  by_simple = plan.sweep_model(plan.sweep_points(_sweep_rows()), use='b_simple')
+  by_simple = plan.sweep_model(plan.sweep_points(sweep_rows()), use='b_simple')
   assert by_simple.b_noise == pytest.approx(model.notes['b_simple'])
-  (tmp_path / 'results.json').write_text(json.dumps(_sweep_rows() + [
-      dict(_sweep_rows()[0], rule='none')]))
+  (tmp_path / 'results.json').write_text(json.dumps(sweep_rows() + [
+      dict(sweep_rows()[0], rule='none')]))
   with pytest.raises(plan.PlanError, match='choose one with --rule'):
     plan.load_sweep(str(tmp_path))
   assert plan.load_sweep(str(tmp_path), rule='linear').b_noise == pytest.approx(200.0)
   with pytest.raises(plan.PlanError, match='not 0.5'):
     plan.load_sweep(str(tmp_path), rule='linear', target=0.5)
   with pytest.raises(plan.PlanError, match='needs two'):
-    plan.sweep_model(plan.sweep_points([dict(r, steps_to_target=None) for r in _sweep_rows()][1:]))
+    plan.sweep_model(plan.sweep_points([dict(r, steps_to_target=None) for r in sweep_rows()][1:]))
 
 
 def test_a_batch_where_a_seed_missed_the_target_is_left_out_of_the_fit(tmp_path):
@@ -181,7 +142,7 @@ def test_a_batch_where_a_seed_missed_the_target_is_left_out_of_the_fit(tmp_path)
   from anp_jax.research import sweep_report
   rows = [dict(r, seed=seed, final_top1=0.3, best_top1=0.3, lr=0.1, total_steps=1000,
                examples_to_target=r['steps_to_target'] * r['batch'])
-          for r in _sweep_rows(100.0, 200.0, batches=(32, 64, 128, 256)) for seed in (0, 1)]
+          for r in sweep_rows(100.0, 200.0, batches=(32, 64, 128, 256)) for seed in (0, 1)]
   lucky = dict(rows[0], batch=1024, steps_to_target=60.0, examples_to_target=60.0 * 1024)
   rows += [lucky, dict(lucky, seed=1, steps_to_target=None, examples_to_target=None)]
   points = plan.sweep_points(rows)
@@ -202,8 +163,8 @@ def test_a_sweep_plans_for_its_own_batch_sizes_by_default(tmp_path):
   """No --batches with --sweep: the batch sizes of its fit, as the flag's help says. (Before:
   128 x 1/4 ... 32, batch sizes the sweep never ran.) A default size that splits over no
   configuration's devices is left out (12 on 8-GPU nodes)."""
-  rows = _sweep_rows(batches=(12, 24, 48, 96)) + [
-      dict(_sweep_rows(batches=(2048,))[0], steps_to_target=None)]
+  rows = sweep_rows(batches=(12, 24, 48, 96)) + [
+      dict(sweep_rows(batches=(2048,))[0], steps_to_target=None)]
   (tmp_path / 'results.json').write_text(json.dumps(rows))
   p = plan.build_plan(sweep=str(tmp_path), methods='sync', cluster='minotauro')
   assert sorted({r.global_batch for r in p.rows}) == [12, 24, 48, 96]
@@ -216,7 +177,7 @@ def test_default_batch_sizes_that_fit_no_configuration_are_left_out(tmp_path):
   """The default list (pilot batch x 1/4 ... 8) keeps only sizes that split over some node
   count's devices; sizes the user gives must all fit. (Before: a pilot at B0=16 on 8-GPU nodes
   was refused: 'Global batch 4 fits none of the configurations', for a --batches never given.)"""
-  pilot = _write_pilot(tmp_path / 'p', batch=16)
+  pilot = write_pilot(tmp_path / 'p', batch=16)
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='dgx_h200')
   assert sorted({r.global_batch for r in p.rows}) == [8, 16, 32, 64, 128]  # 16 x 1/2 ... 8.
   assert any('B=4' in s for s in p.skipped)
@@ -335,9 +296,9 @@ def test_plan_picks_fastest_cheapest_and_sprint_and_rejects_batches_that_do_not_
 
 
 def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path):
-  pilot = _write_pilot(tmp_path / 'pilot')
+  pilot = write_pilot(tmp_path / 'pilot')
   out = tmp_path / 'plan'
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--cluster', 'minotauro', '--nodes', '1,2,4',
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--cluster', 'minotauro', '--nodes', '1,2,4',
                 '--batches', '64,256', '--methods', 'sync,mixed', '--out', str(out))
   assert r.returncode == 0, r.stderr[-2000:]
   text = r.stdout
@@ -346,11 +307,11 @@ def test_cli_writes_the_plan_and_exits_2_on_bad_input(tmp_path):
   assert len(saved['rows']) == 2 * 3 * 2  # batches x node counts x methods: all fit.
   for name in ('plan.md', 'time_vs_nodes.png', 'pareto.png'):
     assert (out / name).stat().st_size > 500
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--batches', '6')
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--batches', '6')
   assert r.returncode == 2 and 'Global batch 6 fits none' in r.stderr, r.stderr[-2000:]
-  r = _plan_cli('--pilot', pilot, '--target', '0.99')
+  r = plan_cli('--pilot', pilot, '--target', '0.99')
   assert r.returncode == 2 and 'never reached' in r.stderr, r.stderr[-2000:]
-  r = _plan_cli('--target', '0.3')
+  r = plan_cli('--target', '0.3')
   assert r.returncode == 2 and 'Give one of --pilot' in r.stderr, r.stderr[-2000:]
 
 
@@ -366,7 +327,7 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   assert model.notes['pilot_batch'] == 32 and model.notes['target'] == 0.05
   assert model.b_noise > 0 and model.steps(32)[0] == pytest.approx(model.notes['pilot_steps'])
   # The pilot's own model as the workload: FLOPs from XLA's cost analysis.
-  r = _plan_cli('--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
+  r = plan_cli('--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
                 '256', '--nodes', '1,2', '--methods', 'sync', '--out', str(tmp_path / 'plan'))
   assert r.returncode == 0, r.stderr[-2000:]
   saved = json.loads((tmp_path / 'plan' / 'plan.json').read_text())
@@ -374,7 +335,7 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
 
 
 def test_validation_helpers_are_exact_on_model_data_and_the_script_writes_its_report(tmp_path):
-  points = plan.sweep_points(_sweep_rows(b_crit=200.0))
+  points = plan.sweep_points(sweep_rows(b_crit=200.0))
   points[128]['b_simple'] = 200.0  # A pilot whose B_simple equals B_crit predicts exactly.
   for r in validation.validate_pilot(points, 128) + validation.validate_leave_one_out(points):
     assert r['error'] == pytest.approx(0.0, abs=1e-9)
@@ -441,10 +402,10 @@ def _refused(r, phrase):
 
 
 def test_the_other_experiments_results_are_refused_with_a_line(tmp_path):
-  sweep = _write_rows(tmp_path / 'sweep', _sweep_rows())
+  sweep = _write_rows(tmp_path / 'sweep', sweep_rows())
   mixed = _write_rows(tmp_path / 'mixed', _mixed_rows())
-  _refused(_plan_cli('--sweep', mixed), 'batch_size_sweep')
-  _refused(_plan_cli('--sweep', sweep, '--methods', 'sync,mixed', '--penalty_results',
+  _refused(plan_cli('--sweep', mixed), 'batch_size_sweep')
+  _refused(plan_cli('--sweep', sweep, '--methods', 'sync,mixed', '--penalty_results',
                      str(tmp_path / 'sweep' / 'results.json')), 'sync_async_mixed')
   r = subprocess.run([sys.executable, 'experiments/report.py', mixed], env=subprocess_env(),
                      capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -452,27 +413,27 @@ def test_the_other_experiments_results_are_refused_with_a_line(tmp_path):
 
 
 def test_cli_refuses_flags_it_would_ignore_and_bad_values_before_printing(tmp_path):
-  sweep = _write_rows(tmp_path / 'sweep', _sweep_rows())
-  pilot = _write_pilot(tmp_path / 'pilot')
+  sweep = _write_rows(tmp_path / 'sweep', sweep_rows())
+  pilot = write_pilot(tmp_path / 'pilot')
   base = ('--sweep', sweep, '--methods', 'sync')
-  _refused(_plan_cli(*base, '--metric', 'eval/noun_top1'), '--metric')
-  _refused(_plan_cli(*base, '--dataset_size', '0'), '--dataset_size')
+  _refused(plan_cli(*base, '--metric', 'eval/noun_top1'), '--metric')
+  _refused(plan_cli(*base, '--dataset_size', '0'), '--dataset_size')
   for target in ('0', '-1', '1.5'):
-    _refused(_plan_cli(*base, f'--target={target}'), '--target')
+    _refused(plan_cli(*base, f'--target={target}'), '--target')
   afile = tmp_path / 'afile'
   afile.write_text('x')
-  r = _plan_cli(*base, '--out', str(afile))
+  r = plan_cli(*base, '--out', str(afile))
   _refused(r, '--out')
   assert 'Fastest' not in r.stdout  # Refused before the plan is printed.
   for flag in ('--use=b_simple', '--rule=linear', '--warmup=on'):
-    _refused(_plan_cli('--pilot', pilot, '--target', '0.3', flag), flag.split('=')[0])
-  _refused(_plan_cli(*base, 'extra'), 'extra')
+    _refused(plan_cli('--pilot', pilot, '--target', '0.3', flag), flag.split('=')[0])
+  _refused(plan_cli(*base, 'extra'), 'extra')
 
 
 def test_cli_expands_a_tilde_in_paths(tmp_path):
   home = tmp_path / 'home'
-  _write_rows(home / 'sweep', _sweep_rows())
-  _write_pilot(home / 'pilot')
+  _write_rows(home / 'sweep', sweep_rows())
+  write_pilot(home / 'pilot')
   env = subprocess_env(HOME=str(home))
   run = lambda *a: subprocess.run([sys.executable, '-m', 'anp_jax.research.planner', *a],
                                   env=env, capture_output=True, text=True, timeout=600,

@@ -1,7 +1,7 @@
 """The planner's honesty (issue 35): prediction bands with measurable coverage, B_noise up to the
 target, extrapolation stated, and feasibility within the run's budget and schedule.
 
-Pilots are written as the trainer writes them (`test_plan._write_pilot`): noise-scale EMAs every
+Pilots are written as the trainer writes them (`test_plan.write_pilot`): noise-scale EMAs every
 2 steps, evaluations every 10, the default config with a few recorded fields.
 """
 
@@ -14,19 +14,19 @@ from anp_jax.research import perfmodel as pm
 from anp_jax.research import stats
 from anp_jax.research import planner as plan
 from anp_jax.research.planner import steps_model
-from test_plan import _plan_cli, _sweep_rows, _write_pilot
+from planner_helpers import plan_cli, sweep_rows, write_pilot
 
 
 def _seed_pilots(tmp_path, reach=(30, 40, 50), **config):
   """Three seeds of one pilot configuration, reaching top-1 0.5 at different steps."""
-  return [_write_pilot(tmp_path / f's{i}', steps=60, reach_step=r, seed=i, **config)
+  return [write_pilot(tmp_path / f's{i}', steps=60, reach_step=r, seed=i, **config)
           for i, r in enumerate(reach)]
 
 
 def test_several_pilot_seeds_measure_the_run_to_run_spread(tmp_path):
   """With one pilot the seed spread is the documented default; with several seeds of one
   configuration it is measured (log-sd of their steps to target) and the anchor averages them."""
-  one = plan.load_pilot(_write_pilot(tmp_path / 'one'), target=0.3)
+  one = plan.load_pilot(write_pilot(tmp_path / 'one'), target=0.3)
   assert one.seed_log_sd == pytest.approx(steps_model.DEFAULT_SEED_LOG_SD)
   assert steps_model.DEFAULT_SEED_LOG_SD == pytest.approx(
       (math.log(1.40) - math.log(0.69)) / (2 * 1.6449 * math.sqrt(2)), rel=1e-3)
@@ -47,32 +47,32 @@ def test_several_pilot_seeds_measure_the_run_to_run_spread(tmp_path):
   # A band for the mean of 3 new runs is narrower than for one.
   assert model.steps(256, runs=3)[2] < model.steps(256)[2]
   # As the command line takes them.
-  r = _plan_cli('--pilot', ','.join(dirs), '--target', '0.3', '--methods', 'sync', '--nodes', '1')
+  r = plan_cli('--pilot', ','.join(dirs), '--target', '0.3', '--methods', 'sync', '--nodes', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'measured over the 3 pilot seeds' in r.stdout
 
 
 def test_pilots_of_different_configurations_are_refused(tmp_path):
-  a = _write_pilot(tmp_path / 'a', seed=0)
-  b = _write_pilot(tmp_path / 'b', seed=1, base_lr=0.4)
+  a = write_pilot(tmp_path / 'a', seed=0)
+  b = write_pilot(tmp_path / 'b', seed=1, base_lr=0.4)
   with pytest.raises(plan.PlanError, match=r"differ in \['base_lr'\].*seeds of one configuration"):
     plan.load_pilot([a, b], target=0.3)
-  c = _write_pilot(tmp_path / 'c', seed=2, target_metric='eval/anp_top1', target_value=0.3)
-  d = _write_pilot(tmp_path / 'd', seed=3, target_metric='eval/anp_top1', target_value=0.2)
+  c = write_pilot(tmp_path / 'c', seed=2, target_metric='eval/anp_top1', target_value=0.3)
+  d = write_pilot(tmp_path / 'd', seed=3, target_metric='eval/anp_top1', target_value=0.2)
   with pytest.raises(plan.PlanError, match='different targets'):
     plan.load_pilot([c, d])
 
 
 def test_a_sweeps_band_holds_its_fit_jackknife_and_its_measured_seed_spread():
   rows = [dict(r, seed=s, steps_to_target=r['steps_to_target'] * (1.1 if s else 0.9))
-          for r in _sweep_rows() for s in (0, 1)]
+          for r in sweep_rows() for s in (0, 1)]
   model = plan.sweep_model(plan.sweep_points(rows))
   assert model.spread == 'jackknife' and math.isinf(model.anchor_runs)
   assert model.seed_log_sd == pytest.approx(math.log(1.1 / 0.9) / math.sqrt(2))
   assert 'pooled over the seeds' in model.seed_source
   assert model.covered == (32, 1024) and model.validated == (32, 1024)
   assert model.noise_log_sd(64) == pytest.approx(0.0, abs=1e-9)  # Exact fit: no jackknife spread.
-  assert plan.sweep_model(plan.sweep_points(_sweep_rows())).seed_log_sd == pytest.approx(
+  assert plan.sweep_model(plan.sweep_points(sweep_rows())).seed_log_sd == pytest.approx(
       steps_model.DEFAULT_SEED_LOG_SD)  # One seed per batch: the default.
 
 
@@ -80,7 +80,7 @@ def test_a_diverged_seed_counts_as_a_miss_not_as_a_missing_seed():
   """A seed that diverged at the chosen rate never reached the target: its batch size has no
   mean steps and is not fitted (before: dropped, and B=1024 {40, diverged, diverged} was fitted
   as 40 steps from one seed)."""
-  rows = [dict(r, seed=0) for r in _sweep_rows()]
+  rows = [dict(r, seed=0) for r in sweep_rows()]
   big = dict(rows[-1], seed=1, status='diverged', steps_to_target=None)
   points = plan.sweep_points(rows + [big, dict(big, seed=2)])
   assert points[1024]['steps'] is None
@@ -112,7 +112,7 @@ def _late_pilot(tmp_path, **config):
   10-epoch budget of 24 x 250 = 6000 examples (469 steps at B0), cosine decay. Predicted with
   B_crit = B_noise (``b_crit_factor=1``, as the plans below take it): S(512) = 84 of 118 steps
   (72 %: late), S(1024) = 76 of 59 (unreachable)."""
-  return _write_pilot(tmp_path / 'late', batch=128, trace=128.0, steps=160, reach_step=140,
+  return write_pilot(tmp_path / 'late', batch=128, trace=128.0, steps=160, reach_step=140,
                       num_epochs=10.0, synthetic={'num_pairs': 24, 'train_per_class': 250,
                                                   'num_adjectives': 8, 'num_nouns': 8,
                                                   'image_size': 16, 'eval_per_class': 10,
@@ -175,7 +175,7 @@ def test_rows_beyond_the_inputs_are_marked_extrapolated_and_so_is_a_pick_resting
   batch sizes stay inside; a batch given beyond, or a staleness beyond the penalty's measured
   arms, is flagged, and a pick that rests on such a row says so. (Before: B0 x 1/4 ... 32 by
   default, and 'Fastest: 4x4 B=4096 mixed' from a B0=128 pilot, unmarked.)"""
-  pilot = _write_pilot(tmp_path / 'p', batch=128, trace=4096.0, num_epochs=1000.0)
+  pilot = write_pilot(tmp_path / 'p', batch=128, trace=4096.0, num_epochs=1000.0)
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro')
   assert sorted({r.global_batch for r in p.rows}) == [32, 64, 128, 256, 512, 1024]
   assert not any(r.extrapolated for r in p.rows)

@@ -1,7 +1,6 @@
 """The planner's B_crit / B_noise factor: its calibration (recomputed from the committed held-out
 tasks), how it moves a pilot's predictions, and its part of the band."""
 
-import json
 import math
 import os
 
@@ -11,26 +10,36 @@ from anp_jax.research import planner as plan
 from anp_jax.research import stats
 from anp_jax.research.planner import steps_model
 from conftest import ROOT
-from test_plan import _plan_cli, _write_pilot
+from planner_helpers import plan_cli, write_pilot
 
 HELDOUT = os.path.join(ROOT, 'experiments', 'results', 'plan_validation', 'heldout')
 
 
-def test_the_default_factor_is_the_committed_calibration_tasks_fit():
+def test_the_default_parameters_are_the_committed_calibration_tasks_fit():
   """`B_CRIT_FACTOR` and its log-sd are the geometric mean and log-sd of fitted B_crit / pilot
-  B_noise over the calibration tasks of the committed held-out results (a, b, c), no other."""
-  from experiments import plan_validation_lib as validation
-  results = json.load(open(os.path.join(HELDOUT, 'results.json')))
-  names = results.get('calibration') or [t['study'] for t in results['tasks']]
-  pairs = [validation.task_factor_pair(t, d) for t, d in zip(results['tasks'],
-                                                             results['diagnostics'])
-           if t['study'] in names]
-  assert sorted(os.path.basename(n) for n in names) == ['a', 'b', 'c']
-  c = validation.calibrate_factor(pairs)
-  assert round(c['factor'], 3) == steps_model.B_CRIT_FACTOR
+  B_noise over the six committed tasks a-f (over a, b, c alone: 1.891, log-sd 0.0985, the factor
+  that scored d, e, f); every other predictor's default parameters come from the same tasks, as
+  the registration of tasks g-m records them."""
+  from anp_jax.research import plan_validation as validation
+  from anp_jax.research import registration
+  from anp_jax.research.planner.default_predictor import DEFAULT
+  dirs = [os.path.join(HELDOUT, t) for t in 'abcdef']
+  tasks = [validation.task_calibration(d, validation.task_diagnostics(d)) for d in dirs]
+  params = validation.calibrate_parameters(tasks)
+  c = params['factor']
+  assert round(c['factor'], 3) == steps_model.B_CRIT_FACTOR == DEFAULT['parameters']['factor'][
+      'factor']
   assert round(c['log_sd'], 4) == steps_model.B_CRIT_FACTOR_LOG_SD
-  assert c['tasks'] == steps_model.B_CRIT_FACTOR_TASKS == 3
-  assert [round(r, 2) for r in c['ratios']] == [2.05, 1.95, 1.69]  # As the comment says.
+  assert c['tasks'] == steps_model.B_CRIT_FACTOR_TASKS == 6
+  assert [round(r, 2) for r in c['values'].values()] == [2.05, 1.95, 1.69, 1.30, 2.01, 1.60]
+  three = validation.calibrate_parameters(tasks[:3])['factor']
+  assert (round(three['factor'], 3), round(three['log_sd'], 4)) == (1.891, 0.0985)
+  registered = registration.load('experiments/registrations/plan_heldout_2.json')
+  for kind, fitted in params.items():
+    default = DEFAULT['parameters'][kind]
+    entry = {**registered['predictors'], **registered['baselines']}[kind]['parameters']
+    for key, value in default.items():
+      assert value == float(f'{fitted[key]:.4g}') == entry[key], (kind, key)
 
 
 def test_the_factor_moves_b_crit_and_keeps_the_pilots_steps():
@@ -77,17 +86,17 @@ def test_the_factors_uncertainty_is_zero_at_the_pilot_and_is_its_log_derivative_
 def test_the_planner_uses_the_calibrated_factor_and_says_so(tmp_path):
   """A pilot's plan states B_crit = factor x B_noise and where the factor comes from;
   --b_crit_factor 1 is the uncorrected premise, taken as exact; with --sweep it is refused."""
-  pilot = _write_pilot(tmp_path / 'p', drift=2.0)
+  pilot = write_pilot(tmp_path / 'p', drift=2.0)
   model = plan.load_pilot(pilot, target=0.3)
   assert model.b_crit_factor == steps_model.B_CRIT_FACTOR
-  assert model.factor_log_sd == steps_model.B_CRIT_FACTOR_LOG_SD and model.factor_tasks == 3
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
+  assert model.factor_log_sd == steps_model.B_CRIT_FACTOR_LOG_SD and model.factor_tasks == 6
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert f'B_crit = {steps_model.B_CRIT_FACTOR:.4g} x B_noise' in r.stdout
-  assert 'held-out tasks a, b, c' in r.stdout
-  r = _plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
+  assert 'held-out tasks a-f' in r.stdout and 'Default predictor' in r.stdout
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
                 '--b_crit_factor', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert '--b_crit_factor 1, taken as exact' in r.stdout
-  r = _plan_cli('--sweep', str(tmp_path), '--b_crit_factor', '2')
+  r = plan_cli('--sweep', str(tmp_path), '--b_crit_factor', '2')
   assert r.returncode == 2 and '--b_crit_factor' in r.stderr and 'Traceback' not in r.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from anp_jax.research import perfmodel as pm
 from anp_jax.research import planner as plan
-from test_plan import _plan_cli, _write_pilot
+from planner_helpers import plan_cli, write_pilot
 
 
 def test_one_node_local_sgd_is_synchronous_sgd():
@@ -36,7 +36,7 @@ def _pilot_with_top5(path, **config):
   """A pilot whose evaluations log top-1 (0.1, then 0.5 from step 40) and top-5 (0.1, then 0.5
   from step 20) and whose config recorded the target eval/anp_top1 >= 0.3."""
   evals = {s: 0.5 if s >= 40 else 0.1 for s in range(10, 61, 10)}
-  p = _write_pilot(path, steps=60, evals=evals, **{'target_metric': 'eval/anp_top1',
+  p = write_pilot(path, steps=60, evals=evals, **{'target_metric': 'eval/anp_top1',
                                                    'target_value': 0.3, **config})
   with open(f'{p}/metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
@@ -54,10 +54,10 @@ def test_metric_is_honoured_refused_without_a_target_and_printed(tmp_path):
   for; without --target it is refused unless it is the pilot's recorded target metric (whose
   value then applies); the plan's first lines name the target and where it came from."""
   pilot = _pilot_with_top5(tmp_path / 'p')
-  r = _plan_cli('--pilot', pilot, '--metric', 'eval/anp_top5', '--methods', 'sync')
+  r = plan_cli('--pilot', pilot, '--metric', 'eval/anp_top5', '--methods', 'sync')
   assert r.returncode == 2, r.stdout[-2000:]
   assert '--metric eval/anp_top5' in r.stderr and '--target' in r.stderr, r.stderr[-2000:]
-  r = _plan_cli('--pilot', pilot, '--methods', 'sync')
+  r = plan_cli('--pilot', pilot, '--methods', 'sync')
   assert r.returncode == 0, r.stderr[-2000:]
   assert "Target: eval/anp_top1 >= 0.3 (the pilot's recorded target)" in r.stdout
   top1 = plan.build_plan(pilot=pilot, methods='sync', metric='eval/anp_top1')
@@ -137,6 +137,12 @@ def test_validation_tallies_are_out_of_sample(validation_report):
   assert len(tallies) >= 3, text[:3000]
   for _, n in tallies:  # 32 ... 1024 is six batch sizes; without the pilot's 128, five.
     assert int(n) == 5
+  # The separate pilot is read by every predictor beside the baselines, scored alike.
+  _, _, results = validation_report
+  from anp_jax.research.planner import predictors
+  scores = results['statistical']['predictors']
+  assert set(scores) == set(predictors.PREDICTORS) and all(s['n'] == 5 for s in scores.values())
+  assert '| constant B_crit (baseline) |' in text and '| perfect scaling (baseline) |' in text
 
 
 def _pilot_record(path, steps_per_epoch, total_steps):
@@ -160,7 +166,7 @@ def test_a_pilot_recorded_by_an_earlier_trainer_is_detected(tmp_path, validation
   steps; today's trainer computes 8000 / 128 = 62.5 and 625 for its config (epochs are
   examples, the tail is no longer dropped). plan_validation says so in its report and prints the
   command that re-runs the pilot. (Before: presented as the current trainer's.)"""
-  from experiments import plan_validation_lib as validation
+  from anp_jax.research import plan_validation as validation
   stale = validation.trainer_mismatch(_pilot_record(tmp_path / 'old', 62, 620))
   assert any('steps_per_epoch' in m and '62' in m and '62.5' in m for m in stale), stale
   assert any('total_steps' in m and '620' in m and '625' in m for m in stale), stale
@@ -186,9 +192,9 @@ def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(va
   assert "master's thesis" in text and '12 h synchronous, 16 h mixed-asynchronous' in text
   assert '**30\nepochs**' in text or '**30 epochs**' in text
   assert '**B_noise**' in text
-  cases = {(c['b_noise_x'], c['epochs_x'], c['slope']): c['speedup_16']
+  cases = {(c['b_noise_x'], c['epochs_x'], c['penalty']): c['speedup_16']
            for c in results['seed_paper']['sensitivity']}
-  slope = results['seed_paper']['penalty_slope']
+  slope = results['seed_paper']['penalty']
   base = [k for k in cases if k[:2] == (1.0, 1.0)]
   assert {(b, e) for b, e, _ in cases} >= {(0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0)}
   by = {(b, e): v for (b, e, s), v in cases.items() if s == slope or (b, e) != (1.0, 1.0)}
@@ -196,5 +202,10 @@ def test_the_seed_paper_section_names_its_sources_assumptions_and_sensitivity(va
   for e in (0.5, 2.0):
     assert by[(1.0, e)]['sync'] == pytest.approx(by[(1.0, 1.0)]['sync'], rel=1e-6)
   assert by[(0.5, 1.0)]['sync'] < by[(1.0, 1.0)]['sync'] < by[(2.0, 1.0)]['sync']
-  assert len(base) == 3  # The penalty's central slope and the two ends of its range.
-  assert '| B_noise | epochs | async penalty slope |' in text
+  assert len(base) == 3  # The mapped penalty's ratio and the two ends of its 95 % interval.
+  assert '| B_noise | epochs | async penalty (x sync\'s examples) |' in text
+  # The mixed speed-up falls as the penalty grows; the penalty is the mapped study's.
+  mixed = {s: cases[(1.0, 1.0, s)]['mixed'] for _, _, s in base}
+  assert [mixed[s] for s in sorted(mixed)] == sorted(mixed.values(), reverse=True)
+  low, high = results['seed_paper']['penalty_interval']
+  assert low < slope < high and 1.0 < low

@@ -95,12 +95,8 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
 
 
 def _ptv():
-  import os
-  import sys
-  from conftest import ROOT
-  sys.path.insert(0, os.path.join(ROOT, 'experiments'))
-  import plan_time_validation as ptv
-  return ptv
+  from anp_jax.research import plan_time
+  return plan_time
 
 
 def test_the_step_time_is_interpolated_between_the_calibration_batches_and_the_model_uses_it():

@@ -9,7 +9,7 @@ import pytest
 
 from anp_jax.research import planner as plan
 from anp_jax.research.planner import steps_model
-from test_plan import _plan_cli as _cli, _write_pilot
+from planner_helpers import plan_cli as _cli, write_pilot
 
 TARGET = 0.3
 
@@ -21,7 +21,7 @@ def _pilots(tmp_path, crossings, **config):
   dirs = []
   for batch, steps in crossings.items():
     for seed, crossing in enumerate(steps):
-      dirs.append(_write_pilot(tmp_path / f'b{batch}-s{seed}', batch=batch, trace=100.0,
+      dirs.append(write_pilot(tmp_path / f'b{batch}-s{seed}', batch=batch, trace=100.0,
                                reach_step=crossing + 5, steps=crossing + 15, seed=seed,
                                target_metric='eval/anp_top1', target_value=TARGET, **config))
   return dirs

@@ -270,6 +270,31 @@ def test_tiny_sweep_end_to_end_skip_resume_report(data_dir, tmp_path, capsys):
   assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow(90)
+def test_a_fresh_seed_confirmation_reruns_the_chosen_rates_apart_from_the_selection(
+    data_dir, tmp_path, capsys):
+  """--confirm_seeds: every batch size again at the rate the sweep chose on validation, with seeds
+  none of its runs used, in DIR/confirmation (the selection's results untouched); the report puts
+  the confirmation's figures beside the selection's. Seeds the selection used are refused."""
+  out = tmp_path / 'sweep'
+  sweep.sweep(_argv(out, data_dir, '--batch_sizes', '32', '--lr_search', '0.5,1'))
+  (chosen,) = json.load(open(out / 'points.json'))
+  confirm = lambda *extra: _argv(out, data_dir, '--batch_sizes', '32', *extra)
+  assert sweep.main(confirm('--confirm_seeds', '0')) == 2
+  assert 'seeds the selection runs used' in capsys.readouterr().err
+  assert sweep.main(confirm('--confirm_seeds', '5', '--seeds', '5')) == 2
+  rows = sweep.sweep(confirm('--confirm_seeds', '5,6'))
+  assert {r['seed'] for r in rows} == {5, 6}
+  assert {r['lr_mult'] for r in rows} == {chosen['lr_mult']}
+  assert {r['seed'] for r in json.load(open(out / 'confirmation' / 'results.json'))} == {5, 6}
+  assert {r['seed'] for r in json.load(open(out / 'results.json'))} == {0}  # Untouched.
+  r = run_experiment('report.py', str(out))
+  assert r.returncode == 0, r.stderr
+  text = (out / 'report.md').read_text()
+  assert '## Fresh-seed confirmation' in text and 'seeds [5, 6]' in text
+  assert f'| {chosen["point"]} |' in text.split('## Fresh-seed confirmation')[1]
+
+
 # ----------------------------------------------------------------------------------------------
 # (d) Bad input fails before any training.
 
@@ -444,7 +469,8 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
   assert sorted(invocation['args']) == sorted(
       ['preset', 'out', 'batch_sizes', 'rules', 'warmup', 'seeds', 'epochs', 'target_top1',
        'lr_search', 'lr_extensions', 'max_per_device_batch', 'checkpoint_every_epochs',
-       'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci', 'lr_from'])
+       'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci', 'lr_from',
+       'confirm_seeds'])
   assert invocation['overrides'] == [f'--config.data_dir={data_dir}']
 
 

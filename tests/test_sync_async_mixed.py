@@ -327,9 +327,10 @@ def test_the_studies_table_is_the_committed_mapped_study():
     # The chosen rate is interior, or the row says "edge" and the text names the arm.
     assert (min(grid) < r['lr_mult'] < max(grid)) or (r['lr_edge'] and f'`{r["name"]}`' in section)
   summary = open(os.path.join(here, 'summary.md')).read()
-  for heading in ('## Each arm against sync', '## Noise floor'):
+  for heading in ('## Each arm against sync', '## The arms against sync as one family',
+                  '## Noise floor'):
     quoted = _summary_rows(summary, heading)
-    assert len(quoted) == len(rows) - (heading.startswith('## Each'))
+    assert len(quoted) == len(rows) - (not heading.startswith('## Noise'))
     for line in quoted:
       assert line in section, line
 
@@ -370,6 +371,33 @@ def test_mapped_arms_on_their_own_devices_in_two_invocations_end_to_end(data_dir
   assert '## Each arm against sync, both at their own chosen rate' in summary
   assert '| mixed-n02 | 16 |' in summary
   assert '## Noise floor: seed-to-seed spread' in summary and '| sync | 2 |' in summary
+
+
+@pytest.mark.slow(150)
+def test_a_fresh_seed_confirmation_reruns_each_arms_chosen_rate(data_dir, tmp_path, capsys):
+  """--confirm_seeds: each arm again at the rate chosen on validation, with new seeds, in
+  DIR/confirmation; the selection's runs are untouched, a seed it used is refused, and the
+  summary (rewritten by experiments/report.py, nothing trained) puts the confirmation beside the
+  selection with its own comparison against sync."""
+  out = tmp_path / 'sam'
+  common = ['--preset', 'tiny', '--out', str(out), '--nodes', '', '--target_top1', '0.05',
+            f'--config.data_dir={data_dir}']
+  assert sam.main(common + ['--lr_grid', '0.5,1']) == 0
+  chosen = {p['point']: p['lr_mult'] for p in json.load(open(out / 'points.json'))}
+  assert sam.main(common + ['--confirm_seeds', '0']) == 2
+  assert 'seeds the selection runs used' in capsys.readouterr().err
+  assert sam.main(common + ['--confirm_seeds', '3,4']) == 0
+  grid = json.load(open(out / 'confirmation' / 'grid.json'))
+  assert {(g['arm'], g['lr_mult']) for g in grid} == set(chosen.items())
+  assert {g['seed'] for g in grid} == {3, 4}
+  assert {g['seed'] for g in json.load(open(out / 'grid.json'))} == {0}  # Untouched.
+  from conftest import run_experiment
+  r = run_experiment('report.py', str(out))
+  assert r.returncode == 0, r.stderr
+  summary = (out / 'summary.md').read_text()
+  section = summary.split('## Fresh-seed confirmation', 1)[1]
+  assert 'seeds [3, 4]' in section and '| async-04 |' in section
+  assert 'Each arm against sync on the confirmation runs' in section
 
 
 def test_the_noise_floor_is_the_spread_over_seeds_at_the_chosen_rate():
@@ -471,6 +499,39 @@ def test_the_mapped_studys_claims_are_inside_their_intervals():
   # Top-1 at equal examples: every interval at least 30 points wide.
   widths = [c['top1_difference']['high'] - c['top1_difference']['low'] for c in compared]
   assert min(widths) > 0.3
+  # As a family of seven: with Holm none excludes 1; with one pooled variance all four
+  # asynchronous arms do and no local arm; async-16's CV against the others'.
+  family = sam.multiple_comparisons(compared, list(rows.values()), grid)
+  fam = {r['arm']: r for r in family[1:]}
+  asynchronous = ('async-16', 'async-16-comp', 'mixed-n04', 'mixed-n08')
+  assert len(fam) == 7 and all(r['p_holm'] >= 0.05 for r in fam.values())
+  assert all(r['simultaneous']['low'] < 1 < r['simultaneous']['high'] for r in fam.values())
+  assert all(fam[a]['pooled']['low'] > 1 and fam[a]['pooled']['p_holm'] < 0.05
+             for a in asynchronous)
+  assert all(fam[a]['pooled']['low'] < 1 for a in fam if a.startswith('local'))
+  holm = [fam[a]['p_holm'] for a in asynchronous]
+  assert f"Holm's adjusted p-values are {min(holm):.2f}-{max(holm):.2f}" in section
+  pooled = [fam[a]['pooled'] for a in asynchronous]
+  assert (f'({min(p["ratio"] for p in pooled):.2f}-{max(p["ratio"] for p in pooled):.2f}x, '
+          f'Holm-adjusted p {min(p["p_holm"] for p in pooled):.3f}-'
+          f'{max(p["p_holm"] for p in pooled):.3f})') in section
+  cvs = [fam[a]['cv'] for a in fam if a != 'async-16']
+  assert (f'a CV of {100 * fam["async-16"]["cv"]:.0f} % over its 3 seeds against '
+          f'{100 * min(cvs):.0f}-{100 * max(cvs):.0f} % for the other arms') in section
+  # Compensation: no difference detected, the ratio's interval about a third either way.
+  comp = [g['test_examples_to_target'] for g in sam.chosen_runs(rows['async-16-comp'], grid)]
+  plain = [g['test_examples_to_target'] for g in sam.chosen_runs(rows['async-16'], grid)]
+  from anp_jax.research import stats
+  r = stats.ratio_interval(comp, plain)
+  assert f'a ratio of {r["ratio"]:.2f} [{r["low"]:.2f}, {r["high"]:.2f}]' in section
+  assert r['low'] < 1 < r['high']
+  # The planner's penalty is this study's, quoted.
+  from anp_jax.research import planner
+  pen = planner.mapped_penalty(here)
+  a, l = pen['async'], pen['local_sgd']
+  assert f'{a.ratio:.2f} [{a.low:.2f}, {a.high:.2f}]' in section
+  assert f'{l.ratio:.2f} [{l.low:.2f}, {l.high:.2f}]' in section
+  assert {m['arm'] for m in a.arms} == {'async-16', 'mixed-n04', 'mixed-n08'}
 
 
 # ----------------------------------------------------------------------------------------------

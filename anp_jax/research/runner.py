@@ -8,7 +8,8 @@ a learning-rate grid). `run_study`:
    (`StudyError`, exit 2); a run directory trained with other settings, and other runs in
    ``--out`` whose settings differ outside the study's axes, are refused (one directory holds
    one study, whose results are read together); ``--out`` holding another kind of study is
-   refused.
+   refused. A study with a registration (`anp_jax.research.registration`) records it in
+   ``--out`` before its first run; a registration changed after that run is refused.
 2. **Trains** what has not finished (`run_grid`): a finished run (``final_metrics.json``) is
    skipped, an interrupted one continues from its checkpoints, a NaN/Inf loss is recorded as a
    diverged outcome and not retried, preemption (SIGTERM/SIGUSR1) exits 75 between or inside
@@ -38,8 +39,8 @@ from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim,
                      reporting, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.research import eval_seam, study_report, study_results
-from anp_jax.research.study import RunKey, Study, StudyError
+from anp_jax.research import eval_seam, registration, study_report, study_results
+from anp_jax.research.study import LrGrid, RunKey, Study, StudyError
 from anp_jax.setup import flat_fields, resolve_setup, validate_config
 
 is_finished = study_results.is_finished
@@ -356,6 +357,44 @@ def estimate_seconds(runs: Sequence[Run], eval_size: int, images_per_s: float,
 
 
 # ----------------------------------------------------------------------------------------------
+# Fresh-seed confirmation: the chosen configurations again, with seeds that chose nothing.
+
+# A study's confirmation lives in this subdirectory of its --out: its own runs, results and
+# report, never read by the selection (whose choices it takes).
+CONFIRMATION_DIR = study_results.CONFIRMATION_DIR
+
+
+def confirmation_study(study: Study, out: str, seeds: Sequence[int]) -> Study:
+  """The fresh-seed confirmation of a finished study in ``out``: every point at the rate (and
+  tuned values) chosen there on validation (its ``points.json``), trained with ``seeds`` only,
+  no rate grid, no extension, no registration of its own. Published figures then come from runs
+  that played no part in choosing them (the winner's curse of reporting the runs that won the
+  choice). StudyError when the study has no settled choice for a point, or when a seed is one the
+  selection used."""
+  path = os.path.join(out, 'points.json')
+  if not os.path.exists(path):
+    raise StudyError(f'--confirm_seeds reruns the configurations a finished study chose: {path} '
+                     'does not exist (run the study first).')
+  chosen = {p['point']: p for p in study_results.read_json(path)}
+  problems = [f'{name} ({"not a point there" if name not in chosen else "no settled choice"})'
+              for name, _ in study.points
+              if name not in chosen or not chosen[name].get('lr_chosen')
+              or chosen[name].get('lr_pending')]
+  if problems:
+    raise StudyError(f'--confirm_seeds: {out} has no settled choice for {"; ".join(problems)}.')
+  used = sorted({s for p in chosen.values() for s in p.get('seed_list') or ()} & set(seeds))
+  if used:
+    raise StudyError(f'--confirm_seeds {used}: seeds the selection runs used; a confirmation '
+                     'needs fresh ones.')
+  points = tuple((name, {**fields, **(chosen[name].get('tune') or {})})
+                 for name, fields in study.points)
+  return dataclasses.replace(
+      study, points=points, seeds=tuple(seeds), lr=LrGrid((1.0,), 0), tune=(),
+      point_lr=tuple((name, (float(chosen[name]['lr_mult']),)) for name, _ in study.points),
+      registration='', title=(study.title or study.kind) + ': fresh-seed confirmation')
+
+
+# ----------------------------------------------------------------------------------------------
 # Training.
 
 
@@ -553,8 +592,15 @@ def run_study(study: Study, base, opts: Options) -> List[Dict]:
   """
   is_main = jax.process_index() == 0
   runs, meta = plan_runs(study, base, opts)
+  # A registration changed after the first run, or missing before runs that exist: refused
+  # before anything trains (`registration.check`); a new one is recorded below, before run 1.
+  registered = registration.check(study, opts.out, opts.preset, write=False)
   if is_main:
     _print_plan(study, opts, runs, meta)
+    if registered is not None:
+      print(f'Registration {registered["source"]} (sha256 {registered["sha256"][:12]}): '
+            + ('recorded in --out.' if registration.recorded(opts.out) else
+               'to be recorded in --out before the first run.'), flush=True)
   if opts.dry_run:
     if is_main and study.lr.extensions:
       more = pending_extensions(study, opts, runs)
@@ -564,6 +610,7 @@ def run_study(study: Study, base, opts: Options) -> List[Dict]:
     return []
   if is_main:
     claim_out_dir(opts.out, study.kind, write=True)
+    registration.check(study, opts.out, opts.preset, write=True)
     _record_invocation(study, base, opts, jax.device_count())
   extended: Dict[str, List[float]] = {}
   todo = runs

@@ -19,9 +19,18 @@ that the runner, the reports and the planner share one definition and tests chec
   counted at its budget: it needed at least that), and the median when more than half reached
   it (a miss sorts above every reached value, so the median is then a reached value).
 * `difference_interval` / `ratio_interval`: two points compared (Welch's t; a ratio of means
-  on the log scale by the delta method); `spread`: the noise floor of one configuration (SD,
-  empirical and predicted 95 % ranges of a single run); `detectable_difference`: the smallest
-  difference of two n-seed means outside that noise.
+  on the log scale by the delta method), each with its two-sided p-value; `spread`: the noise
+  floor of one configuration (SD, empirical and predicted 95 % ranges of a single run);
+  `detectable_difference`: the smallest true difference of two n-seed means that a 95 %
+  interval excludes 0 for with 80 % power (at 50 % power: the interval's half-width).
+* Several comparisons at once: `holm` (Holm's step-down adjustment of p-values: the family-wise
+  error stays at the level whatever the comparisons' dependence) with `ratio_interval` at the
+  Bonferroni level `simultaneous_level` (intervals that hold together), or one model with a
+  pooled variance (`pooled_log_ratios`: every arm's log values share one SD, more degrees of
+  freedom, an assumption to state).
+* `clopper_pearson`: the exact interval of a binomial proportion (a band's coverage, k of n);
+  `clustered_mean_interval`: a mean of paired differences with its t-interval over clusters
+  (the points of one task are not independent: each task counts once).
 * `value_summary`: a final metric (accuracy, loss) over seeds; a diverged seed has no finite
   final state, so the point has no mean: the summary counts the diverged seeds and gives the
   range of the others.
@@ -150,17 +159,19 @@ def _welch(a: Sequence[float], b: Sequence[float], scale_a: float = 1.0, scale_b
 
 def difference_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Dict:
   """mean(a) - mean(b) with Welch's t interval (unequal variances): {'diff', 'low', 'high',
-  'df', 'n_a', 'n_b'}; low / high None when a group has fewer than 2 values."""
+  'df', 'n_a', 'n_b', 'p' (two-sided, of no difference)}; low / high / p None when a group has
+  fewer than 2 values."""
   a, b = [float(v) for v in a], [float(v) for v in b]
   if not a or not b:
     raise ValueError('difference_interval needs values in both groups.')
   diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
   se, df = _welch(a, b)
   out = {'diff': diff, 'low': None, 'high': None, 'df': df, 'n_a': len(a), 'n_b': len(b),
-         'level': level}
+         'level': level, 'p': None}
   if se is not None:
     half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se if se > 0 else 0.0
     out['low'], out['high'] = diff - half, diff + half
+    out['p'] = t_p_value(diff / se, df) if se > 0 else (0.0 if diff else 1.0)
   return out
 
 
@@ -168,17 +179,19 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
   """mean(a) / mean(b) of positive values with an interval from the delta method on the log
   scale and Welch's degrees of freedom: log(ratio) ± t · sqrt(s_a²/(n_a m_a²) + s_b²/(n_b m_b²))
   (the relative standard errors of the two means): {'ratio', 'low', 'high', 'df', 'n_a',
-  'n_b'}; low / high None when a group has fewer than 2 values."""
+  'n_b', 'p' (two-sided, of ratio 1)}; low / high / p None when a group has fewer than 2
+  values."""
   a, b = [float(v) for v in a], [float(v) for v in b]
   if not a or not b or min(a + b) <= 0:
     raise ValueError('ratio_interval needs positive values in both groups.')
   ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
   out = {'ratio': ma / mb, 'low': None, 'high': None, 'df': None, 'n_a': len(a),
-         'n_b': len(b), 'level': level}
+         'n_b': len(b), 'level': level, 'p': None}
   se, df = _welch(a, b, ma, mb)
   if se is not None:
     half = t_quantile(1.0 - (1.0 - level) / 2.0, df) * se if se > 0 else 0.0
-    out.update(low=ma / mb * math.exp(-half), high=ma / mb * math.exp(half), df=df)
+    out.update(low=ma / mb * math.exp(-half), high=ma / mb * math.exp(half), df=df,
+               p=t_p_value(math.log(ma / mb) / se, df) if se > 0 else (0.0 if ma != mb else 1.0))
   return out
 
 
@@ -210,14 +223,128 @@ def spread(values: Sequence[float], level: float = LEVEL) -> Dict:
           'level': level}
 
 
-def detectable_difference(sd: float, n_a: int, n_b: int, level: float = LEVEL) -> float:
-  """Half-width of the `level` interval of the difference of two means of n_a and n_b runs
-  whose seed-to-seed standard deviation is `sd` (pooled t, n_a + n_b - 2 degrees of freedom):
-  a measured difference smaller than this is within the noise floor."""
+def detectable_difference(sd: float, n_a: int, n_b: int, level: float = LEVEL,
+                          power: float = 0.8) -> float:
+  """The smallest true difference of two means of n_a and n_b runs (seed-to-seed standard
+  deviation `sd`, pooled t, n_a + n_b - 2 degrees of freedom) whose `level` interval excludes 0
+  with probability `power`: (t(1 - α/2) + t(power)) · sd · sqrt(1/n_a + 1/n_b). At `power` 0.5
+  it is the interval's half-width: a difference that large is detected only half the time.
+  (The noncentral t's exact answer differs by under 2 % for 3 + 3 runs.)"""
   if n_a < 1 or n_b < 1 or n_a + n_b < 3:
     raise ValueError(f'detectable_difference needs n_a + n_b >= 3, got {n_a} and {n_b}.')
-  return t_quantile(1.0 - (1.0 - level) / 2.0, n_a + n_b - 2) * sd * math.sqrt(
-      1.0 / n_a + 1.0 / n_b)
+  if not 0.0 < power < 1.0:
+    raise ValueError(f'power must be in (0, 1), got {power}.')
+  df = n_a + n_b - 2
+  quantile = t_quantile(1.0 - (1.0 - level) / 2.0, df)
+  if power != 0.5:
+    quantile += t_quantile(power, df)
+  return quantile * sd * math.sqrt(1.0 / n_a + 1.0 / n_b)
+
+
+def t_p_value(t: float, df: float) -> float:
+  """The two-sided p-value of a t statistic with `df` degrees of freedom."""
+  return 2.0 * t_cdf(-abs(t), df)
+
+
+def holm(p_values: Sequence[float]) -> list:
+  """Holm's step-down adjustment: the k-th smallest of m p-values times (m - k + 1), made
+  non-decreasing in that order and capped at 1; in the input's order. A comparison whose
+  adjusted p-value is below α is a claim with family-wise error at most α."""
+  m = len(p_values)
+  order = sorted(range(m), key=lambda i: p_values[i])
+  adjusted, running = [0.0] * m, 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (m - rank) * p_values[i]))
+    adjusted[i] = running
+  return adjusted
+
+
+def simultaneous_level(level: float, comparisons: int) -> float:
+  """The per-comparison level at which `comparisons` intervals hold together at `level`
+  (Bonferroni): 1 - (1 - level) / comparisons."""
+  if comparisons < 1:
+    raise ValueError(f'comparisons must be >= 1, got {comparisons}.')
+  return 1.0 - (1.0 - level) / comparisons
+
+
+def pooled_log_ratios(groups: Dict[str, Sequence[float]], reference: str,
+                      level: float = LEVEL) -> Dict:
+  """Every group against `reference` in one model with a pooled variance: log values with a
+  mean per group and one SD shared by all (pooled over the groups, Σ (n_i - 1) degrees of
+  freedom). Per group: the ratio of geometric means, its `level` t-interval, the p-value of
+  ratio 1 and the Holm-adjusted p-value over the comparisons. The assumption (every group's log
+  values spread alike) buys degrees of freedom; where one group's SD is far from the others',
+  say so beside it. Returns {'sd', 'df', 'level', 'ratios': {name: {...}}}."""
+  logs = {k: [math.log(float(v)) for v in values] for k, values in groups.items()}
+  if reference not in logs or any(len(v) < 1 for v in logs.values()):
+    raise ValueError(f'pooled_log_ratios needs values for every group and {reference!r}.')
+  df = sum(len(v) - 1 for v in logs.values())
+  if df < 1:
+    raise ValueError('pooled_log_ratios needs a group with two or more values.')
+  sd = math.sqrt(sum(sum((x - statistics.fmean(v)) ** 2 for x in v) for v in logs.values()) / df)
+  t = t_quantile(1.0 - (1.0 - level) / 2.0, df)
+  ref = logs[reference]
+  out = {}
+  for name, v in logs.items():
+    if name == reference:
+      continue
+    diff = statistics.fmean(v) - statistics.fmean(ref)
+    se = sd * math.sqrt(1.0 / len(v) + 1.0 / len(ref))
+    out[name] = {'ratio': math.exp(diff), 'low': math.exp(diff - t * se),
+                 'high': math.exp(diff + t * se),
+                 'p': t_p_value(diff / se, df) if se > 0 else (0.0 if diff else 1.0)}
+  for name, adjusted in zip(out, holm([r['p'] for r in out.values()])):
+    out[name]['p_holm'] = adjusted
+  return {'sd': sd, 'df': df, 'level': level, 'ratios': out}
+
+
+def beta_quantile(p: float, a: float, b: float) -> float:
+  """The `p` quantile of the Beta(a, b) distribution (its CDF, the regularized incomplete beta
+  function, inverted by bisection)."""
+  if not 0.0 < p < 1.0 or not (a > 0 and b > 0):
+    raise ValueError(f'beta_quantile needs 0 < p < 1 and a, b > 0, got {p}, {a}, {b}.')
+  low, high = 0.0, 1.0
+  for _ in range(200):
+    mid = 0.5 * (low + high)
+    if _incomplete_beta(a, b, mid) < p:
+      low = mid
+    else:
+      high = mid
+    if high - low < 1e-15:
+      break
+  return 0.5 * (low + high)
+
+
+def clopper_pearson(k: int, n: int, level: float = LEVEL) -> Dict:
+  """The exact (Clopper-Pearson) `level` interval of a proportion k / n: {'k', 'n', 'rate',
+  'low', 'high', 'level'} (conservative: it covers at least `level` for every true rate)."""
+  if not 0 <= k <= n or n < 1:
+    raise ValueError(f'clopper_pearson needs 0 <= k <= n and n >= 1, got {k}, {n}.')
+  alpha = 1.0 - level
+  low = 0.0 if k == 0 else beta_quantile(alpha / 2.0, k, n - k + 1)
+  high = 1.0 if k == n else beta_quantile(1.0 - alpha / 2.0, k + 1, n - k)
+  return {'k': k, 'n': n, 'rate': k / n, 'low': low, 'high': high, 'level': level}
+
+
+def clustered_mean_interval(values: Sequence[float], clusters: Sequence, level: float = LEVEL
+                            ) -> Dict:
+  """The mean of `values` (e.g. paired differences of two predictors' errors, one per point)
+  with a t-interval that counts each cluster (e.g. a task, whose points share a pilot) once:
+  the mean of the cluster means and their `mean_interval` (clusters - 1 degrees of freedom).
+  Beside it, ``point_low`` / ``point_high``: the interval treating every value as independent
+  (narrower, and optimistic when a cluster's values move together). {'mean', 'low', 'high',
+  'clusters', 'n', 'point_low', 'point_high', 'level'}; low / high None with one cluster."""
+  if len(values) != len(clusters) or not values:
+    raise ValueError('clustered_mean_interval needs one cluster per value, and values.')
+  by = {}
+  for v, c in zip(values, clusters):
+    by.setdefault(c, []).append(float(v))
+  means = [statistics.fmean(v) for v in by.values()]
+  clustered = mean_interval(means, level)
+  points = mean_interval([float(v) for v in values], level)
+  return {'mean': clustered['mean'], 'low': clustered['low'], 'high': clustered['high'],
+          'clusters': len(by), 'n': len(values), 'point_mean': points['mean'],
+          'point_low': points['low'], 'point_high': points['high'], 'level': level}
 
 
 def censored_summary(values: Sequence[Optional[float]], outcomes: Sequence[str],

@@ -16,8 +16,9 @@ seed): its directory ``runs/<name>``.
 A study preset is one config file, ``anp_jax/configs/study_<name>.py``: ``get_config()`` the
 run config every point starts from (its ``target_metric`` / ``target_value`` the target), and
 ``get_sweep()`` a dict with ``points`` (any iterable of (name, fields)), ``seeds``, ``lr_grid``,
-``lr_extensions``, ``tune`` and the time estimate's ``images_per_s`` / ``overhead_s``
-(`from_preset`).
+``lr_extensions``, ``tune``, the time estimate's ``images_per_s`` / ``overhead_s`` and an optional
+``registration`` (a JSON file the runner records before the first run and holds the study to:
+`anp_jax.research.registration`) (`from_preset`).
 Presets are plain config files (the core never imports ``anp_jax.research``).
 
 This module imports no JAX: reports and the planner read studies without it.
@@ -121,6 +122,9 @@ class Study:
   report: Optional[Callable] = None
   record_extra: Optional[Callable] = None
   fields_of_record: Optional[Callable] = None
+  # The study's registration file (repository-relative JSON: what it measures and how it is
+  # judged), recorded in --out before its first run (`anp_jax.research.registration`); '': none.
+  registration: str = ''
 
   def __post_init__(self):
     points = tuple((str(name), dict(fields)) for name, fields in self.points)
@@ -212,7 +216,7 @@ class Study:
 # Keys of a preset's get_sweep() dict and the Study fields they fill.
 PRESET_KEYS = ('points', 'seeds', 'lr_grid', 'lr_extensions', 'lr_factor', 'tune', 'metrics',
                'checkpoint_every_epochs', 'log_every_epochs', 'images_per_s', 'overhead_s',
-               'cpu_devices', 'title')
+               'cpu_devices', 'title', 'registration')
 
 
 def from_preset(kind: str, sweep: Mapping[str, Any], config, *, seeds=None, lr_grid=None,
@@ -233,8 +237,8 @@ def from_preset(kind: str, sweep: Mapping[str, Any], config, *, seeds=None, lr_g
               int(sweep.get('lr_extensions', 0) if lr_extensions is None else lr_extensions),
               float(sweep.get('lr_factor', 2.0)))
   other = {k: sweep[k] for k in ('tune', 'metrics', 'checkpoint_every_epochs', 'log_every_epochs',
-                                 'images_per_s', 'overhead_s', 'cpu_devices', 'title')
-           if k in sweep}
+                                 'images_per_s', 'overhead_s', 'cpu_devices', 'title',
+                                 'registration') if k in sweep}
   return Study(kind=kind, points=tuple(_pairs(sweep['points'])), target_metric=metric,
                target_value=value, seeds=tuple(sweep.get('seeds', (0,)) if seeds is None
                                                else seeds), lr=lr, **other)

@@ -5,7 +5,8 @@ study shares, and the command of any study preset (``experiments/study.py``).
   (``--preset NAME``, a variant ``NAME:VARIANT``) with ``--config.x=y`` overrides through
   ``ml_collections.config_flags``; bad input is a `StudyError`, exit 2.
 * `define_runner_flags`: ``--out``, ``--seeds``, the rate grid, ``--lr_extensions``, ``--ci``,
-  ``--cpu_devices``, ``--stop_at_target``, ``--dry_run``, ``--no_report``.
+  ``--cpu_devices``, ``--stop_at_target``, ``--dry_run``, ``--no_report``, ``--confirm_seeds``
+  (a fresh-seed confirmation of the chosen configurations, `runner.confirmation_study`).
 * `main`: a study preset ``anp_jax/configs/study_<name>.py`` (get_config() with its
   ``target_metric`` / ``target_value``, get_sweep() its points, seeds and rate grid) run by
   `anp_jax.research.runner.run_study`; `run_command` is the same for studies with their own
@@ -174,6 +175,9 @@ def define_runner_flags(fv, lr_flag: str = 'lr_grid'):
                     "preset config's stop_at_target.", flag_values=fv)
   define('bool', 'dry_run', 'Validate, print the runs and the time estimate; train nothing.')
   define('bool', 'no_report', 'Write the results but not the report.')
+  define('list', 'confirm_seeds', 'Fresh-seed confirmation of a finished study in --out: every '
+         'point at its chosen rate with these seeds (none the selection used), into '
+         f'--out/{runner.CONFIRMATION_DIR}/; the report shows them beside the selection.')
 
 
 def simulate_cpu_devices(n: int):
@@ -215,6 +219,10 @@ def resolve(argv: Sequence[str], doc: str = __doc__):
                       lr_grid=list_flag(fv, 'lr_grid', float), lr_extensions=fv.lr_extensions)
   if runner.stops_at_target(base, fv.stop_at_target) and base.eval_every_epochs <= 0:
     raise StudyError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
+  confirm = list_flag(fv, 'confirm_seeds', int)
+  if confirm:
+    study = runner.confirmation_study(study, out, confirm)
+    out = os.path.join(out, runner.CONFIRMATION_DIR)
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report,
                         user_fields=frozenset(keys),

@@ -3,6 +3,8 @@
 Reads ``points.json`` (statistics per point, `study_results.aggregate`), ``results.json`` (a
 row per run) and ``study.json`` (the study's settings) in ``DIR`` and writes, without JAX:
 
+* the registration (`registration.describe`: its hash and recorded time beside the first
+  run's, or that there is none);
 * the protocol: target, seeds, learning-rate grid and how a rate is chosen (on validation),
   which interval the figures carry (`stats.describe_method`), on which split they are published;
 * a table per point: its fields, chosen rate (marked at the edge of its grid, or none), the
@@ -22,7 +24,7 @@ import os
 from typing import List, Mapping, Optional, Sequence
 
 from anp_jax import plotting
-from anp_jax.research import stats, study_results
+from anp_jax.research import registration, stats, study_results
 
 
 def load(out_dir: str):
@@ -156,6 +158,52 @@ def grid_lines(points: Sequence[Mapping], rows: Sequence[Mapping]) -> List[str]:
   return lines
 
 
+def confirmation_section(out_dir: str, figures: Sequence, name: str = 'point') -> List[str]:
+  """The report's section putting a study's fresh-seed confirmation (``DIR/confirmation/``,
+  `runner.confirmation_study`) beside its selection: per point, each of ``figures`` ((title,
+  summary of a points.json entry, format, scale)) over the selection's seeds and over the
+  confirmation's. [] without a confirmation."""
+  path = os.path.join(out_dir, study_results.CONFIRMATION_DIR, 'points.json')
+  if not os.path.exists(path) or not os.path.exists(os.path.join(out_dir, 'points.json')):
+    return []
+  selection = {p['point']: p for p in study_results.read_json(os.path.join(out_dir,
+                                                                             'points.json'))}
+  confirmed = study_results.read_json(path)
+  seeds = sorted({s for p in confirmed for s in p.get('seed_list') or ()})
+  lines = ['## Fresh-seed confirmation', '',
+           f'Every {name} again at the configuration chosen on validation, with seeds {seeds} that '
+           f'chose nothing (`--confirm_seeds`, in `{study_results.CONFIRMATION_DIR}/`). The '
+           'selection\'s figures come from the runs that won the choice and lean towards it (the '
+           'winner\'s curse); the confirmation\'s do not: quote those.', '',
+           f'| {name} | chosen lr | ' + ' | '.join(f'{title}: selection | {title}: confirmation'
+                                                   for title, *_ in figures) + ' |',
+           '|---|---|' + '---|---|' * len(figures)]
+  for p in confirmed:
+    sel = selection.get(p['point'], {})
+    cells = []
+    for _, get, spec, scale in figures:
+      cells += [stats.format_summary(get(sel) if sel else None, spec, scale),
+                stats.format_summary(get(p), spec, scale)]
+    lines.append(f'| {p["point"]} | {p["lr"]:.3g} (x{p["lr_mult"]:g}) | ' + ' | '.join(cells)
+                 + ' |')
+  return lines + ['']
+
+
+def published(p: Mapping, key: str):
+  """A points.json entry's steps (``key`` 'steps_to_target') or examples on its published split
+  (test when evaluated)."""
+  if not p:
+    return None
+  return p.get('test_' + key) if p.get('published_split') == 'test' else p.get(key)
+
+
+def published_final(p: Mapping, metric: str = 'anp_top1'):
+  if not p:
+    return None
+  prefix = 'test/' if p.get('published_split') == 'test' else 'eval/'
+  return (p.get('final') or {}).get(prefix + metric)
+
+
 def make_report(out_dir: str) -> str:
   """Writes DIR/report.md and DIR/points.png; returns the report's path."""
   points, rows, settings = load(out_dir)
@@ -173,6 +221,7 @@ def make_report(out_dir: str) -> str:
               'the preset\'s base_lr' + (f', extended x2 beyond an edge choice at most '
                                          f'{settings["lr_extensions"]} time(s) per point.'
                                          if settings.get('lr_extensions') else '.'), '']
+  lines += [registration.describe(out_dir), '']
   p0 = points[0]
   lines += [
       f'Target: {p0["target_metric"]} >= {p0["target_value"]:g} on the validation split. The '
@@ -201,6 +250,9 @@ def make_report(out_dir: str) -> str:
                                    1 if m.endswith('loss') else 100) for m in metric_names]
     lines.append('| ' + ' | '.join(cells) + ' |')
   lines += ['', 'Accuracies in %; mean [95 % interval] over seeds.', '']
+  lines += confirmation_section(out_dir, (
+      ('steps to the target', lambda p: published(p, 'steps_to_target'), '.0f', 1.0),
+      ('final top-1 (%)', lambda p: published_final(p), '.1f', 100.0)))
   lines += ['## Learning-rate grid per point', ''] + grid_lines(points, rows) + ['']
   warnings = []
   edge = [f'{p["point"]} (x{p["lr_mult"]:g}, {"lowest" if p["lr_edge"] == "low" else "highest"})'

@@ -36,6 +36,8 @@ from anp_jax import metrics_io
 from anp_jax.research import eval_seam, stats
 
 RECORD_FILE = 'sweep_run.json'  # A run's record, written before it trains.
+# A study's fresh-seed confirmation (`runner.confirmation_study`): this subdirectory of its --out.
+CONFIRMATION_DIR = 'confirmation'
 FINAL_FILE = 'final_metrics.json'
 LATE_FRACTION = 0.6  # A crossing after this fraction of the budget leans on the schedule's end.
 

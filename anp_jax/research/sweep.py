@@ -76,6 +76,7 @@ class SweepPreset:
   lr_search: Tuple[float, ...] = (1.0,)
   lr_extensions: int = 0
   images_per_s_per_device: float = 0.0  # When images_per_s is 0: this x the job's devices.
+  registration: str = ''  # A registration file (`anp_jax.research.registration`); '': none.
 
   def throughput(self, devices: int) -> float:
     return self.images_per_s or self.images_per_s_per_device * devices
@@ -155,7 +156,7 @@ def parse_args(argv: Sequence[str], doc: str = __doc__):
       lr_search=study_cli.list_flag(fv, 'lr_search', float), lr_extensions=fv.lr_extensions,
       max_per_device_batch=fv.max_per_device_batch,
       checkpoint_every_epochs=fv.checkpoint_every_epochs, cpu_devices=fv.cpu_devices,
-      lr_from=fv.lr_from,
+      lr_from=fv.lr_from, confirm_seeds=study_cli.list_flag(fv, 'confirm_seeds', int),
       stop_at_target=fv.stop_at_target, dry_run=fv.dry_run, no_report=fv.no_report, ci=fv.ci)
   return args, config, overrides
 
@@ -193,6 +194,21 @@ def resolve(args, base, overrides) -> Sweep:
   seeds = preset.seeds if args.seeds is None else args.seeds
   mults = preset.lr_search if args.lr_search is None else args.lr_search
   extensions = preset.lr_extensions if args.lr_extensions is None else args.lr_extensions
+  out = study_cli.out_path(args.out)
+  if getattr(args, 'confirm_seeds', None):
+    # A fresh-seed confirmation: every point at the rate this sweep chose (its points.json, as
+    # --lr_from reads another's), with seeds none of its runs used, into --out/confirmation.
+    if args.lr_from or args.seeds is not None or args.lr_search is not None:
+      raise SweepError('--confirm_seeds reruns the rates chosen in --out with new seeds: drop '
+                       '--lr_from, --seeds and --lr_search.')
+    used = sorted({s for p in study_results.read_json(os.path.join(out, 'points.json'))
+                   for s in p.get('seed_list') or ()} & set(args.confirm_seeds)
+                  ) if os.path.exists(os.path.join(out, 'points.json')) else []
+    if used:
+      raise SweepError(f'--confirm_seeds {used}: seeds the selection runs used; a confirmation '
+                       'needs fresh ones.')
+    args.lr_from, seeds = out, args.confirm_seeds
+    out = os.path.join(out, study_results.CONFIRMATION_DIR)
   if getattr(args, 'lr_from', None):
     if args.lr_search is not None:
       raise SweepError('--lr_from takes each point\'s rate from another sweep; --lr_search '
@@ -229,7 +245,7 @@ def resolve(args, base, overrides) -> Sweep:
       args.checkpoint_every_epochs)
   if ckpt < 0:
     raise SweepError(f'--checkpoint_every_epochs must be >= 0, got {ckpt}.')
-  return Sweep(preset=args.preset, out=study_cli.out_path(args.out), base=base,
+  return Sweep(preset=args.preset, out=out, base=base,
                batch_sizes=sorted(set(batch_sizes)), arms=arms, seeds=_unique(seeds),
                lr=LrGrid(tuple(mults), int(extensions)), target_top1=float(target),
                max_per_device_batch=max_pd, checkpoint_every_epochs=ckpt,
@@ -430,7 +446,7 @@ def build_study(sw: Sweep, devices: int, preset: SweepPreset,
                overhead_s=preset.overhead_s, title='Batch-size sweep',
                summarize=lambda run_dir, record: summarize_run(run_dir, sw.target_top1, record),
                write=write_results, report=make_report, record_extra=record_extra,
-               fields_of_record=fields_of_record)
+               fields_of_record=fields_of_record, registration=preset.registration)
 
 
 def options(sw: Sweep, args, overrides, report: bool) -> runner.Options:

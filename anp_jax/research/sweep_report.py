@@ -32,7 +32,7 @@ import numpy as np
 from anp_jax import plotting  # numpy and matplotlib only; no JAX
 from anp_jax.metrics_io import read_metrics
 from anp_jax.research import planner as plan
-from anp_jax.research import stats, study_report, study_results
+from anp_jax.research import registration, stats, study_report, study_results
 
 # ----------------------------------------------------------------------------------------------
 # Reading runs.
@@ -518,6 +518,7 @@ def make_report(out_dir: str) -> str:
     lines += [f'Preset `{meta.get("preset")}`, {meta.get("devices")} device(s), '
               f'{meta.get("epochs")} epochs per run, model `{meta.get("model")}` at '
               f'{meta.get("image_size")} px on `{meta.get("dataset")}`.', '']
+  lines += [registration.describe(out_dir), '']
   lines += [f'{len(rows)} runs (' + ', '.join(f'{n} {s}' for s, n in sorted(status.items())) +
             f'), seeds {seeds}; target ANP top-1 {100 * target:g} % on validation.' +
             (' Learning rates were searched: each batch size is shown at the rate chosen on '
@@ -615,7 +616,14 @@ def make_report(out_dir: str) -> str:
              _with_interval(fit['ratio'], ci.get('ratio'), '.2f') if fit['valid'] else '—']
     lines.append(f'| {arm_label(*arm)} | {fit["points"]} | {" | ".join(cells)} | '
                  f'{fit["note"]} |')
-  lines += ['', '## Training curves', '', '![curves](training_curves.png)', '']
+  lines += [''] + study_report.confirmation_section(out_dir, (
+      ('steps to the target', lambda p: study_report.published(p, 'steps_to_target'), '.0f',
+       1.0),
+      ('examples to the target', lambda p: study_report.published(p, 'examples_to_target'),
+       ',.0f', 1.0),
+      ('final top-1 (%)', lambda p: study_report.published_final(p), '.1f', 100.0)),
+      name='batch size (point)')
+  lines += ['## Training curves', '', '![curves](training_curves.png)', '']
   bad = [r for r in rows if r['status'] != 'finished']
   if bad:
     lines += ['## Runs that did not finish', '']

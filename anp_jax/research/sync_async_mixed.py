@@ -48,7 +48,7 @@ from absl import flags
 
 from anp_jax import cli, metrics_io, plotting, reporting
 from anp_jax.research import perfmodel as pm
-from anp_jax.research import runner, stats, study_cli, study_results
+from anp_jax.research import registration, runner, stats, study_cli, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError
 
 ANP_TRAIN_IMAGES = pm.MUSA2_TRAIN_IMAGES  # MUSA2's published training split (docs/references.md).
@@ -88,6 +88,7 @@ class Preset:
   # 'mixed': '', 'cpu_devices': '4'}). Every part writes into the same --out; the last one's
   # results and summary cover every arm there.
   parts: Sequence[Dict[str, str]] = ()
+  registration: str = ''  # A registration file (`anp_jax.research.registration`); '': none.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +264,10 @@ class Experiment:
   cpu_devices: int
   opts: runner.Options
   device_batch: int = 0
+  # A fresh-seed confirmation of the study in selection_out (`runner.confirmation_study`): its
+  # opts.out is selection_out/confirmation.
+  confirm_seeds: Sequence[int] = ()
+  selection_out: str = ''
 
   def fields(self, spec: RunSpec) -> Dict[str, Any]:
     """The config fields of an arm's runs: its method's, and its examples per update on the
@@ -324,6 +329,14 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
   mults = study_cli.list_flag(fv, 'lr_grid', float)
   lr = LrGrid(tuple(preset.lr_grid if mults is None else mults), int(extensions))
   seeds = study_cli.list_flag(fv, 'seeds', int)
+  confirm = study_cli.list_flag(fv, 'confirm_seeds', int) or []
+  selection_out = ''
+  if confirm:
+    if seeds is not None or mults is not None:
+      raise ExperimentError('--confirm_seeds reruns the rates chosen in --out with new seeds: '
+                            'drop --seeds and --lr_grid.')
+    selection_out, out = out, os.path.join(out, study_results.CONFIRMATION_DIR)
+    seeds, lr = confirm, LrGrid((1.0,), 0)
   target = preset.target_top1 if fv.target_top1 is None else fv.target_top1
   if not 0.0 < target <= 1.0:
     raise ExperimentError(f'--target_top1={target} is an unreachable target: top-1 accuracy is '
@@ -339,14 +352,15 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
                     lr=lr, seeds=list(preset.seeds if seeds is None else seeds),
                     target_top1=float(target), sync_devices=sync_devices,
                     cpu_devices=preset.cpu_devices if fv.cpu_devices is None else fv.cpu_devices,
-                    opts=opts, device_batch=device_batch)
+                    opts=opts, device_batch=device_batch, confirm_seeds=tuple(confirm),
+                    selection_out=selection_out)
 
 
 def study(ex: Experiment) -> Study:
   """The experiment as a runner study: one point per arm. Its results read every run in the
   directory (arms trained by other invocations too, e.g. the local-SGD arms on other devices:
   the runner refuses runs there trained with other settings)."""
-  return Study(kind=PREFIX, points=tuple((a.name, ex.fields(a)) for a in ex.arms),
+  st = Study(kind=PREFIX, points=tuple((a.name, ex.fields(a)) for a in ex.arms),
                target_value=ex.target_top1, seeds=tuple(ex.seeds), lr=ex.lr,
                metrics=('anp_top1', 'loss'), run_name=run_name, checkpoint_every_epochs=1.0,
                # At least 4 training-log records per epoch.
@@ -355,7 +369,10 @@ def study(ex: Experiment) -> Study:
                title='Sync vs simulated async and mixed-asynchronous vs local SGD',
                summarize=lambda run_dir, record: summarize(ex, run_dir, record),
                write=lambda out, rows, points: write_results(ex, rows, points),
-               report=lambda out: write_summary(ex))
+               report=lambda out: write_summary(ex), registration=ex.preset.registration)
+  if ex.confirm_seeds:
+    st = runner.confirmation_study(st, ex.selection_out, ex.confirm_seeds)
+  return st
 
 
 def plan_runs(ex: Experiment, devices: int):
@@ -564,6 +581,123 @@ def noise_floor(arms: Sequence[Dict]) -> List[Dict]:
   return out
 
 
+def multiple_comparisons(compared: Sequence[Dict], arms: Sequence[Dict],
+                         grid_rows: Sequence[Dict], reference: str = 'sync') -> List[Dict]:
+  """The arm-against-sync ratios of `comparisons` as one family: each Welch p-value adjusted by
+  Holm over the family (`stats.holm`), each interval at the Bonferroni level that makes them
+  hold together (`stats.simultaneous_level`), and the alternative model with one pooled
+  variance of log examples over every arm (`stats.pooled_log_ratios`: more degrees of freedom,
+  on the assumption that every arm's seeds spread alike; each arm's CV beside it says how far
+  that holds)."""
+  family = [c for c in compared if c['examples_ratio']]
+  if not family:
+    return []
+  by = {a['name']: a for a in arms}
+  ref_runs = chosen_runs(by[reference], grid_rows)
+  key = _split(ref_runs) + 'examples_to_target'
+  values = {reference: [g[key] for g in ref_runs]}
+  for c in family:
+    values[c['arm']] = [g[key] for g in chosen_runs(by[c['arm']], grid_rows)]
+  level = stats.simultaneous_level(stats.LEVEL, len(family))
+  holm = stats.holm([c['examples_ratio']['p'] for c in family])
+  pooled = stats.pooled_log_ratios(values, reference)
+  out = []
+  for c, adjusted in zip(family, holm):
+    v = values[c['arm']]
+    spread = stats.spread(v) if len(v) > 1 else None
+    out.append({'arm': c['arm'], 'ratio': c['examples_ratio'], 'p': c['examples_ratio']['p'],
+                'p_holm': adjusted,
+                'simultaneous': stats.ratio_interval(v, values[reference], level),
+                'pooled': pooled['ratios'][c['arm']], 'cv': spread and spread['cv']})
+  return [{'family': len(family), 'level': level, 'pooled_sd': pooled['sd'],
+           'pooled_df': pooled['df'], 'reference_cv': stats.spread(values[reference])['cv']
+           if len(values[reference]) > 1 else None}] + out
+
+
+def multiplicity_lines(compared: Sequence[Dict], arms: Sequence[Dict],
+                       grid_rows: Sequence[Dict]) -> List[str]:
+  """The summary's section on the arms compared with sync as one family (see
+  `multiple_comparisons`)."""
+  rows = multiple_comparisons(compared, arms, grid_rows)
+  if not rows:
+    return []
+  head, rows = rows[0], rows[1:]
+  fmt = lambda r: f'{r["ratio"]:.2f} [{r["low"]:.2f}, {r["high"]:.2f}]'
+  lines = ['## The arms against sync as one family', '',
+           f'The {head["family"]} ratios above are {head["family"]} comparisons: each alone at '
+           '95 %, some would exclude 1 by chance. Two corrections: Holm\'s step-down '
+           'adjustment of the Welch p-values, with intervals at the Bonferroni level '
+           f'{100 * head["level"]:.2f} % that hold together; and one model with a pooled '
+           f'variance of log examples over every arm (SD {head["pooled_sd"]:.3f}, '
+           f'{head["pooled_df"]} degrees of freedom; ratios of geometric means), which assumes '
+           'every arm\'s seeds spread alike: each arm\'s CV of examples is beside it (sync\'s: '
+           + (f'{100 * head["reference_cv"]:.0f} %' if head['reference_cv'] is not None else '—')
+           + ').', '',
+           '| arm | ratio [95 %] | p (Welch) | p (Holm) | simultaneous interval | pooled-variance '
+           'ratio [95 %] | p (pooled, Holm) | CV |', '|---|---|---|---|---|---|---|---|']
+  for r in rows:
+    lines.append(f'| {r["arm"]} | {fmt(r["ratio"])} | {r["p"]:.3f} | {r["p_holm"]:.3f} | '
+                 f'[{r["simultaneous"]["low"]:.2f}, {r["simultaneous"]["high"]:.2f}] | '
+                 f'{fmt(r["pooled"])} | {r["pooled"]["p_holm"]:.3f} | '
+                 + ('—' if r['cv'] is None else f'{100 * r["cv"]:.0f} %') + ' |')
+  return lines + ['']
+
+
+def confirmation_lines(out: str) -> List[str]:
+  """A fresh-seed confirmation (``out/confirmation``) beside the selection: per arm its
+  examples to the target and final top-1 over both sets of seeds, and each arm against sync on
+  the confirmation runs alone (figures from runs that chose nothing). [] without one."""
+  from anp_jax.research import study_report
+  lines = study_report.confirmation_section(out, (
+      ('examples to the target', lambda p: study_report.published(p, 'examples_to_target'),
+       ',.0f', 1.0),
+      ('final top-1 (%)', lambda p: study_report.published_final(p), '.1f', 100.0)), name='arm')
+  confirmed = os.path.join(out, study_results.CONFIRMATION_DIR)
+  if not lines or not os.path.exists(os.path.join(confirmed, 'grid.json')):
+    return lines
+  rows = study_results.read_json(os.path.join(confirmed, 'results.json'))
+  grid = study_results.read_json(os.path.join(confirmed, 'grid.json'))
+  compared = comparisons(rows, grid)
+  if compared:
+    lines += ['Each arm against sync on the confirmation runs (ratio of mean examples to the '
+              'target, 95 % interval):', '', '| arm | examples to target / sync |', '|---|---|']
+    lines += [f'| {c["arm"]} | ' + (_interval(c['examples_ratio'], 'ratio', '.2f')
+                                    if c['examples_ratio'] else 'censored') + ' |'
+              for c in compared]
+    lines += [''] + multiplicity_lines(compared, rows, grid)
+  return lines
+
+
+def _replace_flag(argv: Sequence[str], name: str, value: Optional[str]) -> List[str]:
+  """``argv`` with flag ``--name`` (``--name X`` or ``--name=X``) set to ``value``, or dropped
+  when ``value`` is None."""
+  out, skip = [], False
+  for i, a in enumerate(argv):
+    if skip:
+      skip = False
+      continue
+    if a == f'--{name}':
+      skip = True
+      continue
+    if a.startswith(f'--{name}='):
+      continue
+    out.append(a)
+  return out + ([f'--{name}={value}'] if value is not None else [])
+
+
+def rewrite_summary(out: str) -> str:
+  """Writes ``out/summary.md`` again from its results (no training): the experiment as its last
+  recorded invocation resolved it (``study.json``), in this directory (a ``confirmation/``
+  directory as the confirmation of its parent)."""
+  out = os.path.normpath(out)
+  invocation = study_results.read_json(os.path.join(out, 'study.json'))['invocations'][-1]
+  confirming = os.path.basename(out) == study_results.CONFIRMATION_DIR
+  argv = _replace_flag(invocation['argv'], 'out', os.path.dirname(out) if confirming else out)
+  if not confirming:
+    argv = _replace_flag(argv, 'confirm_seeds', None)
+  return write_summary(resolve(argv + list(invocation.get('overrides', []))))
+
+
 def _interval(x: Optional[Dict], key: str, spec: str, scale: float = 1.0) -> str:
   if x is None:
     return '—'
@@ -600,7 +734,7 @@ def write_summary(ex: Experiment) -> str:
            ('Cluster size: every arm on ' + f'{sizes[0]} devices.' if len(sizes) == 1 else
             'Cluster sizes differ between arms (' + ', '.join(
                 f'{r["name"]}: {r["devices"]}' for r in rows) + ' devices): compare with care.'),
-           '',
+           '', registration.describe(ex.out), '',
            f'Learning rate per arm: base lr x {{{grid_text}}}, chosen on validation: a rate with '
            'a diverged seed is never chosen; among the others, the fewest mean examples to '
            f'{100 * ex.target_top1:g} % ANP top-1 (interpolated first crossing) over seeds that '
@@ -660,6 +794,10 @@ def write_summary(ex: Experiment) -> str:
     lines += ['', 'Every arm\'s chosen rate is interior to its grid (a neighbour on each side was '
               'tried and did worse or diverged).']
   compared = comparisons(rows, grid_rows) if several else []
+  if ex.confirm_seeds:
+    lines += ['This is the fresh-seed confirmation of the study in '
+              f'`{ex.selection_out}`: every arm at the rate chosen there, seeds {ex.seeds} '
+              '(none of the selection\'s).', '']
   if compared:
     epoch = compared[0]['epoch']
     lines += ['', '## Each arm against sync, both at their own chosen rate', '',
@@ -676,14 +814,18 @@ def write_summary(ex: Experiment) -> str:
       lines.append(f'| {c["arm"]} | {c["staleness_examples"] or 0:,.0f} | '
                    + (_interval(ratio, 'ratio', '.2f') if ratio else 'censored: see above')
                    + f' | {_interval(c["top1_difference"], "diff", "+.1f", 100)} |')
+  if compared:
+    lines += [''] + multiplicity_lines(compared, rows, grid_rows)
   floor = noise_floor(rows) if several else []
   if floor:
     lines += ['', '## Noise floor: seed-to-seed spread at each arm\'s chosen rate', '',
               f'The same configuration with another seed (initialisation, data order, '
               f'augmentation): standard deviation over seeds ({split} split), its coefficient of '
-              'variation, and the smallest difference between two such means (as many seeds '
-              'each) that a 95 % interval separates from 0; a difference in the tables above '
-              'smaller than that is within the noise.', '',
+              'variation, and the smallest true difference between two such means (as many '
+              'seeds each) that a 95 % interval separates from 0 with 80 % power '
+              '(`stats.detectable_difference`; the interval\'s half-width, detected half the '
+              'time, is 1/1.34 of it at 3 + 3 seeds); a difference in the tables above smaller '
+              'than that is within the noise.', '',
               '| arm | seeds | examples to target: SD (CV); detectable | final top-1: SD; '
               'detectable (points) |', '|---|---|---|---|']
     for f in floor:
@@ -695,6 +837,7 @@ def write_summary(ex: Experiment) -> str:
              f'{ex_["sd"]:,.0f} ({100 * ex_["cv"]:.0f} %); {ex_["detectable"]:,.0f}')
           + ' | ' + ('— (a seed diverged)' if t1 is None else
                      f'{100 * t1["sd"]:.2f}; {100 * t1["detectable"]:.1f}') + ' |')
+  lines += [''] + confirmation_lines(ex.out)
   lines += ['', '![accuracy vs epochs](accuracy_vs_epochs.png)',
             '![accuracy vs predicted time](accuracy_vs_time.png)', '']
   path = os.path.join(ex.out, 'summary.md')

@@ -53,9 +53,10 @@ cli.define_positive_ints('batches', None, 'Global batch sizes (default: the pilo
 flags.DEFINE_string('methods', 'sync,mixed', f'Comma-separated, of {planner.PLAN_METHODS}.')
 cli.define_positive_ints('sync_periods', [4], 'H for local_sgd.')
 flags.DEFINE_string('penalty_results',
-                    os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_unmapped_cpu',
-                                 'results.json'),
-                    'sync_async_mixed.py results.json for the asynchrony penalty.')
+                    os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_cpu'),
+                    'The mapped sync/async/mixed study directory for the asynchrony and local-SGD '
+                    'penalties (examples relative to sync at the same global batch, 3 seeds, '
+                    'tuned arms), or an unmapped results.json (the earlier form).')
 flags.DEFINE_string('workload', 'resnet50', f'{sorted(pm.WORKLOADS)}, or "pilot" (the pilot '
                     "model's FLOPs from XLA).")
 flags.DEFINE_integer('dataset_size', pm.MUSA2_TRAIN_IMAGES, 'Training images (for epoch times; '

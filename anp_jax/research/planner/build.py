@@ -10,7 +10,7 @@ from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.inputs import (DEFAULT_METRIC, load_pilot, load_sweep, pilot_dirs,
                                              read_rows, workload_for)
-from anp_jax.research.planner.penalty import convergence_penalty
+from anp_jax.research.planner.penalty import convergence_penalty, mapped_penalty
 from anp_jax.research.planner.steps_model import VALIDATED_RATIOS
 from anp_jax.research.planner.time_to_target import Plan, make_plan
 
@@ -29,8 +29,11 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
   ``pilot``: a pilot run's workdir, or several seeds of one configuration (a list, or
   comma-separated in one string).
 
-  ``penalty_results``: the sync/async/mixed results.json the asynchrony penalty is fitted to
-  (needed when ``methods`` names anything but sync). Raises `PlanError` on bad input.
+  ``penalty_results``: the mapped sync/async/mixed study directory the asynchrony and local-SGD
+  penalties come from (`penalty.mapped_penalty`; default on the command line: the committed
+  `experiments/results/sync_async_mixed_cpu/`), or an unmapped results.json (the earlier
+  censored-slope form, `penalty.convergence_penalty`); needed when ``methods`` names anything
+  but sync. Raises `PlanError` on bad input.
   """
   if (pilot is None) == (sweep is None):
     raise PlanError('Give one of --pilot (a pilot run) or --sweep (a sweep directory).')
@@ -54,8 +57,11 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
   if any(m != 'sync' for m in method_list):
     if not penalty_results or not os.path.exists(penalty_results):
       raise PlanError(f'--penalty_results {penalty_results!r} does not exist.')
-    rows = read_rows(penalty_results, 'penalty', f'--penalty_results {penalty_results}')
-    penalties = convergence_penalty(rows)
+    if os.path.isdir(penalty_results):  # The mapped study: examples relative to sync.
+      penalties = mapped_penalty(penalty_results)
+    else:  # An unmapped results.json, given explicitly (the withdrawn study's form).
+      rows = read_rows(penalty_results, 'penalty', f'--penalty_results {penalty_results}')
+      penalties = convergence_penalty(rows)
   the_cluster, counts = load_cluster(cluster)
   counts = nodes or counts
   if any(n > the_cluster.nodes or n < 1 for n in counts):

@@ -14,7 +14,7 @@ from anp_jax.metrics_io import read_metrics, target_crossing
 from anp_jax.research import eval_seam
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner.budget import Budget
-from anp_jax.research.planner import steps_model
+from anp_jax.research.planner import default_predictor, predictors, steps_model
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.steps_model import (StepsModel, log_sd_over_seeds, pilot_model,
                                                   sweep_arm, sweep_model, sweep_points)
@@ -37,6 +37,7 @@ class PilotRun:
   b_noise: float  # B_simple over the window up to the crossing.
   windows: List[float]  # B_simple of sub-windows of that window.
   late: Optional[float]  # B_simple over the second half of the run (as the sweep reports it).
+  near: Optional[float] = None  # B_simple of the last of the sub-windows: near the crossing.
 
 
 def pilot_dirs(pilot) -> List[str]:
@@ -79,9 +80,10 @@ def read_pilot(workdir: str, metric: str, target: float, windows: int) -> PilotR
         "grad_accum_steps > 1) and bn_mode='ghost' or 'per_device', logging often enough "
         '(config.log_every_steps) to have records before the target.')
   last = max(r['step'] for r in records)
-  return PilotRun(workdir, config, records, end, b_noise,
-                  [b for b in noise_scale.b_simple_windows(records, windows, -math.inf, end) if b],
-                  noise_scale.window_b_simple(records, last / 2, last))
+  parts = noise_scale.b_simple_windows(records, windows, -math.inf, end)
+  return PilotRun(workdir, config, records, end, b_noise, [b for b in parts if b],
+                  noise_scale.window_b_simple(records, last / 2, last),
+                  parts[-1] if parts else None)
 
 
 def flat_config(config) -> Dict[str, object]:
@@ -117,7 +119,9 @@ def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
 
 def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = None,
                windows: int = 4, b_crit_factor: Optional[float] = None,
-               factor_log_sd: float = 0.0, factor_tasks: int = 0) -> StepsModel:
+               factor_log_sd: float = 0.0, factor_tasks: int = 0,
+               predictor: Optional[str] = None,
+               parameters: Optional[Dict] = None) -> StepsModel:
   """The steps model of one pilot run's workdir, or of several seeds of one configuration, or
   of that configuration at several batch sizes (seeds each): then S_min and B_crit are fitted to
   the batches' mean steps (`steps_model.multi_batch_pilot_model`; no factor, and
@@ -135,10 +139,12 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   (``config.method`` 'sync'; runs recorded before the field existed were): the model's steps
   are synchronous updates, to which the plan adds the asynchrony penalty itself.
 
-  ``b_crit_factor``: B_crit / B_noise; None takes `steps_model.B_CRIT_FACTOR` with its
-  uncertainty (calibrated on held-out tasks); a given value (1: McCandlish et al.'s B_crit ~
-  B_noise) is taken as exact unless ``factor_log_sd`` (its log-sd over ``factor_tasks``
-  calibration tasks) comes with it.
+  ``b_crit_factor``: B_crit / B_noise; a given value (1: McCandlish et al.'s B_crit ~ B_noise)
+  is taken as exact unless ``factor_log_sd`` (its log-sd over ``factor_tasks`` calibration
+  tasks) comes with it. Without it, ``predictor`` (one of `predictors.PREDICTORS`, default the
+  planner's `default_predictor.DEFAULT`) with ``parameters`` (default: the calibrated ones)
+  makes the model (`predictors.build`); the default's note says how it compared with the
+  baselines on held-out tasks.
   """
   dirs = pilot_dirs(pilot)
   for workdir in dirs:
@@ -172,24 +178,41 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
   if train_size:
     fields['budget'] = Budget.from_config(config, train_size)
   names = ', '.join(os.path.basename(os.path.normpath(d)) for d in dirs)
+  steps, b_noise = sum(crossings) / len(runs), sum(r.b_noise for r in runs) / len(runs)
+  windows_all = [b for r in runs for b in r.windows]
   if b_crit_factor is None:
-    fields.update(b_crit_factor=steps_model.B_CRIT_FACTOR,
-                  factor_log_sd=steps_model.B_CRIT_FACTOR_LOG_SD,
-                  factor_tasks=steps_model.B_CRIT_FACTOR_TASKS)
-    factor_source = steps_model.B_CRIT_FACTOR_SOURCE
-  elif factor_log_sd:
-    fields.update(b_crit_factor=b_crit_factor, factor_log_sd=factor_log_sd,
-                  factor_tasks=factor_tasks)
-    factor_source = (f'given: {b_crit_factor:.4g}, log-sd {factor_log_sd:.3g} over '
-                     f'{factor_tasks} tasks')
+    kind = predictor or default_predictor.DEFAULT['predictor']
+    near = [r.near for r in runs if r.near]
+    model = predictors.build(kind, batch, steps, b_noise, windows_all,
+                             sum(near) / len(near) if len(near) == len(runs) else None,
+                             parameters, source=f'pilot {names}', **fields)
+    if kind in ('factor', 'near_crossing') and parameters is None:
+      model.notes['b_crit_factor_source'] = (
+          steps_model.B_CRIT_FACTOR_SOURCE if kind == 'factor' else
+          f'B_crit / B_simple near the crossing fitted on '
+          f'{default_predictor.DEFAULT["calibration"]}')
+    elif kind == 'factor':
+      model.notes['b_crit_factor_source'] = (
+          f'given: {model.b_crit_factor:.4g}, log-sd {model.factor_log_sd:.3g} over '
+          f'{model.factor_tasks} tasks')
+    if predictor is None and parameters is None:
+      model.notes['default_heldout'] = default_predictor.DEFAULT['heldout']
   else:
-    fields['b_crit_factor'] = b_crit_factor
-    factor_source = f'--b_crit_factor {b_crit_factor:g}, taken as exact'
-  model = pilot_model(batch, sum(crossings) / len(runs),
-                      sum(r.b_noise for r in runs) / len(runs),
-                      [b for r in runs for b in r.windows], source=f'pilot {names}', **fields)
-  model.notes['b_crit_factor_source'] = factor_source
+    if factor_log_sd:
+      fields.update(b_crit_factor=b_crit_factor, factor_log_sd=factor_log_sd,
+                    factor_tasks=factor_tasks)
+      factor_source = (f'given: {b_crit_factor:.4g}, log-sd {factor_log_sd:.3g} over '
+                       f'{factor_tasks} tasks')
+    else:
+      fields['b_crit_factor'] = b_crit_factor
+      factor_source = f'--b_crit_factor {b_crit_factor:g}, taken as exact'
+    model = pilot_model(batch, steps, b_noise, windows_all, source=f'pilot {names}', **fields)
+    model.notes['b_crit_factor_source'] = factor_source
+    model.notes['predictor'] = 'pollux' if b_crit_factor == 1.0 and not factor_log_sd else 'factor'
   late = [r.late for r in runs if r.late]
+  near = [r.near for r in runs if r.near]
+  if len(near) == len(runs):
+    model.notes.setdefault('b_simple_near', sum(near) / len(near))
   model.notes.update(metric=metric, target=target, target_source=target_source,
                      b_simple_window=f'steps up to the target crossing')
   if late:

@@ -43,25 +43,48 @@ def describe_model(plan: Plan) -> List[str]:
         ' (given)'))
   elif m.notes.get('b_crit_factor_source'):
     factor = f'; B_crit = B_noise ({m.notes["b_crit_factor_source"]})'
-  noise = (f'B_crit fitted to the pilots\' mean steps at {len(m.fit_points)} batch sizes'
-           if m.fit_points else f'B_noise {m.b_noise:.4g}')
-  lines.append(f'Steps model ({m.source}): S(B) = {m.s_min:.4g} (1 + {m.b_crit:.4g} / B), '
-               f'E_min = {m.e_min:.4g} examples; {noise}'
+  kind = m.notes.get('predictor')
+  if m.fit_points:
+    noise = f'B_crit fitted to the pilots\' mean steps at {len(m.fit_points)} batch sizes'
+  elif kind == 'constant':
+    noise = (f'B_crit a constant {m.b_crit:.4g} fitted on calibration tasks (the pilot\'s noise '
+             'scale is not used)')
+    window = factor = spread = ''
+  elif kind in ('power_law', 'perfect'):
+    noise = ('perfect scaling through the pilot\'s steps (no noise scale, no parameter)'
+             if kind == 'perfect' else
+             'a power law fitted on calibration tasks through the pilot\'s steps (no noise '
+             'scale)')
+    window = factor = spread = ''
+  elif kind == 'near_crossing':
+    noise = f'B_simple {m.b_noise:.4g} over the last quarter of the window up to the crossing'
+    window = ''
+  else:
+    noise = f'B_noise {m.b_noise:.4g}'
+  lines.append(f'Steps model ({m.source}): {m.form()}; {noise}'
                + (f' over the {window}' if window else '') + spread
                + (f'; the late window (second half of the run) gives {late:.4g}' if late else '')
                + factor + '.')
+  if m.notes.get('default_heldout'):
+    from anp_jax.research.planner.predictors import NAMES
+    lines.append(f'Default predictor: {NAMES.get(kind, kind)}. {m.notes["default_heldout"]}')
   shown = {k: v for k, v in m.notes.items()
            if k not in ('metric', 'target', 'target_source', 'b_simple_window',
-                        'b_crit_factor_source')}
+                        'b_crit_factor_source', 'predictor', 'predictor_parameters',
+                        'default_heldout')}
   if shown:
     lines.append('Estimates: ' + ', '.join(f'{k} = {v:.4g}' if isinstance(v, float) else
                                             f'{k} = {v}' for k, v in shown.items()) + '.')
   lines.append(
       f'Band: an approximate {100 * BAND_LEVEL:.0f} % prediction interval of one run\'s steps '
       f'(log-normal): B_noise\'s uncertainty ('
-      + {'windows': 'the sub-windows\' spread', 'jackknife': 'the jackknife of the fit',
-         'fit': 'none apart: B_crit is fitted to the pilots\' batch sizes'}.get(m.spread, m.spread)
-      + ('), the B_crit / B_noise factor\'s (as a new task\'s' if m.factor_log_sd else '')
+      + ('none: no noise scale enters' if kind in ('constant', 'power_law', 'perfect') else
+         {'windows': 'the sub-windows\' spread', 'jackknife': 'the jackknife of the fit',
+          'fit': 'none apart: B_crit is fitted to the pilots\' batch sizes'}.get(m.spread,
+                                                                                 m.spread))
+      + ((f'), the calibrated parameter\'s over its {m.factor_tasks} tasks (as a new task\'s'
+          if kind in ('constant', 'power_law') else
+          '), the B_crit / B_noise factor\'s (as a new task\'s') if m.factor_log_sd else '')
       + f'), the run-to-run spread ({m.seed_source})'
       + (f' of the run and of the {m.anchor_runs:g} pilot run(s) it is anchored on'
          if math.isfinite(m.anchor_runs) else
@@ -84,6 +107,14 @@ def describe_model(plan: Plan) -> List[str]:
                'whether each configuration reaches the target within its run is not checked.')
   for kind, p in plan.penalties.items():
     x = 'mean staleness' if kind == 'async' else '(H - 1)'
+    if getattr(p, 'reference', None) == 'global_batch':
+      lines.append(f'Convergence penalty {kind}: {p.ratio:.3g} [{p.low:.3g}, {p.high:.3g}] (95 % '
+                   f'interval) x the examples synchronous SGD needs at the same global batch, '
+                   f'over {x} {p.measured[0]:g}-{p.measured[1]:g} (no ordering by it measured; '
+                   f'per arm: ' + ', '.join(f'{a["arm"]} {a["ratio"]:.2f} [{a["low"]:.2f}, '
+                                            f'{a["high"]:.2f}]' for a in p.arms)
+                   + f'; {p.seeds} seeds of sync; {p.source}).')
+      continue
     loo = {}
     for r in p.leave_one_out:
       if not r['censored']:

@@ -1,6 +1,15 @@
 """Asynchrony: the convergence penalty of stale gradients and infrequent averaging.
 
-Extra updates to the target, a factor 1 + alpha·(mean staleness) for asynchronous SGD and
+The planner's default (`mapped_penalty`, `MappedPenalty`): the mapped sync/async/mixed study
+(`experiments/results/sync_async_mixed_cpu/`: every arm with the examples per update and the
+staleness it has on the 16-K80 cluster, each at its own tuned rate, 3 seeds): an asynchronous
+or mixed arm needs ``ratio`` times the examples synchronous SGD needs at the same global batch,
+with the ratio's 95 % interval; local SGD likewise. No ordering by staleness is supported there,
+so one ratio holds over the measured staleness.
+
+The earlier form (`convergence_penalty`, only for a results.json given explicitly: the
+withdrawn one-seed unmapped study feeds no default):
+extra updates to the target, a factor 1 + alpha·(mean staleness) for asynchronous SGD and
 1 + beta·(H − 1) for local SGD averaging every H steps, fitted to the epochs each arm of the
 sync/async/mixed experiment needed to reach accuracy levels the synchronous arm reached. An arm
 that never reached a level is censored: its factor is only bounded from below, and the fit
@@ -8,6 +17,7 @@ treats it so (`censored_slope`).
 """
 
 import dataclasses
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from anp_jax.research.planner.errors import PlanError
@@ -163,4 +173,135 @@ def convergence_penalty(results: Sequence[Dict], levels: Sequence[float] = (0.3,
           bounds.append((float(x), budget / e_sync, frac))
     if arms:
       out[kind] = fit_penalty(points, bounds, levels)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The mapped study's penalty: examples to the target relative to sync on the same cluster.
+
+# The arms whose ratio the planner's asynchronous and local-SGD rows take: plain momentum and a
+# plain rate, as the planner's methods train (compensated momentum and staleness-aware rates are
+# variants the plan does not model).
+MAPPED_KINDS = {'async': ('async', 'mixed'), 'local_sgd': ('local_sgd',)}
+
+
+@dataclasses.dataclass
+class MappedPenalty:
+  """The cost of asynchrony (or of local SGD's infrequent averaging) as the mapped
+  sync/async/mixed study measures it: an arm on the cluster needs ``ratio`` times the examples
+  to the target that synchronous SGD needs **at the same global batch** (workers x their batch),
+  each arm at its own tuned rate, 3 seeds. ``low`` / ``high``: its 95 % interval (Welch, delta
+  method on the log scale, `stats.ratio_interval` of the pooled arms' seeds against sync's);
+  ``log_sd`` the log-sd that interval implies, which joins the band. The study shows no ordering
+  by staleness (or H), so one ratio holds over the measured range ``measured`` (mean staleness
+  in updates, or H - 1); beyond it a row is extrapolated, and at 0 (one worker, or averaging
+  every step: synchronous SGD) the factor is 1. ``arms``: each arm's own ratio and
+  interval. ``reference`` 'global_batch': `time_to_target.plan_row` scales the steps model at
+  the row's global batch, not at its update batch."""
+  kind: str
+  ratio: float
+  low: float
+  high: float
+  log_sd: float
+  measured: Tuple[float, float]
+  arms: List[Dict]
+  source: str
+  seeds: int
+  reference: str = 'global_batch'
+
+  def factor(self, x: float) -> Tuple[float, float, float]:
+    """(ratio, low, high) at staleness (or H - 1) ``x``; 1 at x = 0: one worker, or
+    averaging every step, is synchronous SGD."""
+    if x <= 0:
+      return 1.0, 1.0, 1.0
+    return self.ratio, self.low, self.high
+
+  def log_var(self, x: float) -> float:
+    """The variance of the log ratio the band adds at ``x`` (none at x = 0)."""
+    return self.log_sd ** 2 if x > 0 else 0.0
+
+  @property
+  def measured_x(self) -> Tuple[float, float]:
+    return self.measured
+
+  def covers(self, x: float) -> bool:
+    lo, hi = self.measured
+    return lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)
+
+
+def _chosen_seeds(arm: Dict, grid: Sequence[Dict], key: str) -> Optional[List[float]]:
+  """An arm's ``key`` (examples to the target) over the seeds of its chosen rate; None unless
+  every one of them reached the target."""
+  if not arm.get('lr_chosen'):
+    return None
+  values = [g.get(key) for g in grid
+            if g.get('arm') == arm['name'] and float(g['lr_mult']) == float(arm['lr_mult'])]
+  return values if values and None not in values else None
+
+
+def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
+  """The asynchrony and local-SGD penalties of a mapped sync/async/mixed study directory
+  (``results.json``: one record per arm at its chosen rate; ``grid.json``: every run). When the
+  directory holds a fresh-seed confirmation of the chosen rates (``confirmation/``, the same
+  files), its runs are used instead: figures from runs that did not choose the rates. Figures on
+  the test split when every run evaluated it, else validation. Arms whose seeds did not all reach
+  the target are left out (and named)."""
+  import json
+  import os
+  from anp_jax.research import stats
+  confirmed = os.path.join(study_dir, 'confirmation')
+  use = confirmed if os.path.exists(os.path.join(confirmed, 'grid.json')) else study_dir
+  try:
+    with open(os.path.join(use, 'results.json')) as f:
+      arms = json.load(f)
+    with open(os.path.join(use, 'grid.json')) as f:
+      grid = json.load(f)
+  except (OSError, ValueError) as e:
+    raise PlanError(f'--penalty_results {study_dir}: not a mapped sync/async/mixed study '
+                    f'directory ({e}).') from None
+  if not isinstance(arms, list) or not all('staleness' in a and 'lr_chosen' in a for a in arms):
+    raise PlanError(f'--penalty_results {study_dir}: its results.json holds no mapped '
+                    'sync/async/mixed arms (experiments/sync_async_mixed.py with seeds).')
+  test = all(g.get('has_test') for g in grid)
+  key = ('test_' if test else '') + 'examples_to_target'
+  sync = next((a for a in arms if a['method'] == 'sync'), None)
+  ref = _chosen_seeds(sync, grid, key) if sync else None
+  if ref is None:
+    raise PlanError(f'--penalty_results {study_dir}: no synchronous arm whose seeds all reached '
+                    'the target to compare with.')
+  which = 'fresh-seed confirmation runs' if use == confirmed else 'the runs that chose the rates'
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))))
+  shown = os.path.abspath(study_dir)
+  shown = os.path.relpath(shown, root) if shown.startswith(root + os.sep) else study_dir
+  out = {}
+  for kind, methods in MAPPED_KINDS.items():
+    members, pooled, left_out = [], [], []
+    for a in arms:
+      if (a['method'] not in methods or a.get('aware') or a.get('compensate')
+          or (kind == 'local_sgd' and a['sync_every'] <= 1)):
+        continue
+      values = _chosen_seeds(a, grid, key)
+      if values is None:
+        left_out.append(a['name'])
+        continue
+      x = float(a['staleness']) if kind == 'async' else float(a['sync_every'] - 1)
+      r = stats.ratio_interval(values, ref)
+      members.append({'arm': a['name'], 'x': x, 'ratio': r['ratio'], 'low': r['low'],
+                      'high': r['high'], 'seeds': len(values)})
+      pooled += values
+    if not members:
+      continue
+    r = stats.ratio_interval(pooled, ref)
+    t = stats.t_quantile(0.975, r['df']) if r['df'] else 1.96
+    xs = [m['x'] for m in members]
+    out[kind] = MappedPenalty(
+        kind=kind, ratio=r['ratio'], low=r['low'], high=r['high'],
+        log_sd=math.log(r['high'] / r['low']) / (2 * t) if r['low'] else 0.0,
+        measured=(min(xs), max(xs)), arms=members,
+        source=(f'{shown}: {", ".join(m["arm"] for m in members)} against sync at the same '
+                f'global batch, {"test" if test else "validation"} examples to the target, '
+                f'{which}' + (f'; left out (a seed missed): {", ".join(left_out)}'
+                              if left_out else '')),
+        seeds=len(ref))
   return out

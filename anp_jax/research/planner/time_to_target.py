@@ -98,9 +98,12 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
              sync_period: int = 1, **predict_kwargs) -> Row:
   """Predicted steps and time to target of one configuration (ValueError if it cannot run).
 
-  Steps: the steps model at the batch of one update, times the convergence penalty (asynchrony:
-  its mean staleness; local SGD on more than one node: H − 1). The band adds the penalty's
-  range to the steps model's variance (`StepsModel.band_width`).
+  Steps: with the mapped study's penalty (`penalty.MappedPenalty`, the default), synchronous
+  SGD's examples at the row's global batch times the penalty's ratio, in updates of the row's
+  update batch (asynchrony: any mean staleness, flagged outside the measured range; local SGD
+  on more than one node). With an explicitly given unmapped penalty (`penalty.Penalty`), the
+  steps model at the batch of one update times 1 + slope x (staleness or H − 1). The band adds
+  the penalty's uncertainty to the steps model's variance (`StepsModel.band_width`).
   """
   c = cluster.resized(nodes=nodes)
   devices = c.num_devices
@@ -127,14 +130,22 @@ def plan_row(model: StepsModel, penalties: Dict[str, Penalty], cluster: pm.Clust
     x = sync_period - 1
     seconds_per_update = p.step_time
   factor = pen.factor(x) if pen else (1.0, 1.0, 1.0)
+  what = 'mean staleness' if method in ('async', 'mixed') else 'H − 1'
+  mapped = getattr(pen, 'reference', None) == 'global_batch'
   if pen and x > pen.measured_x[1] * (1 + 1e-9):
-    what = 'mean staleness' if method in ('async', 'mixed') else 'H − 1'
     extrapolated.append(f'{what} {x:.3g} beyond the measured {pen.measured_x[1]:g}')
-  outside = model.extrapolation(update_batch)
+  elif mapped and 0 < x < pen.measured_x[0] * (1 - 1e-9):
+    extrapolated.append(f'{what} {x:.3g} below the measured {pen.measured_x[0]:g}')
+  # A mapped penalty is relative to synchronous SGD at the row's global batch (what the study
+  # measured: the same cluster, sync against async): the steps model is read there, and its
+  # examples are spread over updates of update_batch examples each.
+  model_batch = global_batch if mapped else update_batch
+  outside = model.extrapolation(model_batch)
   if outside:
     extrapolated.insert(0, outside)
-  central = model.central(update_batch) * factor[0]
-  width = model.band_width(update_batch, extra_log_var=_log_sd_of_range(factor) ** 2)
+  central = model.central(model_batch) * model_batch / update_batch * factor[0]
+  extra = pen.log_var(x) if mapped else _log_sd_of_range(factor) ** 2
+  width = model.band_width(model_batch, extra_log_var=extra)
   steps = (central, central * math.exp(-width), central * math.exp(width))
   budget_steps, fraction, status = feasibility(model.budget, central, update_batch)
   time = steps[0] * seconds_per_update

@@ -1,5 +1,7 @@
 """The planner's validation against committed measurements: the computations behind
-``experiments/plan_validation.py`` (which reads the results, calls these and writes the report).
+``experiments/plan_validation.py`` and ``experiments/plan_validation_heldout.py`` (which read the
+results, call these and write the reports). No JAX at import (`trainer_mismatch` imports the
+setup when it runs).
 
 * `validate_pilot` / `validate_model`: steps to target at every batch predicted from one run (or
   any steps model), against a sweep's measured steps;
@@ -10,8 +12,12 @@
 * `trainer_mismatch`: whether a committed pilot's recorded sizes are what today's trainer
   computes for its config (a pilot of an earlier trainer is no evidence about this one);
 * `heldout_task`, `pooled_score`, `feasibility_check`: the held-out tasks' studies (preset
-  ``study_plan_validation``) scored: errors out of sample, band coverage, budget flags;
-  `calibrate_factor`: the B_crit / B_noise factor from tasks' fits.
+  ``study_plan_validation``) scored with every predictor and baseline (`planner.predictors`):
+  errors out of sample, points where seeds missed as bounds, band coverage, budget flags;
+  `calibrate_parameters` / `calibration_parameters`: the predictors' parameters from
+  calibration tasks' fits (leaving each calibration task out when it is scored);
+  `paired_comparison`: two predictors point by point, over tasks; `apply_rule`: a
+  registration's decision rule on the scored tasks.
 """
 
 import json
@@ -27,11 +33,11 @@ from anp_jax.research import eval_seam, stats
 from anp_jax.research import perfmodel as pm
 from anp_jax.research.planner import (PlanError, StepsModel, convergence_penalty,
                                       epochs_to_level, feasibility, fit_steps_to_target,
-                                      load_pilot,
-                                      penalty_kind, pilot_model, pilot_train_size, plan_row,
-                                      run_record, score_predictions)
-from anp_jax.research.planner import steps_model
-from anp_jax.research.planner.inputs import DEFAULT_METRIC, chosen_metric, recorded_target
+                                      load_pilot, penalty_kind, pilot_model, pilot_train_size,
+                                      plan_row, run_record, score_predictions)
+from anp_jax.research.planner import predictors, scoring, steps_model
+from anp_jax.research.planner.inputs import (DEFAULT_METRIC, chosen_metric, read_pilot,
+                                             recorded_target)
 
 
 def validate_pilot(points: Dict[int, Dict], pilot_batch: int) -> List[Dict]:
@@ -161,9 +167,9 @@ PILOT_PREFIX = 'pilot_'  # The study's point whose seeds are the planner's pilot
 
 
 def calibrate_factor(pairs: Sequence[Sequence[float]]) -> Dict:
-  """B_crit / B_noise from tasks' (fitted B_crit, pilot B_noise) pairs: the geometric mean of the
-  ratios (``factor``), their log-sd (``log_sd``, None from one task) and ``tasks``; `steps_model.
-  B_CRIT_FACTOR` is this over the committed tasks a, b, c."""
+  """A ratio from tasks' (fitted B_crit, pilot noise scale) pairs: the geometric mean of the
+  ratios (``factor``), their log-sd (``log_sd``, None from one task) and ``tasks``; the planner's
+  `B_CRIT_FACTOR` is this over the committed tasks a-f (`default_predictor`)."""
   ratios = [b_crit / b_noise for b_crit, b_noise in pairs]
   if not ratios or min(ratios) <= 0:
     raise ValueError(f'calibrate_factor needs positive ratios, got {ratios}.')
@@ -185,35 +191,100 @@ def task_factor_pair(task: Dict, diagnostics: Dict) -> Sequence[float]:
   return _fitted_b_crit(task['study'], diagnostics), task['seeds']['model']['b_noise']
 
 
-def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[Dict],
-                        metric=None, target=None):
-  """Per study, the factor it is scored with (None: the planner's default; a calibration task:
-  the other calibration tasks' `calibrate_factor`), and the check of the default against all
-  the calibration tasks (None without any)."""
-  # The pilot's measured B_noise does not depend on the factor: read it once, unscored.
-  pairs = {d: (_fitted_b_crit(d, g),
-               load_pilot(pilot_runs(d)[2], metric, target, b_crit_factor=1.0).b_noise)
-           for d, g in zip(dirs, diagnostics) if d in calibration}
+def task_calibration(study_dir: str, diagnostics: Dict, metric=None, target=None) -> Dict:
+  """What a calibration task gives the predictors' parameters: its fitted B_crit (on its
+  measured means, `task_diagnostics`), its pilot's B_noise (window up to the crossing, mean over
+  the seeds) and B_simple near the crossing (the last quarter of that window), and the slope
+  of log steps against log batch through its pilot (least squares over its complete points)."""
+  model = load_pilot(pilot_runs(study_dir)[2], metric, target, b_crit_factor=1.0)
+  runs = [read_pilot(d, model.notes['metric'], model.notes['target'], 4)
+          for d in pilot_runs(study_dir)[2]]
+  near = [r.near for r in runs]
+  means = {int(b): m for b, m in diagnostics['measured'].items()}
+  b0 = int(model.notes['pilot_batch'])
+  if b0 not in means:
+    raise ValueError(f'{study_dir}: the pilot\'s own point has no mean: no power-law slope.')
+  xy = [(math.log(b / b0), math.log(m / means[b0])) for b, m in means.items() if b != b0]
+  return {'study': study_dir, 'b_crit': _fitted_b_crit(study_dir, diagnostics),
+          'b_noise': model.b_noise,
+          'b_near': statistics.mean(near) if None not in near else None,
+          'alpha': -sum(x * y for x, y in xy) / sum(x * x for x, _ in xy), 'points': xy}
+
+
+def _log_spread(values: Sequence[float]) -> Dict:
+  logs = [math.log(v) for v in values]
+  return {'log_sd': statistics.stdev(logs) if len(logs) > 1 else None, 'tasks': len(logs)}
+
+
+def calibrate_parameters(tasks: Sequence[Dict]) -> Dict:
+  """Every predictor's parameters from calibration tasks (`task_calibration`): ``factor``
+  (B_crit / B_noise: geometric mean, log-sd), ``near_crossing`` (B_crit / B_simple near the
+  crossing, alike), ``constant`` (the geometric mean of the fitted B_crit, its log-sd),
+  ``power_law`` (alpha: least squares through the pilots of all the tasks' log steps against log
+  batch; ``sd``: of the tasks' own slopes), ``pollux`` and ``perfect`` (none). Each with the
+  values it came from."""
+  if not tasks:
+    raise ValueError('calibrate_parameters needs at least one calibration task.')
+  names = [os.path.basename(os.path.normpath(t['study'])) for t in tasks]
+  out = {'pollux': {}, 'perfect': {}}
+  f = calibrate_factor([(t['b_crit'], t['b_noise']) for t in tasks])
+  out['factor'] = {'factor': f['factor'], 'log_sd': f['log_sd'], 'tasks': f['tasks'],
+                   'values': dict(zip(names, f['ratios']))}
+  if all(t['b_near'] for t in tasks):
+    n = calibrate_factor([(t['b_crit'], t['b_near']) for t in tasks])
+    out['near_crossing'] = {'factor': n['factor'], 'log_sd': n['log_sd'], 'tasks': n['tasks'],
+                            'values': dict(zip(names, n['ratios']))}
+  crit = [t['b_crit'] for t in tasks]
+  out['constant'] = {'b_crit': math.exp(statistics.mean(math.log(c) for c in crit)),
+                     **_log_spread(crit), 'values': dict(zip(names, crit))}
+  xy = [p for t in tasks for p in t['points']]
+  slopes = [t['alpha'] for t in tasks]
+  out['power_law'] = {'alpha': -sum(x * y for x, y in xy) / sum(x * x for x, _ in xy),
+                      'sd': statistics.stdev(slopes) if len(slopes) > 1 else None,
+                      'tasks': len(slopes), 'values': dict(zip(names, slopes))}
+  return out
+
+
+def calibration_parameters(dirs: Sequence[str], calibration, diagnostics: Sequence[Dict],
+                           metric=None, target=None):
+  """Per study, the predictors' parameters it is scored with (None: the planner's
+  `default_predictor` ones, when no calibration task is given; a calibration task: those of the
+  *other* calibration tasks; any other task: those of all of them), and the parameters of all
+  the calibration tasks with the check of the planner's factor against them (None without
+  any)."""
+  cal = {d: task_calibration(d, g, metric, target)
+         for d, g in zip(dirs, diagnostics) if d in calibration}
   out = {}
+  everything = calibrate_parameters(list(cal.values())) if cal else None
   for d in dirs:
     if d not in calibration:
-      out[d] = None
+      out[d] = everything
       continue
-    others = [p for o, p in pairs.items() if o != d]
+    others = [c for o, c in cal.items() if o != d]
     if not others:
       raise ValueError(f'--calibration {d}: leaving it out leaves no task to calibrate on.')
-    out[d] = calibrate_factor(others)
+    out[d] = calibrate_parameters(others)
   check = None
-  if pairs:
-    c = calibrate_factor(list(pairs.values()))
-    check = dict(c, default=steps_model.B_CRIT_FACTOR,
+  if everything:
+    f = everything['factor']
+    check = dict(factor=f['factor'], log_sd=f['log_sd'], tasks=f['tasks'],
+                 ratios=list(f['values'].values()), default=steps_model.B_CRIT_FACTOR,
                  default_log_sd=steps_model.B_CRIT_FACTOR_LOG_SD,
                  default_tasks=steps_model.B_CRIT_FACTOR_TASKS,
-                 matches=(round(c['factor'], 3) == steps_model.B_CRIT_FACTOR
-                          and c['log_sd'] is not None
-                          and round(c['log_sd'], 4) == steps_model.B_CRIT_FACTOR_LOG_SD
-                          and c['tasks'] == steps_model.B_CRIT_FACTOR_TASKS))
+                 matches=(round(f['factor'], 3) == round(steps_model.B_CRIT_FACTOR, 3)
+                          and f['log_sd'] is not None
+                          and round(f['log_sd'], 3) == round(steps_model.B_CRIT_FACTOR_LOG_SD, 3)
+                          and f['tasks'] == steps_model.B_CRIT_FACTOR_TASKS),
+                 parameters=everything)
   return out, check
+
+
+def calibration_factors(dirs: Sequence[str], calibration, diagnostics: Sequence[Dict],
+                        metric=None, target=None):
+  """`calibration_parameters` with each study's B_crit / B_noise factor alone ({'factor',
+  'log_sd', 'tasks'}, None: the planner's default) and the check."""
+  params, check = calibration_parameters(dirs, calibration, diagnostics, metric, target)
+  return {d: None if p is None else p['factor'] for d, p in params.items()}, check
 
 
 def _study(study_dir: str):
@@ -250,29 +321,54 @@ def pilot_runs(study_dir: str):
 TWO_BATCH_RATIO = 4
 
 
+# The predictions scored per task: label -> (predictor, the pilot: 'seeds' all of its seeds,
+# 'first' its first seed alone). 'two_batch' (pilots at B0 and 4 B0) is scored beside them.
+LABELS = {'seeds': ('factor', 'seeds'), 'one_seed': ('factor', 'first'),
+          'uncorrected': ('pollux', 'seeds'), 'near_crossing': ('near_crossing', 'seeds'),
+          'constant': ('constant', 'seeds'), 'power_law': ('power_law', 'seeds'),
+          'perfect': ('perfect', 'seeds')}
+# The label of each predictor scored from all the pilot's seeds.
+PREDICTOR_LABEL = {predictor: label for label, (predictor, pilot) in LABELS.items()
+                   if pilot == 'seeds'}
+
+
+def _summary(model) -> Dict:
+  return {'predictor': model.notes.get('predictor'), 's_min': model.s_min,
+          'b_noise': model.b_noise, 'b_crit': model.b_crit,
+          'b_crit_factor': model.b_crit_factor, 'factor_log_sd': model.factor_log_sd,
+          'alpha': getattr(model, 'alpha', None), 'form': model.form(),
+          'seed_log_sd': model.seed_log_sd, 'seed_source': model.seed_source,
+          'target': model.notes['target'], 'metric': model.notes['metric'],
+          'b_simple_late': model.notes.get('b_simple_late'),
+          'b_simple_near': model.notes.get('b_simple_near')}
+
+
 def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validation',
-                 factor: Optional[Dict] = None) -> Dict:
-  """The planner's predictions for one held-out task's study against its measured points.
+                 factor: Optional[Dict] = None, parameters: Optional[Dict] = None) -> Dict:
+  """Every predictor's predictions for one held-out task's study against its measured points.
 
   The pilot is the point named ``pilot_...`` (all its seeds; the first seed alone as the
   one-run pilot too); every point's steps to the target are predicted at its batch with the
   band for the mean of its seeds, and scored out of sample (the pilot's batch not counted, up
-  to 8x it). A point whose seeds did not all reach the target has no measured mean: it is
-  listed with its counts beside the prediction's share of its budget and flag.
+  to 8x it; `planner.score_predictions`). A point whose seeds did not all reach the target has
+  no mean: it is scored as a bound (its mean is at least the lower bound, each miss counted at
+  its budget), with the prediction's share of its budget and flag beside it.
 
   ``split``: 'validation' scores the pilot's recorded target (or `metric` / `target`) against
   the points' validation steps; 'test' the same target value on the test split: the pilot's
   test crossing predicts the points' test steps (the split the studies publish; the runs
   stopped at the later of both crossings, so both are measured).
 
-  ``factor``: B_crit / B_noise as {'factor', 'log_sd', 'tasks'} (e.g. from `calibrate_factor`
-  on other tasks); None: the planner's default (`steps_model.B_CRIT_FACTOR`). Three pilots are
-  scored: ``seeds`` (all the pilot's seeds, this factor: the headline), ``one_seed`` (its first
-  seed alone) and ``uncorrected`` (all seeds, B_crit = B_noise: the planner before the factor).
-  A fourth, ``two_batch``, is the planner given pilots at two batch sizes: every seed of the
-  pilot and of the point at `TWO_BATCH_RATIO` x its batch (S_min and B_crit fitted, no factor),
-  scored on the other points; where the planner refuses that pair (a seed of the second batch
-  missed the target) it holds the reason (``unavailable``) and no scored points.
+  ``parameters``: every predictor's calibrated parameters (`calibrate_parameters`, e.g. on other
+  tasks); None: the planner's (`default_predictor`). ``factor`` ({'factor', 'log_sd', 'tasks'})
+  replaces the factor's. Scored (`LABELS`): ``seeds`` (B_crit = k x B_noise from all the pilot's
+  seeds: the planner), ``one_seed`` (its first seed alone), ``uncorrected`` (B_crit = B_noise:
+  Pollux / AdaptDL's model), ``near_crossing`` (k' x B_simple near the crossing) and the
+  baselines ``constant``, ``power_law``, ``perfect``; and ``two_batch``: pilots at two batch
+  sizes, every seed of the pilot and of the point at `TWO_BATCH_RATIO` x its batch (S_min and
+  B_crit fitted, no factor), scored on the other points; where the planner refuses that pair (a
+  seed of the second batch missed the target) it holds the reason (``unavailable``) and no
+  scored points.
   """
   if split not in ('validation', 'test'):
     raise ValueError(f'split must be validation or test, got {split!r}.')
@@ -289,15 +385,22 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
     if any(p.get(key) is None for p in points):
       raise ValueError(f'{study_dir}: a point has no test-split steps (its runs evaluated no '
                        'test split): score it on validation.')
+  params = {k: predictors.parameters_of(k, (parameters or {}).get(k))
+            for k in predictors.PREDICTORS}
+  if factor is not None:
+    params['factor'] = {'factor': factor['factor'], 'log_sd': factor['log_sd'] or 0.0,
+                        'tasks': factor['tasks']}
   out = {'study': study_dir, 'pilot_batch': b0, 'pilot_runs': [r['name'] for r in runs],
-         'split': split}
-  given = {} if factor is None else {'b_crit_factor': factor['factor'],
-                                     'factor_log_sd': factor['log_sd'] or 0.0,
-                                     'factor_tasks': factor['tasks']}
-  out['factor'] = factor
-  models = [('seeds', load_pilot(dirs, metric, target, **given), [b0]),
-            ('one_seed', load_pilot(dirs[:1], metric, target, **given), [b0]),
-            ('uncorrected', load_pilot(dirs, metric, target, b_crit_factor=1.0), [b0])]
+         'split': split, 'factor': factor, 'parameters': params}
+  models = []
+  for label, (kind, which) in LABELS.items():
+    try:
+      model = load_pilot(dirs if which == 'seeds' else dirs[:1], metric, target,
+                         predictor=kind, parameters=params[kind])
+    except PlanError as e:
+      out[label] = {'unavailable': str(e), 'pilot_batches': [b0], 'score': {'rows': []}}
+      continue
+    models.append((label, model, [b0]))
   second = TWO_BATCH_RATIO * b0
   second_point = next((p for p in points if int(p['fields']['batch_size']) == second), None)
   second_dirs = _chosen_runs(study_dir, rows, second_point)[1] if second_point else []
@@ -319,16 +422,11 @@ def heldout_task(study_dir: str, metric=None, target=None, split: str = 'validat
           'measured': s['mean'] if s['kind'] == 'complete' else None,
           'measured_low': s.get('low'), 'measured_high': s.get('high'), 'seeds': s['n'],
           'reached': s['reached'], 'missed': s['missed'], 'diverged': s['diverged'],
-          'lower_bound': s.get('lower_bound'), 'late_crossings': p.get('late_crossings', 0),
+          'lower_bound': s.get('lower_bound') if s['kind'] == 'censored' else None,
+          'late_crossings': p.get('late_crossings', 0),
           'budget_share': share, 'feasibility': flag,
           'extrapolated': model.extrapolation(batch)})
-    out[label] = {'model': {'s_min': model.s_min, 'b_noise': model.b_noise,
-                            'b_crit': model.b_crit, 'b_crit_factor': model.b_crit_factor,
-                            'factor_log_sd': model.factor_log_sd,
-                            'seed_log_sd': model.seed_log_sd, 'seed_source': model.seed_source,
-                            'target': model.notes['target'], 'metric': model.notes['metric'],
-                            'b_simple_late': model.notes.get('b_simple_late')},
-                  'pilot_batches': in_sample,
+    out[label] = {'model': _summary(model), 'pilot_batches': in_sample,
                   'score': score_predictions(predicted, in_sample=in_sample, max_batch=8 * b0)}
   return out
 
@@ -403,23 +501,106 @@ def feasibility_check(rows: Sequence[Dict]) -> Dict:
                                      and not (r['missed'] or r['diverged']) for r in rows)}
 
 
-# The held-out validation's targets (issue: the planner on tasks it has not seen).
+# The held-out validation's targets (issue 35: the planner on tasks it has not seen).
 HELDOUT_TARGETS = {'median_abs_error': 0.15, 'max_abs_error': 0.30, 'coverage': 0.80}
 
 
 def pooled_score(tasks: Sequence[Dict], label: str = 'seeds') -> Dict:
-  """The counted (out-of-sample) points of every task together: errors, coverage, targets met."""
-  counted = [r for t in tasks for r in t[label]['score']['rows'] if r['counted']]
+  """The counted (out-of-sample) points of every task together, points where seeds missed
+  counted as bounds (`planner.scoring.summarize`): errors, coverage with its Clopper-Pearson
+  interval, budget flags, and the targets, each met only where the bounds show it (a median
+  whose every censored |error| could be 100 %, every point within 30 % with none undetermined,
+  coverage over the points whose inclusion is known and the undetermined ones)."""
+  rows = [r for t in tasks if label in t for r in t[label]['score']['rows']]
+  counted = [r for r in rows if r['counted']]
   unavailable = [os.path.basename(os.path.normpath(t['study'])) for t in tasks
-                 if t[label].get('unavailable')]
-  errors = sorted(abs(r['error']) for r in counted)
-  banded = [r for r in counted if r['inside'] is not None]
-  out = {'n': len(counted),
-         'median_abs_error': statistics.median(errors) if errors else None,
-         'max_abs_error': max(errors) if errors else None,
-         'coverage': sum(r['inside'] for r in banded) / len(banded) if banded else None,
-         'feasibility': feasibility_check([r for t in tasks for r in t[label]['score']['rows']]),
-         'unavailable': unavailable}
-  out['targets_met'] = {k: out[k] is not None and (out[k] >= v if k == 'coverage' else out[k] <= v)
-                        for k, v in HELDOUT_TARGETS.items()}
+                 if t.get(label, {}).get('unavailable')]
+  out = scoring.summarize(counted)
+  out.update(feasibility=feasibility_check(rows), unavailable=unavailable)
+  strict = scoring.summarize(counted, HELDOUT_TARGETS['max_abs_error'])
+  known = out['banded'] + out['undetermined_band']
+  out['targets_met'] = {
+      'median_abs_error': (out['median_abs_error_high'] is not None
+                           and out['median_abs_error_high'] <= HELDOUT_TARGETS['median_abs_error']),
+      'max_abs_error': strict['every_within'] is True,
+      'coverage': bool(known) and out['inside'] / known >= HELDOUT_TARGETS['coverage']}
+  out['every_within_30'] = strict['every_within']
   return out
+
+
+def paired_comparison(tasks: Sequence[Dict], label: str, baseline: str) -> Optional[Dict]:
+  """``label`` against ``baseline`` point by point: |error| of the baseline minus |error| of
+  ``label`` (positive: ``label`` closer) over the points where both are counted and measured
+  (a bound has no difference), its mean with a 95 % t-interval over tasks (each task's points
+  share a pilot: a task counts once; `stats.clustered_mean_interval`) and, beside it, over
+  points. None without a common point."""
+  diffs, clusters = [], []
+  for t in tasks:
+    if label not in t or baseline not in t:
+      continue
+    a = {r['batch']: r for r in t[label]['score']['rows']
+         if r['counted'] and r['error'] is not None}
+    b = {r['batch']: r for r in t[baseline]['score']['rows']
+         if r['counted'] and r['error'] is not None}
+    for batch in sorted(set(a) & set(b)):
+      diffs.append(b[batch]['abs_error'] - a[batch]['abs_error'])
+      clusters.append(t['study'])
+  if not diffs:
+    return None
+  out = stats.clustered_mean_interval(diffs, clusters)
+  out.update(label=label, baseline=baseline, better=sum(d > 0 for d in diffs),
+             worse=sum(d < 0 for d in diffs))
+  return out
+
+
+def _better(a: Dict, b: Dict) -> bool:
+  """Whether pooled score ``a`` ranks before ``b`` by the registered order: median |error|
+  (bounds included), then the worst."""
+  return (a['median_abs_error'], a['max_abs_error']) < (b['median_abs_error'],
+                                                       b['max_abs_error'])
+
+
+def apply_rule(tasks: Sequence[Dict], rule: Dict) -> Dict:
+  """A registration's decision rule applied to scored held-out tasks (`heldout_task`, the
+  registered split): which predictor becomes the planner's default, and why.
+
+  ``rule``: ``candidates`` (predictors, `predictors.PREDICTORS`), ``tie`` (medians closer than
+  this are tied: the worst |error| decides, then `predictors.SIMPLICITY`), ``noise_free``
+  (the baselines), ``require_paired_win`` (a predictor that reads the noise scale becomes the
+  default only if its paired comparison against the best baseline, over tasks, lies above 0;
+  else the best baseline does). Returns {'ranking': [(predictor, pooled score)], 'best',
+  'best_baseline', 'paired' (the best against the best baseline), 'winner', 'reason'}."""
+  candidates = [k for k in rule['candidates'] if k in PREDICTOR_LABEL]
+  pooled = {k: pooled_score(tasks, PREDICTOR_LABEL[k]) for k in candidates}
+  pooled = {k: p for k, p in pooled.items() if p['n']}
+  tie = float(rule.get('tie', 0.0))
+  order = predictors.SIMPLICITY
+
+  def key(k):
+    p = pooled[k]
+    return (round(p['median_abs_error'] / tie) if tie else p['median_abs_error'],
+            p['max_abs_error'], order.index(k))
+  ranking = sorted(pooled, key=key)
+  if not ranking:
+    raise ValueError('No candidate predictor has a scored point.')
+  best = ranking[0]
+  baselines = [k for k in ranking if k in rule.get('noise_free', predictors.NOISE_FREE)]
+  best_baseline = baselines[0] if baselines else None
+  paired = None
+  winner, reason = best, f'{best} ranks first by median |error| (bounds counted)'
+  if best_baseline and best != best_baseline:
+    paired = paired_comparison(tasks, PREDICTOR_LABEL[best], PREDICTOR_LABEL[best_baseline])
+    if rule.get('require_paired_win', True) and not (paired and paired['low'] is not None
+                                                     and paired['low'] > 0):
+      winner = best_baseline
+      reason = (f'{best} ranks first, but its paired advantage over the best baseline '
+                f'({best_baseline}) is not shown (95 % interval over tasks '
+                + ('none' if not paired or paired['low'] is None else
+                   f'{100 * paired["low"]:+.1f} to {100 * paired["high"]:+.1f} points')
+                + f'): the simpler {best_baseline} becomes the default')
+    else:
+      reason += (f', and beats the best baseline ({best_baseline}) point by point: '
+                 f'{100 * paired["low"]:+.1f} to {100 * paired["high"]:+.1f} points of |error| '
+                 'over tasks')
+  return {'ranking': [(k, pooled[k]) for k in ranking], 'best': best,
+          'best_baseline': best_baseline, 'paired': paired, 'winner': winner, 'reason': reason}
