@@ -182,7 +182,7 @@ class Checkpointer:
         # bound, 1200 s, is not the user's to set).
         async_options=ocp.AsyncOptions(timeout_secs=distributed.barrier_timeout_s()),
         create=not read_only)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.manager = self._listed(lambda: ocp.CheckpointManager(self.directory, options=options))
     # A reader restores through a handler of its own, not the manager (see `_restore_state`).
     self._reader = ocp.PyTreeCheckpointHandler() if read_only else None
     self.best_directory = os.path.join(workdir, 'checkpoints_best')
@@ -335,7 +335,7 @@ class Checkpointer:
     processes' listings would otherwise make them choose different steps. (The training job
     holds the workdir: its list, read when the manager was made, cannot change.)"""
     if self.read_only:
-      self.manager.reload()
+      self._reload()
     steps = sorted(self.manager.all_steps(), reverse=True)
     if self.read_only and self._several_processes():
       steps = json.loads(distributed.exchange('checkpoint_steps', json.dumps(steps),
@@ -400,9 +400,35 @@ class Checkpointer:
     itself: nothing removes its checkpoints."""
     if not self.read_only:
       return False
-    self.manager.reload()
+    self._reload()
     now = self.manager.all_steps()
     return step not in now or max(now, default=-1) > max(listed)
+
+  def _reload(self) -> None:
+    """A reader's fresh listing of the checkpoints (`_listed`)."""
+    self._listed(self.manager.reload)
+
+  def _listed(self, list_steps):
+    """`list_steps()` (orbax listing the checkpoints: making the manager, `reload`). orbax's
+    listing reads each step's files, so a step the training job deletes meanwhile fails it
+    (FileNotFoundError): for a reader that is the writer moving on, and the listing is taken
+    again, at most `READ_ATTEMPTS` times. The training job's own listing is never retried."""
+    if not self.read_only:
+      return list_steps()
+    for attempt in range(READ_ATTEMPTS):
+      try:
+        return list_steps()
+      except FileNotFoundError as e:
+        gone = e
+        if attempt + 1 < READ_ATTEMPTS:
+          reporting.say(f'{self.directory} changed while this evaluation listed it ({e.filename} '
+                        'was removed: a job training there deletes its older checkpoints); '
+                        f'listing it again (attempt {attempt + 2} of {READ_ATTEMPTS}).')
+    raise FileNotFoundError(
+        f'{self.directory} changed while this evaluation listed it, {READ_ATTEMPTS} times in a '
+        f'row (last: {gone.filename} removed): a job training in the workdir deletes its older '
+        'checkpoints (config.keep_checkpoints) faster than this evaluation lists them. Nothing '
+        'was changed; evaluate again, or once that run has ended or keeps more checkpoints.')
 
   def _removed_anywhere(self, removed: Optional[int]) -> List[int]:
     """The steps that the processes of this job found removed in this pass (`removed`: this

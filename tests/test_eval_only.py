@@ -142,6 +142,40 @@ def test_a_checkpoint_removed_while_its_arrays_are_restored_is_listed_again(data
   assert _names(live) == ['7']
 
 
+def test_a_checkpoint_removed_while_orbax_lists_the_folder_is_listed_again(data_dir, live,
+                                                                          plain, monkeypatch,
+                                                                          capsys):
+  """orbax's listing (making the manager, `reload`) reads each step's files: a step the writer
+  deleted meanwhile raised FileNotFoundError out of the reader ('ERROR: [Errno 2] No such file or
+  directory: .../checkpoints/34', exit 2; seen beside a live job under load)."""
+  real_reload = ocp.CheckpointManager.reload
+  removed = []
+
+  def hooked(self, *args, **kwargs):
+    if not removed:  # The writer moves on while the reader lists: 6 goes mid-listing.
+      removed.append(6)
+      _writer_saves_next(str(live / 'checkpoints'), 6)
+      raise FileNotFoundError(2, 'No such file or directory', str(live / 'checkpoints' / '6'))
+    return real_reload(self, *args, **kwargs)
+  monkeypatch.setattr(ocp.CheckpointManager, 'reload', hooked)
+  result = _evaluate(data_dir, live)
+  out = capsys.readouterr().out
+  assert removed == [6] and result.step == 7
+  assert _model_metrics(result.final_eval) == _model_metrics(plain.final_eval)
+  assert 'listing it again' in out and DESTRUCTIVE not in out
+  assert _names(live) == ['7']
+
+
+def test_a_listing_that_never_settles_gives_a_bounded_clear_error(data_dir, live, monkeypatch):
+  def always(self, *args, **kwargs):
+    raise FileNotFoundError(2, 'No such file or directory', str(live / 'checkpoints' / '6'))
+  monkeypatch.setattr(ocp.CheckpointManager, 'reload', always)
+  with pytest.raises(FileNotFoundError, match=r'changed while this evaluation listed it, '
+                     f'{checkpointing.READ_ATTEMPTS} times in a row'):
+    _evaluate(data_dir, live)
+  assert _names(live) == ['6']
+
+
 def test_a_writer_faster_than_the_reader_gives_a_bounded_clear_error(data_dir, live,
                                                                      monkeypatch):
   """Every checkpoint the reader chooses is gone before it reads it: it stops after
