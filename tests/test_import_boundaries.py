@@ -67,3 +67,94 @@ def test_nothing_outside_research_and_experiments_imports_research():
           if imported == 'anp_jax.research' or imported.startswith('anp_jax.research.'):
             offenders.append(f'{os.path.relpath(path, ROOT)} imports {imported}')
   assert not offenders, '\n'.join(sorted(set(offenders)))
+
+
+def _core_modules() -> dict:
+  """{dotted name: path} of every module of the core (`anp_jax` outside `anp_jax/research/`)."""
+  out = {}
+  for folder, dirs, files in os.walk(os.path.join(ROOT, 'anp_jax')):
+    rel = os.path.relpath(folder, ROOT)
+    if rel == os.path.join('anp_jax', 'research'):
+      dirs[:] = []
+      continue
+    for name in files:
+      if name.endswith('.py'):
+        dotted = rel.replace(os.sep, '.') + ('' if name == '__init__.py' else f'.{name[:-3]}')
+        out[dotted] = os.path.join(folder, name)
+  return out
+
+
+def _core_graph() -> dict:
+  """{module: the core modules it imports}, at the top or inside a function. ``from package
+  import submodule`` imports the submodule (not the package's other names)."""
+  modules = _core_modules()
+  graph = {}
+  for name, path in modules.items():
+    package = name if path.endswith('__init__.py') else name.rsplit('.', 1)[0]
+    found = set()
+    for imported in _imported_modules(path, package):
+      if imported in modules and imported != name:
+        found.add(imported)
+    # `from pkg import sub`: _imported_modules lists pkg and pkg.sub; keep pkg only if it names
+    # something else.
+    graph[name] = {m for m in found if not any(o.startswith(m + '.') for o in found)
+                   or _imports_names_of(path, package, m, modules)}
+  return graph
+
+
+def _imports_names_of(path: str, package: str, module: str, modules: dict) -> bool:
+  """Whether the file at `path` imports `module` itself or a name of it that is not a submodule
+  (``import module``, ``from module import function``)."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        parts = package.split('.')
+        base = '.'.join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+      if base == module and any(f'{base}.{a.name}' not in modules for a in node.names):
+        return True
+  return False
+
+
+def _cycles(graph: dict) -> list:
+  """The strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_the_core_has_no_import_cycle():
+  """Issue 43, item 4: imports go one way in the whole core, also inside functions. Before:
+  data/pipeline.py -> windows.py -> dali_input.py -> windows.py -> pipeline.py (the shared
+  geometry and label helpers now live in data/images.py, which the three import)."""
+  graph = _core_graph()
+  assert 'anp_jax.data.images' in graph['anp_jax.data.windows']  # The walk sees the imports.
+  assert _cycles(graph) == []
