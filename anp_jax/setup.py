@@ -10,14 +10,11 @@ steps by `anp_jax.durations`, so the rest of the code only deals with steps.
 
 import dataclasses
 import json
-import math
-import numbers
-import re
 from typing import Any, Dict, Mapping, Optional
 
 import jax
 
-from anp_jax import durations, evaluators, methods, models, optim, pretrained
+from anp_jax import durations, evaluators, methods, models, optim, pretrained, ranges
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline, synthetic, windows
 from anp_jax.errors import ConfigError
@@ -163,9 +160,10 @@ def validate_config(config) -> None:
 # into ascent, a width of 0 gives 1-channel layers, a seed past 32 bits repeats a smaller one).
 # A range is written `'> a'`, `'>= a'` or an interval `'[a, b)'` (brackets as in mathematics),
 # prefixed `'integer '` for an integer field or `'each '` for a sequence of numbers; a float is
-# also always finite (NaN passes every comparison, inf overflows). With a reason: (range, why).
-# Ranges that depend on other fields (image_size on the model, crop_padding < image_size, ghost
-# groups dividing the micro-batch, tau <= max_tau, ...) are checked after, where they are used.
+# also always finite (NaN passes every comparison, inf overflows) (`anp_jax.ranges`). With a
+# reason: (range, why). Ranges that depend on other fields (image_size on the model,
+# crop_padding < image_size, ghost groups dividing the micro-batch, tau <= max_tau, ...) are
+# checked after, where they are used.
 RANGES: Dict[str, Any] = {
     'seed': ('integer in [0, 4294967295]', "JAX keeps a seed's low 32 bits: a larger one would "
              'repeat a smaller one'),
@@ -231,83 +229,13 @@ RANGES: Dict[str, Any] = {
 UNCONSTRAINED: Dict[str, str] = {}
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """One entry of `RANGES`, parsed: the bounds (None: unbounded) and whether each is open,
-  whether the value is an integer or a sequence of numbers (`each` entry in range), and why."""
-  low: Optional[float] = None
-  high: Optional[float] = None
-  low_open: bool = False
-  high_open: bool = False
-  integer: bool = False
-  each: bool = False
-  note: str = ''
-
-  def describe(self) -> str:
-    """What to use, for the error message: 'an integer >= 1', 'a number in [0, 1)'."""
-    what = 'a sequence of numbers' if self.each else 'an integer' if self.integer else 'a number'
-    if self.high is None:
-      return f'{what} {">" if self.low_open else ">="} {self.low}'
-    return (f'{what} in {"(" if self.low_open else "["}{self.low}, {self.high}'
-            f'{")" if self.high_open else "]"}')
-
-  def allows(self, value) -> bool:
-    """Whether the number `value` (a sequence's entries one by one) is in the range."""
-    above = value > self.low if self.low_open else value >= self.low
-    below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-    return above and below
-
-
-_RANGE_SPEC = re.compile(r'(?P<each>each )?(?P<integer>integer )?'
-                         r'(?:(?P<op>>=|>) (?P<bound>\S+)'
-                         r'|(?:in )?(?P<open>[\[(])(?P<low>\S+), (?P<high>\S+)(?P<close>[\])]))')
-
-
-def _parse_range(entry) -> Range:
-  """A `RANGES` entry, ``'spec'`` or ``('spec', 'why')``, as a `Range`."""
-  spec, note = (entry, '') if isinstance(entry, str) else entry
-  m = _RANGE_SPEC.fullmatch(spec)
-  if m is None:
-    raise ValueError(f'Bad range {spec!r} in anp_jax.setup.RANGES.')
-  number = lambda text: int(text) if re.fullmatch(r'-?\d+', text) else float(text)  # noqa: E731
-  kind = dict(integer=bool(m['integer']), each=bool(m['each']), note=note)
-  if m['op']:
-    return Range(low=number(m['bound']), low_open=m['op'] == '>', **kind)
-  return Range(low=number(m['low']), high=number(m['high']), low_open=m['open'] == '(',
-               high_open=m['close'] == ')', **kind)
-
-
-_PARSED = {field: _parse_range(entry) for field, entry in RANGES.items()}
+Range = ranges.Range  # The parsed form of a RANGES entry.
+_PARSED = {field: ranges.parse(entry) for field, entry in RANGES.items()}
 
 
 def range_of(field: str) -> Range:
   """The parsed `RANGES` entry of `field` (dotted)."""
   return _PARSED[field]
-
-
-def _is_number(value, integer: bool) -> bool:
-  if isinstance(value, bool):  # A switch, not a number (True == 1).
-    return False
-  return isinstance(value, numbers.Integral if integer else numbers.Real)
-
-
-def _range_error(field: str, r: Range, value) -> str:
-  """Why `value` is not allowed in `field` ('' if it is)."""
-  entries = value if r.each and isinstance(value, (tuple, list)) else (value,)
-  if r.each and not isinstance(value, (tuple, list)):
-    problem = 'is not a sequence of numbers'
-  elif any(_is_number(x, False) and not math.isfinite(x) for x in entries):
-    problem = 'is not a finite number'  # NaN passes every comparison; inf overflows.
-  elif not all(_is_number(x, False) for x in entries):
-    problem = 'is not a number'
-  elif not all(_is_number(x, r.integer) for x in entries):
-    problem = 'is not an integer'
-  elif not all(r.allows(x) for x in entries):
-    problem = 'is out of range'
-  else:
-    return ''
-  return (f'config.{field}={value!r} {problem}: use {r.describe()}'
-          + (f' ({r.note}).' if r.note else '.'))
 
 
 def check_ranges(config) -> None:
@@ -320,7 +248,7 @@ def check_ranges(config) -> None:
         break
       node = node[part]
     else:
-      error = _range_error(field, r, node)
+      error = ranges.error(field, r, node)
       if error:
         raise ConfigError(error)
 
