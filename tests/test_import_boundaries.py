@@ -30,6 +30,20 @@ def test_setup_checks_configs_without_importing_the_executors():
   assert _loaded('anp_jax.setup', ('anp_jax.executors',)) == []
 
 
+def test_the_planner_reads_which_schedules_decay_without_jax():
+  """Issue 43, item 2: the planner's budget asks the schedule registry (every module of
+  anp_jax/optim/schedules/ imported), and that imports no JAX."""
+  code = ('import sys\n'
+          'from anp_jax.research.planner import budget\n'
+          "assert budget.decays('cosine') and budget.decays('step')\n"
+          "assert not budget.decays('constant')\n"
+          "print(sorted(m for m in ('jax', 'optax', 'flax', 'tensorflow') if m in sys.modules))")
+  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+
+
 def _imported_modules(path: str, package: str) -> list:
   """Every module the file at `path` (a module of `package`) imports, as absolute dotted names,
   whether at the top or inside a function (``from . import x`` resolved against `package`)."""
@@ -158,3 +172,4 @@ def test_the_core_has_no_import_cycle():
   graph = _core_graph()
   assert 'anp_jax.data.images' in graph['anp_jax.data.windows']  # The walk sees the imports.
   assert _cycles(graph) == []
+
