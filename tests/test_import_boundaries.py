@@ -30,6 +30,27 @@ def test_setup_checks_configs_without_importing_the_executors():
   assert _loaded('anp_jax.setup', ('anp_jax.executors',)) == []
 
 
+def test_validating_a_config_with_other_evaluators_imports_no_executor():
+  """Issue 43, item 1: validation imports the modules of the evaluator kinds a config names
+  (here the calibration kind and a classification on the test split), and those need no
+  executor or trainer: an evaluator reaches the executor through the run it is given."""
+  code = ('import sys\n'
+          'from anp_jax import setup\n'
+          'from anp_jax.configs import tiny\n'
+          'c = tiny.get_config()\n'
+          "c.evals.cal = dict(kind='calibration', bins=10)\n"
+          "c.evals.test = dict(kind='classification', split='test')\n"
+          "c.keep_best_metric = 'cal/ece'\n"
+          'setup.validate_config(c)\n'
+          "assert 'anp_jax.evaluators.calibration' in sys.modules\n"
+          "print(sorted(m for m in sys.modules if m.startswith(('anp_jax.executors', "
+          "'anp_jax.trainer'))))")
+  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+
+
 def test_the_planner_reads_which_schedules_decay_without_jax():
   """Issue 43, item 2: the planner's budget asks the schedule registry (every module of
   anp_jax/optim/schedules/ imported), and that imports no JAX."""
@@ -173,3 +194,17 @@ def test_the_core_has_no_import_cycle():
   assert 'anp_jax.data.images' in graph['anp_jax.data.windows']  # The walk sees the imports.
   assert _cycles(graph) == []
 
+
+def test_evaluators_sit_below_the_executors_and_the_trainer():
+  """Issue 43, item 1: nothing in anp_jax/evaluators/ imports the executors or the trainer (at
+  the top or inside a function): an evaluation gets predictions from `run.executor.map_eval`.
+  Before, a new evaluator built its own compiled step from `executors.common.MeshHelper`, which
+  put evaluators/ above executors/ and made config validation load them."""
+  graph = _core_graph()
+  evaluators = [m for m in graph if m == 'anp_jax.evaluators' or
+                m.startswith('anp_jax.evaluators.')]
+  assert 'anp_jax.evaluators.classification' in evaluators
+  above = [f'{m} imports {i}' for m in evaluators for i in sorted(graph[m])
+           if i == 'anp_jax.trainer' or i == 'anp_jax.executors' or
+           i.startswith('anp_jax.executors.')]
+  assert not above, above
