@@ -16,8 +16,9 @@ what to make of the totals (`finish`); the executor compiles and runs it over it
 layout (`Executor.map_eval`), the loop over the split's batches is here.
 
 What the rest of the code asks of the evaluators: `check` (config validation, no data read),
-`metric_goal` (whether higher is better, for config.target_metric and config.keep_best_metric)
-and `summary` (the terminal line).
+`metric_goal` (whether higher is better, for config.target_metric and config.keep_best_metric),
+`summary` (the terminal line) and `add_entries` (``--config.evals.<prefix>.<field>`` flags for
+entries or options the config file lacks).
 """
 
 import re
@@ -173,6 +174,29 @@ def summary(config, metrics: Mapping[str, float]) -> str:
     if line:
       parts.append(line if prefix == 'eval' else f'{prefix}: {line}')
   return '; '.join(parts)
+
+
+def add_entries(config, kinds: Mapping[str, str]) -> None:
+  """Completes ``config.evals`` (in place) for ``--config.evals.<prefix>.<field>`` flags, before
+  they are applied: `kinds` maps each prefix the flags name to the kind a
+  ``--config.evals.<prefix>.kind=K`` flag gives it (None: no such flag). A prefix the config
+  lacks becomes an entry of that kind; every named entry gets its kind's options it lacks, at
+  their defaults. So ``--config.evals.cal.kind=calibration --config.evals.cal.bins=20`` works
+  with no config file. A new prefix without a kind is left alone (the flag then names an unknown
+  field)."""
+  for prefix, kind in kinds.items():
+    if not _PREFIX.match(prefix):
+      continue
+    current = config.evals.get(prefix)
+    kind = kind if kind is not None else (current.get('kind') if current is not None else None)
+    if kind is None or kind not in EVALUATORS:
+      continue
+    if current is None:
+      config.evals[prefix] = {'kind': kind}
+      current = config.evals[prefix]
+    for name, value in defaults(EVALUATORS.get(kind)).items():
+      if name not in current:
+        current[name] = value
 
 
 class PredictionEvaluator(Evaluator):
