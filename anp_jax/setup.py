@@ -128,9 +128,9 @@ def _check_choices(config) -> None:
       node = node[part]
     else:
       if node not in allowed:
+        if field in registries:  # The names there are, and how to add one.
+          raise ConfigError(registries[field].unknown(node))
         hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
-        if field in registries:  # How to add one.
-          hint = f'({registries[field].how}).'
         raise ConfigError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
                          + (f' {hint}' if hint else ''))
 
