@@ -14,7 +14,7 @@ import os
 import re
 import runpy
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from anp_jax import errors
 
@@ -128,17 +128,46 @@ def _new_evaluator_message(key: str, fields: Sequence[str]) -> str:
     return ''
   split = name if name in ('test', 'train', 'validation') else 'SPLIT'
   return (f'Unknown config field --config.{key}: config.evals has no evaluator {name!r} (it has '
-          f'{", ".join(existing) or "none"}), and new ones cannot be added from the command '
-          f"line: add it in a config file, c.evals.{name} = dict(kind='classification', "
-          f"split='{split}') (docs/evaluation.md); keep config.evals.eval on 'validation', "
-          'where choices are made.')
+          f'{", ".join(existing) or "none"}). Add one by giving its kind first: '
+          f'--config.evals.{name}.kind=classification --config.evals.{name}.split={split} (or '
+          f"c.evals.{name} = dict(kind='classification', split='{split}') in a config file; "
+          "docs/evaluation.md); keep config.evals.eval on 'validation', where choices are made.")
 
 
-def load_config_file(spec: str):
-  """`get_config()` of a config file spec ``path.py`` or ``path.py:arg``."""
+def load_config_file(spec: str, argv: Sequence[str] = (), flag: str = 'config'):
+  """`get_config()` of a config file spec ``path.py`` or ``path.py:arg``, completed for the
+  ``--<flag>.x`` fields of `argv` (`complete_config`)."""
   path, _, arg = spec.partition(':')
   module = runpy.run_path(os.path.expanduser(path))
-  return module['get_config'](arg) if arg else module['get_config']()
+  config = module['get_config'](arg) if arg else module['get_config']()
+  return complete_config(config, argv, flag)
+
+
+def evaluation_flags(argv: Sequence[str], flag: str = 'config') -> Dict[str, Optional[str]]:
+  """{prefix: kind} of the ``--<flag>.evals.<prefix>.<field>`` flags of `argv`: the kind a
+  ``--<flag>.evals.<prefix>.kind=K`` flag gives, None for a prefix only other fields name."""
+  pattern = re.compile(rf'^--?(?:no)?{re.escape(flag)}\.evals\.([^.=]+)\.([^=]+)(?:=(.*))?$')
+  out: Dict[str, Optional[str]] = {}
+  for i, item in enumerate(argv):
+    m = pattern.match(item)
+    if m:
+      prefix, field, value = m.groups()
+      out.setdefault(prefix, None)
+      if field == 'kind':
+        out[prefix] = value if value is not None else (argv[i + 1] if i + 1 < len(argv) else None)
+  return out
+
+
+def complete_config(config, argv: Sequence[str], flag: str = 'config'):
+  """`config` (in place) with what the ``--<flag>.x`` flags of `argv` need before they apply:
+  the ``config.evals`` entries and options they name (`anp_jax.evaluators.add_entries`: e.g.
+  ``--config.evals.cal.kind=calibration`` with no config file). The options of models,
+  optimizers and schedules are in every config already (`anp_jax.registry.add_options`)."""
+  kinds = evaluation_flags(argv, flag)
+  if kinds and hasattr(config, 'keys') and 'evals' in config:
+    from anp_jax import evaluators  # The kinds named: their modules only.
+    evaluators.add_entries(config, kinds)
+  return config
 
 
 def _config_spec(argv: Sequence[str], flag: str, default: str) -> str:
@@ -173,7 +202,7 @@ def check_config_argv(argv: Sequence[str], flag: str = 'config',
     return (f'Config file {path} not found (--{flag}={spec}); pass an existing file, e.g. '
             f'--{flag}=anp_jax/configs/default.py.')
   try:
-    config = load_config_file(spec)
+    config = load_config_file(spec, argv, flag)
   except Exception as e:  # The file itself is broken: say so, not "config_config".
     return (f'Config file {path} could not be loaded ({type(e).__name__}: {e}); fix it or pass '
             f'another --{flag}.')
@@ -201,15 +230,46 @@ def _fail(message: str):
   sys.exit(EXIT_USAGE)
 
 
+def define_config_flag(name: str, default: str, help_string: str, *, flag_values=None,
+                       sys_argv: Optional[Sequence[str]] = None, lock_config: bool = True,
+                       **kwargs):
+  """`config_flags.DEFINE_config_file`, whose config is completed for the command line
+  (`complete_config`) after the file is loaded and before the ``--name.x`` overrides apply.
+
+  (ml_collections offers no hook between the two: the flag is its `_ConfigFlag` with a parser
+  that completes the loaded config, as `DEFINE_config_file` builds it; ml_collections is
+  pinned in requirements.txt.)
+  """
+  from absl import flags
+  from ml_collections.config_flags import config_flags  # The module, with its flag classes.
+
+  class Parser(config_flags.ConfigFileFlagParser):
+
+    def parse(self, path):
+      config = super().parse(path)  # Not locked yet (lock_config=False below).
+      argv = sys.argv if sys_argv is None else sys_argv
+      if hasattr(config, 'keys'):
+        complete_config(config, list(argv)[1:], name)
+      if lock_config and callable(getattr(config, 'lock', None)):
+        config.lock()
+      return config
+
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  flag = config_flags._ConfigFlag(  # noqa: SLF001
+      parser=Parser(name=name, lock_config=False), serializer=flags.ArgumentSerializer(),
+      name=name, default=default, help_string=help_string, flag_values=flag_values,
+      sys_argv=None if sys_argv is None else list(sys_argv), **kwargs)
+  return flags.DEFINE_flag(flag, flag_values)
+
+
 def define_config_file(name: str, default: str, help_string: str, **kwargs):
-  """`config_flags.DEFINE_config_file`, exiting 2 with the fix when sys.argv has a bad field.
+  """`define_config_flag`, exiting 2 with the fix when sys.argv has a bad field.
 
   (ml_collections applies ``--config.x`` overrides while the flag is defined, i.e. when the
   entry point is imported, and raises a bare AttributeError for an unknown field.)
   """
-  from ml_collections import config_flags
   try:
-    return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
+    return define_config_flag(name, default, help_string, **kwargs)
   except (AttributeError, KeyError, TypeError, ValueError, OSError) as e:
     _fail(explain_flag_error(e, sys.argv[1:], name, default))
 

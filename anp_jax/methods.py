@@ -11,13 +11,20 @@ import math
 
 import numpy as np
 
+from anp_jax import registry
+
 EXECUTORS = ('jit', 'pmap')
 METHODS = ('sync', 'async', 'local_sgd')
 # config.async_sgd.staleness and .momentum.
 STALENESS = ('constant', 'uniform', 'geometric', 'simulated')
 MOMENTUM_MODES = ('keep', 'compensate')
-# Optimizers with an explicit momentum that 'compensate' can lower.
-MOMENTUM_OPTIMIZERS = ('sgd', 'nesterov', 'lars')
+
+
+def momentum_optimizers():
+  """The optimizers with an explicit momentum (``config.momentum``) that 'compensate' can lower:
+  their registrations say (``explicit_momentum``, `anp_jax.optim.register_optimizer`)."""
+  return tuple(n for n in registry.OPTIMIZERS.names()
+               if registry.OPTIMIZERS.get(n).explicit_momentum)
 
 
 def validate(config) -> None:
@@ -52,9 +59,9 @@ def _validate_async(config) -> None:
                      f'{a.workers - 1}, larger than the kept parameter history '
                      f'(config.async_sgd.max_tau={a.max_tau}); set max_tau to at least '
                      f'{2 * a.workers} (memory: (max_tau + 1) x the parameters per device).')
-  if a.momentum == 'compensate' and config.optimizer not in MOMENTUM_OPTIMIZERS:
+  if a.momentum == 'compensate' and config.optimizer not in momentum_optimizers():
     raise ValueError(f"config.async_sgd.momentum='compensate' lowers the explicit momentum of "
-                     f'{MOMENTUM_OPTIMIZERS}; config.optimizer={config.optimizer!r} has none. '
+                     f'{momentum_optimizers()}; config.optimizer={config.optimizer!r} has none. '
                      "Use momentum='keep'.")
 
 

@@ -26,14 +26,15 @@ HEADS = ('anp', 'adjective', 'noun')
 LABEL_OF = {'anp': 'label_anp', 'adjective': 'label_adjective', 'noun': 'label_noun'}
 
 
-def summarize(sums: Dict[str, Any], prefix: str) -> Dict[str, float]:
-  """Metric sums → means (``loss``, ``anp_top1``, ...), with ``prefix/``."""
+def summarize(sums: Dict[str, Any], prefix: str = '') -> Dict[str, float]:
+  """Metric sums → means (``loss``, ``anp_top1``, ...), with ``prefix/`` (none for '')."""
   sums = {k: float(v) for k, v in sums.items()}
   count = max(sums.pop('count'), 1.0)
-  out = {f'{prefix}/{k}': v / count for k, v in sums.items() if not k.startswith('_')}
+  name = (lambda k: f'{prefix}/{k}') if prefix else (lambda k: k)
+  out = {name(k): v / count for k, v in sums.items() if not k.startswith('_')}
   for k, v in sums.items():
     if k.startswith('_'):  # Already a value, not a sum (e.g. the noise scale).
-      out[f'{prefix}/{k[1:]}'] = v
+      out[name(k[1:])] = v
   return out
 
 

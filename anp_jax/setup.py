@@ -8,20 +8,18 @@ the dataset sizes and the job's devices, and checks that they divide: durations 
 steps by `anp_jax.durations`, so the rest of the code only deals with steps.
 """
 
+import collections.abc
 import dataclasses
 import json
-import math
-import numbers
-import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 import jax
 
-from anp_jax import durations, evaluators, methods, models, optim, pretrained
+from anp_jax import durations, evaluators, methods, models, optim, pretrained, ranges, registry
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline, synthetic, windows
 from anp_jax.errors import ConfigError
-from anp_jax.models import conv as conv_lowerings
+from anp_jax.ranges import Range  # noqa: F401  (the parsed form of a RANGES entry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,16 +64,47 @@ class Setup:
             f'{self.num_eval_batches} batches of {self.eval_per_process_batch}/process')
 
 
+class _WithDeclared(collections.abc.Mapping):
+  """A table of config fields: `own` entries, then those the registered entries' options
+  declare (`anp_jax.registry.declared_options`, through `declared`). Live: an option of a model,
+  optimizer or schedule registered after import is in it too."""
+
+  def __init__(self, own: Mapping[str, Any], declared):
+    self.own, self._declared = dict(own), declared
+
+  def _all(self) -> Dict[str, Any]:
+    return {**self.own, **self._declared()}
+
+  def __getitem__(self, field: str):
+    return self._all()[field]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._all())
+
+  def __len__(self) -> int:
+    return len(self._all())
+
+
+def _declared_choices() -> Dict[str, Any]:
+  return {field: tuple(o.choices) for field, o in registry.declared_options().items()
+          if o.choices}
+
+
+def _declared_ranges() -> Dict[str, Any]:
+  return {field: (o.range, o.doc) for field, o in registry.declared_options().items()
+          if o.range}
+
+
 # Every enumerated config field (dotted path) and its allowed values: `validate_config` checks
 # them all in one loop, before anything is read or compiled. The tuples live next to the code
-# that dispatches on them.
-CHOICES = {
+# that dispatches on them; the registries' names are live views (a model, optimizer or schedule
+# registered later is valid too), and the choices of their entries' options join the table.
+CHOICES = _WithDeclared({
     'dataset': pipeline.DATASETS,
     'augment': pipeline.AUGMENTS,
     'input_backend': windows.BACKENDS,
-    'model.name': models.NAMES,  # A live view: a model registered later is valid too.
+    'model.name': models.NAMES,
     'model.dtype': tuple(models.DTYPES),
-    'model.conv_impl': conv_lowerings.IMPLS,
     'bn_mode': models.BN_MODES,
     'optimizer': optim.OPTIMIZERS,
     'lr_scaling': optim.SCALING_RULES,
@@ -84,12 +113,13 @@ CHOICES = {
     'method': methods.METHODS,
     'async_sgd.staleness': methods.STALENESS,
     'async_sgd.momentum': methods.MOMENTUM_MODES,
-}
+}, _declared_choices)
 # Why a value someone may expect is refused (appended to the message).
 _CHOICE_HINTS = {'model.dtype': models.DTYPE_HINTS}
 
 
 def _check_choices(config) -> None:
+  registries = registry.by_field()
   for field, allowed in CHOICES.items():
     node = config
     for part in field.split('.'):
@@ -98,6 +128,8 @@ def _check_choices(config) -> None:
       node = node[part]
     else:
       if node not in allowed:
+        if field in registries:  # The names there are, and how to add one.
+          raise ConfigError(registries[field].unknown(node))
         hint = _CHOICE_HINTS.get(field, {}).get(node, '') if isinstance(node, str) else ''
         raise ConfigError(f'config.{field}={node!r} is unknown; choose one of {allowed}.'
                          + (f' {hint}' if hint else ''))
@@ -163,10 +195,11 @@ def validate_config(config) -> None:
 # into ascent, a width of 0 gives 1-channel layers, a seed past 32 bits repeats a smaller one).
 # A range is written `'> a'`, `'>= a'` or an interval `'[a, b)'` (brackets as in mathematics),
 # prefixed `'integer '` for an integer field or `'each '` for a sequence of numbers; a float is
-# also always finite (NaN passes every comparison, inf overflows). With a reason: (range, why).
-# Ranges that depend on other fields (image_size on the model, crop_padding < image_size, ghost
-# groups dividing the micro-batch, tau <= max_tau, ...) are checked after, where they are used.
-RANGES: Dict[str, Any] = {
+# also always finite (NaN passes every comparison, inf overflows) (`anp_jax.ranges`). With a
+# reason: (range, why). Ranges that depend on other fields (image_size on the model,
+# crop_padding < image_size, ghost groups dividing the micro-batch, tau <= max_tau, ...) are
+# checked after, where they are used.
+_OWN_RANGES: Dict[str, Any] = {
     'seed': ('integer in [0, 4294967295]', "JAX keeps a seed's low 32 bits: a larger one would "
              'repeat a smaller one'),
     # The generated dataset (checked again, with num_pairs against the other two, by
@@ -196,16 +229,10 @@ RANGES: Dict[str, Any] = {
     'eval_batch_size': 'integer >= 1',
     'grad_accum_steps': 'integer >= 1',
     'base_batch_size': 'integer >= 1',
-    'momentum': ('[0, 1)', '0 = plain SGD'),
     'weight_decay': '>= 0',
     'base_lr': '> 0',
     'warmup_epochs': '>= 0',
-    'step_epochs': ('each >= 0', 'the epochs of the step decays'),
-    'step_factor': ('(0, 1]', 'the decay factor at each of step_epochs'),
     'grad_clip_norm': ('>= 0', '0 disables clipping'),
-    'adam_b1': '[0, 1)',
-    'adam_b2': '[0, 1)',
-    'lars_trust_coefficient': '> 0',
     'num_epochs': ('>= 0', 'unused when num_train_steps > 0'),
     'num_train_steps': ('integer >= -1', '-1: train num_epochs'),
     # Evaluation, logging, methods, fine-tuning, checkpoints.
@@ -229,98 +256,28 @@ RANGES: Dict[str, Any] = {
 # Numeric fields of the config any value of which is valid, and why (none today; the tests walk
 # every numeric field of the default config: each is in RANGES or here).
 UNCONSTRAINED: Dict[str, str] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """One entry of `RANGES`, parsed: the bounds (None: unbounded) and whether each is open,
-  whether the value is an integer or a sequence of numbers (`each` entry in range), and why."""
-  low: Optional[float] = None
-  high: Optional[float] = None
-  low_open: bool = False
-  high_open: bool = False
-  integer: bool = False
-  each: bool = False
-  note: str = ''
-
-  def describe(self) -> str:
-    """What to use, for the error message: 'an integer >= 1', 'a number in [0, 1)'."""
-    what = 'a sequence of numbers' if self.each else 'an integer' if self.integer else 'a number'
-    if self.high is None:
-      return f'{what} {">" if self.low_open else ">="} {self.low}'
-    return (f'{what} in {"(" if self.low_open else "["}{self.low}, {self.high}'
-            f'{")" if self.high_open else "]"}')
-
-  def allows(self, value) -> bool:
-    """Whether the number `value` (a sequence's entries one by one) is in the range."""
-    above = value > self.low if self.low_open else value >= self.low
-    below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-    return above and below
-
-
-_RANGE_SPEC = re.compile(r'(?P<each>each )?(?P<integer>integer )?'
-                         r'(?:(?P<op>>=|>) (?P<bound>\S+)'
-                         r'|(?:in )?(?P<open>[\[(])(?P<low>\S+), (?P<high>\S+)(?P<close>[\])]))')
-
-
-def _parse_range(entry) -> Range:
-  """A `RANGES` entry, ``'spec'`` or ``('spec', 'why')``, as a `Range`."""
-  spec, note = (entry, '') if isinstance(entry, str) else entry
-  m = _RANGE_SPEC.fullmatch(spec)
-  if m is None:
-    raise ValueError(f'Bad range {spec!r} in anp_jax.setup.RANGES.')
-  number = lambda text: int(text) if re.fullmatch(r'-?\d+', text) else float(text)  # noqa: E731
-  kind = dict(integer=bool(m['integer']), each=bool(m['each']), note=note)
-  if m['op']:
-    return Range(low=number(m['bound']), low_open=m['op'] == '>', **kind)
-  return Range(low=number(m['low']), high=number(m['high']), low_open=m['open'] == '(',
-               high_open=m['close'] == ')', **kind)
-
-
-_PARSED = {field: _parse_range(entry) for field, entry in RANGES.items()}
+# The table `check_ranges` applies: the config's own fields above, then the ranges of the options
+# the registered models, optimizers and schedules declare (`anp_jax.registry.Option`: e.g.
+# momentum, adam_b1, step_epochs).
+RANGES = _WithDeclared(_OWN_RANGES, _declared_ranges)
 
 
 def range_of(field: str) -> Range:
   """The parsed `RANGES` entry of `field` (dotted)."""
-  return _PARSED[field]
-
-
-def _is_number(value, integer: bool) -> bool:
-  if isinstance(value, bool):  # A switch, not a number (True == 1).
-    return False
-  return isinstance(value, numbers.Integral if integer else numbers.Real)
-
-
-def _range_error(field: str, r: Range, value) -> str:
-  """Why `value` is not allowed in `field` ('' if it is)."""
-  entries = value if r.each and isinstance(value, (tuple, list)) else (value,)
-  if r.each and not isinstance(value, (tuple, list)):
-    problem = 'is not a sequence of numbers'
-  elif any(_is_number(x, False) and not math.isfinite(x) for x in entries):
-    problem = 'is not a finite number'  # NaN passes every comparison; inf overflows.
-  elif not all(_is_number(x, False) for x in entries):
-    problem = 'is not a number'
-  elif not all(_is_number(x, r.integer) for x in entries):
-    problem = 'is not an integer'
-  elif not all(r.allows(x) for x in entries):
-    problem = 'is out of range'
-  else:
-    return ''
-  return (f'config.{field}={value!r} {problem}: use {r.describe()}'
-          + (f' ({r.note}).' if r.note else '.'))
+  return ranges.parse(RANGES[field])
 
 
 def check_ranges(config) -> None:
   """Raises ConfigError naming the first field of `RANGES` whose value `config` has out of its
   range (a field the config lacks keeps the code's default, as in `_check_choices`)."""
-  for field, r in _PARSED.items():
+  for field, entry in RANGES.items():
     node = config
     for part in field.split('.'):
       if not hasattr(node, 'keys') or part not in node:
         break
       node = node[part]
     else:
-      error = _range_error(field, r, node)
+      error = ranges.error(field, ranges.parse(entry), node)
       if error:
         raise ConfigError(error)
 

@@ -179,12 +179,24 @@ def per_device_train_step(state: TrainState, batch, *, model, tx, config, accum_
   return new_state, sums
 
 
-def per_device_eval_step(state: TrainState, batch, *, model, config,
+def per_device_eval_step(state: TrainState, batch, *, model, config, fn=None,
                          axis_name: Optional[str] = AXIS):
+  """What an evaluation adds up on this device's shard of a batch, summed over `axis_name`.
+
+  ``fn(outputs, batch)`` gets the model's evaluation-mode outputs (the logits per head) and the
+  finished batch (images, labels, and ``mask``: 0 for evaluation's padding examples, which every
+  sum must leave out) and returns a pytree of sums over its examples; default: the
+  classification metric sums of `head_metrics`. The executors compile it over their own state
+  layout (`anp_jax.executors.common.Executor.map_eval`); the evaluators add the sums over the
+  batches on the devices and fetch them once (`anp_jax.evaluators.PredictionEvaluator`).
+  """
   batch = device_input.finish(batch, config)
   logits = model.apply({'params': state.params, 'batch_stats': state.batch_stats},
                        batch['image'], train=False)
-  _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
+  if fn is None:
+    _, sums = head_metrics(logits, batch, config, mask=batch['mask'])
+  else:
+    sums = fn(logits, batch)
   return collectives.psum(sums, axis_name) if axis_name is not None else sums
 
 

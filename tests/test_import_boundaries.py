@@ -30,6 +30,41 @@ def test_setup_checks_configs_without_importing_the_executors():
   assert _loaded('anp_jax.setup', ('anp_jax.executors',)) == []
 
 
+def test_validating_a_config_with_other_evaluators_imports_no_executor():
+  """Issue 43, item 1: validation imports the modules of the evaluator kinds a config names
+  (here the calibration kind and a classification on the test split), and those need no
+  executor or trainer: an evaluator reaches the executor through the run it is given."""
+  code = ('import sys\n'
+          'from anp_jax import setup\n'
+          'from anp_jax.configs import tiny\n'
+          'c = tiny.get_config()\n'
+          "c.evals.cal = dict(kind='calibration', bins=10)\n"
+          "c.evals.test = dict(kind='classification', split='test')\n"
+          "c.keep_best_metric = 'cal/ece'\n"
+          'setup.validate_config(c)\n'
+          "assert 'anp_jax.evaluators.calibration' in sys.modules\n"
+          "print(sorted(m for m in sys.modules if m.startswith(('anp_jax.executors', "
+          "'anp_jax.trainer'))))")
+  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_planner_reads_which_schedules_decay_without_jax():
+  """Issue 43, item 2: the planner's budget asks the schedule registry (every module of
+  anp_jax/optim/schedules/ imported), and that imports no JAX."""
+  code = ('import sys\n'
+          'from anp_jax.research.planner import budget\n'
+          "assert budget.decays('cosine') and budget.decays('step')\n"
+          "assert not budget.decays('constant')\n"
+          "print(sorted(m for m in ('jax', 'optax', 'flax', 'tensorflow') if m in sys.modules))")
+  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+
+
 def _imported_modules(path: str, package: str) -> list:
   """Every module the file at `path` (a module of `package`) imports, as absolute dotted names,
   whether at the top or inside a function (``from . import x`` resolved against `package`)."""
@@ -102,3 +137,109 @@ def test_no_test_imports_another_test_file_or_an_experiment_script():
     if _changes_sys_path(path):
       offenders.append(f'tests/{name} changes sys.path')
   assert not offenders, '\n'.join(sorted(set(offenders)))
+
+
+def _core_modules() -> dict:
+  """{dotted name: path} of every module of the core (`anp_jax` outside `anp_jax/research/`)."""
+  out = {}
+  for folder, dirs, files in os.walk(os.path.join(ROOT, 'anp_jax')):
+    rel = os.path.relpath(folder, ROOT)
+    if rel == os.path.join('anp_jax', 'research'):
+      dirs[:] = []
+      continue
+    for name in files:
+      if name.endswith('.py'):
+        dotted = rel.replace(os.sep, '.') + ('' if name == '__init__.py' else f'.{name[:-3]}')
+        out[dotted] = os.path.join(folder, name)
+  return out
+
+
+def _core_graph() -> dict:
+  """{module: the core modules it imports}, at the top or inside a function. ``from package
+  import submodule`` imports the submodule (not the package's other names)."""
+  modules = _core_modules()
+  graph = {}
+  for name, path in modules.items():
+    package = name if path.endswith('__init__.py') else name.rsplit('.', 1)[0]
+    found = set()
+    for imported in _imported_modules(path, package):
+      if imported in modules and imported != name:
+        found.add(imported)
+    # `from pkg import sub`: _imported_modules lists pkg and pkg.sub; keep pkg only if it names
+    # something else.
+    graph[name] = {m for m in found if not any(o.startswith(m + '.') for o in found)
+                   or _imports_names_of(path, package, m, modules)}
+  return graph
+
+
+def _imports_names_of(path: str, package: str, module: str, modules: dict) -> bool:
+  """Whether the file at `path` imports `module` itself or a name of it that is not a submodule
+  (``import module``, ``from module import function``)."""
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:
+        parts = package.split('.')
+        base = '.'.join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+      if base == module and any(f'{base}.{a.name}' not in modules for a in node.names):
+        return True
+  return False
+
+
+def _cycles(graph: dict) -> list:
+  """The strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        out.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_the_core_has_no_import_cycle():
+  """Issue 43, item 4: imports go one way in the whole core, also inside functions. Before:
+  data/pipeline.py -> windows.py -> dali_input.py -> windows.py -> pipeline.py (the shared
+  geometry and label helpers now live in data/images.py, which the three import)."""
+  graph = _core_graph()
+  assert 'anp_jax.data.images' in graph['anp_jax.data.windows']  # The walk sees the imports.
+  assert _cycles(graph) == []
+
+
+def test_evaluators_sit_below_the_executors_and_the_trainer():
+  """Issue 43, item 1: nothing in anp_jax/evaluators/ imports the executors or the trainer (at
+  the top or inside a function): an evaluation gets predictions from `run.executor.map_eval`.
+  Before, a new evaluator built its own compiled step from `executors.common.MeshHelper`, which
+  put evaluators/ above executors/ and made config validation load them."""
+  graph = _core_graph()
+  evaluators = [m for m in graph if m == 'anp_jax.evaluators' or
+                m.startswith('anp_jax.evaluators.')]
+  assert 'anp_jax.evaluators.classification' in evaluators
+  above = [f'{m} imports {i}' for m in evaluators for i in sorted(graph[m])
+           if i == 'anp_jax.trainer' or i == 'anp_jax.executors' or
+           i.startswith('anp_jax.executors.')]
+  assert not above, above

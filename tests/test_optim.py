@@ -4,6 +4,7 @@ and LAMB also against a step-by-step numpy transcription of their definitions)."
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from anp_jax import optim
@@ -299,3 +300,35 @@ def test_lamb_matches_hand_computation():
       np.testing.assert_allclose(v, p[k], rtol=2e-5, atol=1e-7, err_msg=f'step {step} {k}')
   # The zero-initialised bias moved by exactly lr·|adam step| on the first step (no ratio).
   assert np.all(np.abs(_flat(got[0])['bn/bias']) > 0)
+
+
+def test_any_optax_optimizer_by_name_with_its_keyword_arguments():
+  """optimizer='optax' (issue 43, item 2): optax.<optax_name>(schedule, **optax_kwargs), weight
+  decay passed to a function that takes it (lion: decoupled, on the decay mask), else added to
+  the gradient on the mask (rmsprop)."""
+  from anp_jax.errors import ConfigError
+  params = {'w': jnp.ones((2, 2)), 'b': jnp.ones(2)}
+  grads = {'w': jnp.full((2, 2), 0.5), 'b': jnp.full(2, -0.25)}
+
+  def first_update(**kw):
+    c = _cfg(**dict(dict(optimizer='optax', schedule='constant', warmup_epochs=0, base_lr=0.1,
+                         batch_size=256, base_batch_size=256, weight_decay=0.01), **kw))
+    tx = optim.create_optimizer(c, optim.create_lr_schedule(c, 1, 1))
+    return tx.update(grads, tx.init(params), params)[0]
+
+  got = first_update(optax_name='lion', optax_kwargs="{'b1': 0.5}")
+  ref = optax.lion(0.1, b1=0.5, weight_decay=0.01, mask=optim.decay_mask)
+  want = ref.update(grads, ref.init(params), params)[0]
+  for k in params:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-6)
+  assert float(got['w'][0, 0]) == pytest.approx(-0.1 * (1 + 0.01))  # sign(g) + wd w, x lr.
+  assert float(got['b'][0]) == pytest.approx(0.1)  # No decay on the bias.
+  rms = first_update(optax_name='rmsprop')
+  ref = optax.chain(optax.add_decayed_weights(0.01, mask=optim.decay_mask), optax.rmsprop(0.1))
+  want = ref.update(grads, ref.init(params), params)[0]
+  for k in params:
+    np.testing.assert_allclose(rms[k], want[k], rtol=1e-6)
+  with pytest.raises(ConfigError, match=r"config.optax_name='lino' is not an optax function"):
+    first_update(optax_name='lino')
+  with pytest.raises(ConfigError, match=r"config.optax_kwargs='b1=0.5': write a Python dict"):
+    first_update(optax_name='lion', optax_kwargs='b1=0.5')

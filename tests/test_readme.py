@@ -41,3 +41,22 @@ def test_readme_commands_have_one_form():
   assert all(c.split()[0] in ('.venv/bin/python', './run.sh', './test.sh', 'sbatch',
                               'experiments/bench_gpu.sh') or '=' in c.split()[0]
              for c in commands), commands
+
+
+def test_where_to_change_what_names_one_file_per_row():
+  """Issue 43, item 6: every row of the README's "Where to change what" table says which one file
+  to edit (a module, or the one new module of an extension point, `<name>` standing for its
+  name), and that file, or for a new module its folder, exists."""
+  text = open(os.path.join(ROOT, 'README.md')).read()
+  table = text.split('## Where to change what', 1)[1].split('\n\n', 2)[1]
+  rows = [line.split('|')[1:-1] for line in table.splitlines()[2:]]
+  assert len(rows) >= 10
+  for what, edit, _ in rows:
+    paths = re.findall(r'`(anp_jax/[^`]*)`', edit)
+    assert len(paths) == 1, (what, edit)
+    path = paths[0]
+    if '<' in path or path.endswith('/'):  # A new module there.
+      folder = path if path.endswith('/') else os.path.dirname(path)
+      assert os.path.isdir(os.path.join(ROOT, folder)), (what, path)
+    else:
+      assert os.path.isfile(os.path.join(ROOT, path)), (what, path)

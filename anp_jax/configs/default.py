@@ -3,9 +3,12 @@
   ./run.sh                                 # = python -m anp_jax.main --config=anp_jax/configs/default.py
   ./run.sh --config.batch_size=256 --config.num_epochs=2
 
-Every other config imports this one and overrides a few fields. A finished run's recorded
-config is read back with `read_run_config` (fields added since then get `ADDED_FIELDS`, replaced
-ones their replacements: `REPLACED_FIELDS`).
+Every other config imports this one and overrides a few fields. The options that registered
+models, optimizers and schedules declare (`anp_jax.registry`) join every config here, at their
+defaults: e.g. ``momentum`` (sgd, nesterov, lars), ``step_epochs`` (step),
+``model.zero_init_last_bn`` (the ResNets). A finished run's recorded config is read back with
+`read_run_config` (fields added since then get `ADDED_FIELDS`, replaced ones their
+replacements: `REPLACED_FIELDS`).
 """
 
 import copy
@@ -13,6 +16,8 @@ import json
 import os
 
 import ml_collections
+
+from anp_jax import registry
 
 # Where datasets are generated or prepared, for every entry point (main, the experiment scripts,
 # notebooks): $ANP_DATA_DIR, else TFDS's usual place.
@@ -123,11 +128,11 @@ def get_config() -> ml_collections.ConfigDict:
   # decodes the crop window, the device resizes, flips, normalises), 'dali' / 'dali_cpu' (DALI).
   c.input_backend = 'tf'
 
-  # Model.
+  # Model: any registered model (docs/models.md); its own options join c.model (the ResNets':
+  # zero_init_last_bn, conv_impl).
   c.model = ml_collections.ConfigDict(dict(
       # dtype: 'float32' or 'bfloat16' (float16 is refused: it would need loss scaling).
-      name='resnet20', width=1.0, dtype='float32', zero_init_last_bn=True,
-      adjective_head=True, noun_head=True, conv_impl='xla'))
+      name='resnet20', width=1.0, dtype='float32', adjective_head=True, noun_head=True))
   c.loss_weights = ml_collections.ConfigDict(dict(anp=1.0, adjective=0.5, noun=0.5))
   c.label_smoothing = 0.0
   # BatchNorm statistics: 'global' (whole global batch), 'per_device', 'ghost' (bn_group_size).
@@ -139,19 +144,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.batch_size = 128
   c.eval_batch_size = 256
   c.grad_accum_steps = 1  # Micro-batches per step: simulates a large batch on few devices.
-  c.optimizer = 'nesterov'  # 'sgd', 'nesterov', 'adamw', 'lars', 'lamb'.
-  c.momentum = 0.9
+  # Any registered optimizer and schedule; their options (momentum, adam_b1, step_epochs, ...)
+  # join the config at their defaults: docs/optim.md lists them all.
+  c.optimizer = 'nesterov'
   c.weight_decay = 5e-4
   c.base_lr = 0.2
   c.base_batch_size = 256
   c.lr_scaling = 'linear'  # 'linear', 'sqrt', 'none'.
   c.warmup_epochs = 1.0
-  c.schedule = 'cosine'  # 'cosine', 'step', 'constant'.
-  c.step_epochs = (30, 60, 80)
-  c.step_factor = 0.1
+  c.schedule = 'cosine'
   c.grad_clip_norm = 0.0  # 0 disables.
-  c.adam_b1, c.adam_b2 = 0.9, 0.999
-  c.lars_trust_coefficient = 0.001
   c.num_epochs = 5.0  # Epochs of train_size examples: ceil(N * train_size / batch_size) steps.
   c.num_train_steps = -1  # > 0 overrides num_epochs.
 
@@ -219,4 +221,4 @@ def get_config() -> ml_collections.ConfigDict:
   c.keep_best_metric = ''  # Any evaluator's metric, e.g. 'eval/loss': also keep the best by it.
   c.async_checkpointing = True
   c.eval_only = False
-  return c
+  return registry.add_options(c)

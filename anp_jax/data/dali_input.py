@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List
 import jax
 import numpy as np
 
+from anp_jax.data import images
 from anp_jax.errors import ConfigError
 
 REQUIREMENTS = 'requirements-dali.txt'
@@ -93,8 +94,7 @@ class DaliBatches:
   (`pipeline.global_batches` does)."""
 
   def __init__(self, ds, config, *, box: int):
-    from anp_jax.data import windows
-    self.backend = windows.backend(config)
+    self.backend = images.backend(config)
     import_dali(self.backend)
     check_gpu(self.backend)
     self.ds, self.box = ds, box

@@ -6,7 +6,7 @@ Backends (``config.input_backend``):
 * ``'tf'``: tf.data does everything on the host (decode, crop, resize, flip, normalise, cast);
   batches of images in the model's dtype. Every augmentation.
 * ``'tf_device'``: tf.data reads, chooses the window (the random-resized crop, or the region
-  evaluation's centre crop reads) and decodes only it (`pipeline.decode_window`), into a
+  evaluation's centre crop reads) and decodes only it (`images.decode_window`), into a
   ``box x box`` uint8 array; the device resizes, flips, normalises and casts inside the
   compiled step (`anp_jax.data.device_input`). The Inception augmentation only.
 * ``'dali'`` / ``'dali_cpu'``: as 'tf_device', but tf.data hands the *encoded* window to NVIDIA
@@ -14,7 +14,7 @@ Backends (``config.input_backend``):
   explicitly: for machines without a GPU and for the tests) (`anp_jax.data.dali_input`).
 
 Everything random is drawn on the host from ``(seed, position)`` exactly as the 'tf' path draws
-it (`pipeline.train_window`, `pipeline.flip_bit`), so the batches stay a pure function of
+it (`images.train_window`, `images.flip_bit`), so the batches stay a pure function of
 ``(seed, step)`` and resume exactly, and every backend sees the same windows.
 
 **The box.** Windows travel in a square of ``box_size`` pixels, fixed per run: ``ceil(4/3 S)``
@@ -35,22 +35,15 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-from anp_jax.data import pipeline
+from anp_jax.data import dali_input, images
+from anp_jax.data.images import BACKENDS, DEVICE_BACKENDS, backend  # noqa: F401
 from anp_jax.errors import ConfigError
 
-BACKENDS = ('tf', 'tf_device', 'dali', 'dali_cpu')
-# The backends that hand the device uint8 windows.
-DEVICE_BACKENDS = ('tf_device', 'dali', 'dali_cpu')
 # What they implement of `pipeline.AUGMENTS`.
 DEVICE_AUGMENTS = ('inception',)
 # Of a window's row and column ranges, what evaluation reads beyond the kernel's taps (a margin
 # for a float rounding on the host that differs from the device's).
 EVAL_SLACK = 1
-
-
-def backend(config) -> str:
-  """``config.input_backend`` ('tf' for a config that predates the field)."""
-  return config.get('input_backend', 'tf')
 
 
 def check_backend(config) -> None:
@@ -72,7 +65,6 @@ def check_backend(config) -> None:
                      "mesh's arrays: it needs config.executor='jit' (or use "
                      "input_backend='tf_device').")
   if name in ('dali', 'dali_cpu'):
-    from anp_jax.data import dali_input
     try:
       dali_input.import_dali(name)
     except ImportError as e:  # Says how to install it, or which backend needs none.
@@ -106,13 +98,13 @@ def _to_uint8(image):
 
 
 def train_plan(image_bytes, seed, *, size: int, box: int) -> Dict[str, tf.Tensor]:
-  """A training example's window (`pipeline.train_window`), whether it fits the box, its
+  """A training example's window (`images.train_window`), whether it fits the box, its
   geometry (the window resized to ``size``) and its flip bit."""
-  window = pipeline.train_window(image_bytes, seed)
+  window = images.train_window(image_bytes, seed)
   h, w = window[2], window[3]
   return {'window': window, 'fits': (h <= box) & (w <= box),
           'geometry': tf.stack([tf.stack([h, size, 0, 0]), tf.stack([w, size, 0, 0])]),
-          'flip': tf.cast(pipeline.flip_bit(seed), tf.int32)}
+          'flip': tf.cast(images.flip_bit(seed), tf.int32)}
 
 
 def _eval_axis(length, resized, size: int):
@@ -132,10 +124,10 @@ def _eval_axis(length, resized, size: int):
 
 def eval_plan(image_bytes, *, size: int, box: int, crop_fraction: float
               ) -> Dict[str, tf.Tensor]:
-  """An evaluation example's window (what the centre crop of `pipeline`'s ``_center_crop``
+  """An evaluation example's window (what the centre crop of `images.center_crop`
   reads), whether it fits the box, its geometry, and flip 0."""
-  shape = pipeline.encoded_shape(image_bytes)
-  new_h, new_w = pipeline.center_resized_size(shape, size, crop_fraction)
+  shape = images.encoded_shape(image_bytes)
+  new_h, new_w = images.center_resized_size(shape, size, crop_fraction)
   off_y, y, h = _eval_axis(shape[0], new_h, size)
   off_x, x, w = _eval_axis(shape[1], new_w, size)
   return {'window': tf.stack([y, x, h, w]), 'fits': (h <= box) & (w <= box),
@@ -148,9 +140,9 @@ def host_fallback(image_bytes, plan, *, train: bool, size: int, crop_fraction: f
   """The ``size x size`` uint8 image of an example whose window does not fit the box: the
   'tf' path's resize on the host, rounded (flip and normalisation stay on the device)."""
   if train:
-    image = pipeline.resize_square(pipeline.decode_window(image_bytes, plan['window']), size)
+    image = images.resize_square(images.decode_window(image_bytes, plan['window']), size)
   else:
-    image = pipeline._center_crop(image_bytes, size, crop_fraction)  # noqa: SLF001
+    image = images.center_crop(image_bytes, size, crop_fraction)
   return _to_uint8(image)
 
 
@@ -175,12 +167,12 @@ def device_example(example, *, train: bool, config, box: int, seed=None,
   out = {'geometry': tf.where(fits, plan['geometry'], identity_geometry(size)),
          'flip': plan['flip'], 'mask': tf.constant(1.0, tf.float32)}
   if decode:
-    out['image'] = tf.cond(fits, lambda: pipeline.decode_window(image_bytes, plan['window']),
+    out['image'] = tf.cond(fits, lambda: images.decode_window(image_bytes, plan['window']),
                            fallback)
   else:
     out['encoded'] = tf.cond(fits, lambda: image_bytes, lambda: tf.io.encode_png(fallback()))
     out['window'] = tf.where(fits, plan['window'], tf.constant([0, 0, size, size], tf.int32))
-  for key in pipeline.LABEL_KEYS:
+  for key in images.LABEL_KEYS:
     out[key] = tf.cast(example[key], tf.int32)
   return out
 
@@ -192,7 +184,7 @@ def padding_example(config, decode: bool = True) -> Dict[str, tf.Tensor]:
   black = tf.zeros([1, 1, 3], tf.uint8)
   out = {'geometry': identity_geometry(size), 'flip': tf.constant(0, tf.int32),
          'mask': tf.constant(0.0, tf.float32),
-         **{k: tf.constant(0, tf.int32) for k in pipeline.LABEL_KEYS}}
+         **{k: tf.constant(0, tf.int32) for k in images.LABEL_KEYS}}
   if decode:
     out['image'] = black
   else:

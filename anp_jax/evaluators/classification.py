@@ -1,21 +1,18 @@
 """Exact classification evaluation of one split: ``{'kind': 'classification', 'split': ...}``.
 
-Every example of the split counted once: each process reads its shard
-(`anp_jax.data.pipeline.eval_dataset`), padded to the same number of batches on every process
-with masked examples; the compiled per-device step (`anp_jax.steps.per_device_eval_step`)
-returns metric *sums* over the unmasked examples, added over batches and divided once
-(`anp_jax.metrics.summarize`). Metrics per head of the model: ``<head>_top1``, ``<head>_top5``,
-``<head>_loss``, and ``loss`` (the weighted multi-task loss), e.g. ``eval/anp_top1``.
+A `PredictionEvaluator`: per device, the metric *sums* over the unmasked examples of
+`anp_jax.steps.head_metrics` (the same function the training step logs with); over the split,
+added on the devices and divided once (`anp_jax.metrics.summarize`). Metrics per head of the
+model: ``<head>_top1``, ``<head>_top5``, ``<head>_loss``, and ``loss`` (the weighted multi-task
+loss), e.g. ``eval/anp_top1``. The per-device program is the one the executors compiled for
+evaluation before evaluators got predictions, so the metrics are bit for bit those
+(tests/test_evaluators.py).
 """
 
 from typing import Any, Dict, Mapping
 
-import jax
-import jax.numpy as jnp
-
-from anp_jax.data import pipeline
-from anp_jax.errors import ConfigError
-from anp_jax.evaluators import Evaluator, Goal, register
+from anp_jax import steps
+from anp_jax.evaluators import Goal, PredictionEvaluator, register
 from anp_jax.metrics import HEADS, summarize
 
 ACCURACY = Goal('max', 1.0)
@@ -28,14 +25,8 @@ def heads(config):
 
 
 @register('classification')
-class Classification(Evaluator):
+class Classification(PredictionEvaluator):
   OPTIONS = {'split': 'validation'}
-
-  @classmethod
-  def check_options(cls, config, prefix: str, options: Mapping[str, Any]) -> None:
-    if not isinstance(options['split'], str) or not options['split']:
-      raise ConfigError(f'config.evals.{prefix}.split={options["split"]!r}: name a split of the '
-                        "dataset, e.g. 'validation'.")
 
   @classmethod
   def metrics(cls, config, options: Mapping[str, Any]) -> Dict[str, Goal]:
@@ -44,33 +35,11 @@ class Classification(Evaluator):
       out.update({f'{head}_top1': ACCURACY, f'{head}_top5': ACCURACY, f'{head}_loss': LOSS})
     return out
 
-  def __init__(self, prefix: str, options: Mapping[str, Any], run):
-    super().__init__(prefix, options, run)
-    self.split = options['split']
-    splits = run.builder.info.splits
-    if self.split not in splits:
-      raise ConfigError(f'config.evals.{prefix}.split={self.split!r}: the dataset '
-                        f'{run.builder.name} has no such split; it has {sorted(splits)}.')
-    size = splits[self.split].num_examples
-    if size < run.setup.process_count:
-      raise ConfigError(f'config.evals.{prefix}: the split {self.split!r} has {size} examples, '
-                        f'fewer than the {run.setup.process_count} processes.')
-    self.num_batches = pipeline.num_eval_batches(size, run.setup.process_count,
-                                                 run.setup.eval_per_process_batch)
+  def sums(self, outputs, batch):
+    return steps.head_metrics(outputs, batch, self.run.config, mask=batch['mask'])[1]
 
-  def evaluate(self, state) -> Dict[str, float]:
-    run = self.run
-    ds = pipeline.eval_dataset(run.builder, run.config, split=self.split,
-                               per_process_batch=run.setup.eval_per_process_batch)
-    total, n = None, 0
-    for batch in pipeline.global_batches(ds, to_device=run.executor.to_device):
-      sums = run.executor.eval_step(state, batch)
-      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-      n += 1
-    if n != self.num_batches:  # Every process must run the same number of collectives.
-      raise RuntimeError(f'Evaluation of {self.split!r} produced {n} batches, expected '
-                         f'{self.num_batches}.')
-    return summarize(run.executor.fetch(total), self.prefix)
+  def finish(self, sums) -> Dict[str, float]:
+    return summarize(sums)
 
   @classmethod
   def summary(cls, prefix: str, metrics: Mapping[str, float]) -> str:

@@ -24,7 +24,8 @@ import ml_collections
 import numpy as np
 
 from anp_jax import steps
-from anp_jax.executors.common import Executor, MeshHelper, per_device_functions
+from anp_jax.executors.common import (Executor, MeshHelper, memoized_map_eval,
+                                      per_device_functions)
 from anp_jax.methods import STALENESS
 from anp_jax.staleness import staleness_sampler
 
@@ -140,7 +141,9 @@ def make(config, model, tx, setup, mesh) -> Executor:
       name='jit', method='async',
       init=helper.jit_init(init_fn, expand=functools.partial(steps.add_history, history=slots)),
       train_step=helper.jit_train_step(step, num_scalar_args=1),
-      eval_step=helper.jit_eval_step(eval_fn),
+      # The current parameters (not the history) and BN statistics.
+      map_eval=memoized_map_eval(
+          lambda fn: helper.jit_eval_step(functools.partial(eval_fn, fn=fn))),
       to_device=helper.to_device, fetch=helper.fetch, unreplicate=lambda state: state,
       restore_target=helper.restore_target, step_args=step_args, describe=describe,
       identity={'method': 'async', 'async_sgd.max_tau': int(a.max_tau)})

@@ -4,9 +4,10 @@ One `Mesh` over every device of the job, in JAX's global device order: a single 
 (`make_mesh`), or, for local SGD, (``node``, ``device``) over the same devices in the same order
 (`make_node_mesh`). `MeshHelper` holds, for one mesh and one state layout (replicated ``P()`` or
 one replica per node ``P('node')``), everything the jit executors would otherwise each rebuild:
-the shardings, the compiled `shard_map` of a per-device step (state buffers donated) and of the
-evaluation step, the host→device transfer of a batch (`jax.make_array_from_process_local_data`:
-works unchanged across processes), the device→host `fetch`, and the checkpoint restore target.
+the shardings, the compiled `shard_map` of a per-device step (state buffers donated) and of an
+evaluation's per-device function, the host→device transfer of a batch
+(`jax.make_array_from_process_local_data`: works unchanged across processes), the device→host
+`fetch`, and the checkpoint restore target.
 """
 
 import dataclasses
@@ -47,7 +48,13 @@ class Executor:
   method: str
   init: Callable[[], Any]
   train_step: Callable
-  eval_step: Callable
+  # map_eval(fn, key=None) -> step(state, batch) -> sums: `fn(outputs, batch)` (the model's
+  # evaluation-mode outputs on a device's shard and the finished batch, see
+  # `steps.per_device_eval_step`) compiled over this executor's state layout, its sums added
+  # over every device of the job; the result stays on the devices (replicated), so that an
+  # evaluation adds it over batches there and fetches once. Compiled once per `key` (default:
+  # `fn` itself): evaluators of one kind share one program.
+  map_eval: Callable
   to_device: Callable  # A host batch (this process's examples) → device arrays.
   fetch: Callable  # A replicated device value → numpy on this host.
   unreplicate: Callable  # Executor state → TrainState with one copy of every leaf.
@@ -99,7 +106,8 @@ def host_init(init_fn):
 
 
 def per_device_functions(config, model, tx, setup, **train_kwargs):
-  """(train_fn, eval_fn, init_fn): the steps of `anp_jax.steps` bound to this run."""
+  """(train_fn, eval_fn, init_fn): the steps of `anp_jax.steps` bound to this run (``eval_fn(state,
+  batch, fn=...)``: `steps.per_device_eval_step`)."""
   bound = dict(model=model, tx=tx, config=config, accum_steps=setup.accum_steps,
                num_devices=setup.devices)
   train_fn = functools.partial(steps.per_device_train_step, **dict(bound, **train_kwargs))
@@ -148,7 +156,7 @@ class MeshHelper:
                    out_shardings=(self.state, self.replicated), donate_argnums=(0,))
 
   def jit_eval_step(self, eval_fn):
-    """`eval_fn(state, batch)` per device (metric sums psum'd inside) → jitted over the mesh."""
+    """`eval_fn(state, batch)` per device (sums psum'd inside) → jitted over the mesh."""
     sm = jax.shard_map(eval_fn, mesh=self.mesh, in_specs=(self.state_spec, self.batch_spec),
                        out_specs=P())
     return jax.jit(sm, in_shardings=(self.state, self.data), out_shardings=self.replicated)
@@ -171,3 +179,16 @@ class MeshHelper:
     saved on other devices (8 → 4) lands where this run keeps it."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.state),
                         state)
+
+
+def memoized_map_eval(make: Callable[[Callable], Callable]) -> Callable:
+  """An executor's `Executor.map_eval` from `make(fn) -> compiled step`: one compiled step per
+  key (default: `fn`), so that evaluators computing the same sums share one program."""
+  compiled = {}
+
+  def map_eval(fn, key=None):
+    k = fn if key is None else key
+    if k not in compiled:
+      compiled[k] = make(fn)
+    return compiled[k]
+  return map_eval

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from anp_jax import collectives, optim, steps
-from anp_jax.executors.common import DEVICE, NODE, Executor, MeshHelper, per_device_functions
+from anp_jax.executors.common import (DEVICE, NODE, Executor, MeshHelper, memoized_map_eval,
+                                      per_device_functions)
 
 
 def _is_float(x) -> bool:
@@ -67,10 +68,11 @@ def make(config, model, tx, setup, mesh) -> Executor:
     sums['_grad_norm'] = grad_norm / jax.lax.axis_size(NODE)
     return jax.tree.map(lambda x: x[None], new), sums
 
-  def eval_step(state, batch):
+  def eval_step(state, batch, fn):
     # The node-averaged model (what a final average would give).
     local = average_model(jax.tree.map(lambda x: x[0], state))
-    return steps.per_device_eval_step(local, batch, model=model, config=config, axis_name=both)
+    return steps.per_device_eval_step(local, batch, model=model, config=config, fn=fn,
+                                      axis_name=both)
 
   compiled = {average: helper.jit_train_step(functools.partial(step, average=average))
               for average in (False, True)}
@@ -85,7 +87,8 @@ def make(config, model, tx, setup, mesh) -> Executor:
       name='jit', method='local_sgd',
       init=helper.jit_init(init_fn, expand=add_node_axis),
       train_step=train_step,
-      eval_step=helper.jit_eval_step(eval_step),
+      map_eval=memoized_map_eval(
+          lambda fn: helper.jit_eval_step(functools.partial(eval_step, fn=fn))),
       to_device=helper.to_device, fetch=helper.fetch,
       unreplicate=jax.jit(average_replicas, out_shardings=helper.replicated),
       restore_target=helper.restore_target,

@@ -6,10 +6,13 @@ hold one host copy of it (`to_checkpoint` / `from_checkpoint`), so they are inte
 the jit executor's.
 """
 
+import functools
+
 import jax
 import numpy as np
 
-from anp_jax.executors.common import AXIS, Executor, host_init, per_device_functions
+from anp_jax.executors.common import (AXIS, Executor, host_init, memoized_map_eval,
+                                      per_device_functions)
 
 
 def make(config, model, tx, setup, mesh) -> Executor:
@@ -46,7 +49,8 @@ def make(config, model, tx, setup, mesh) -> Executor:
       name='pmap', method='sync',
       init=lambda: replicate(host_init(init_fn)),
       train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
-      eval_step=jax.pmap(eval_fn, axis_name=AXIS),
+      map_eval=memoized_map_eval(
+          lambda fn: jax.pmap(functools.partial(eval_fn, fn=fn), axis_name=AXIS)),
       to_device=to_device,
       fetch=lambda x: jax.tree.map(first_copy, x),
       unreplicate=unreplicate, restore_target=restore_target,

@@ -7,7 +7,8 @@ state buffers donated. Gradients are averaged with `pmean` inside the per-device
 
 import functools
 
-from anp_jax.executors.common import Executor, MeshHelper, per_device_functions
+from anp_jax.executors.common import (Executor, MeshHelper, memoized_map_eval,
+                                      per_device_functions)
 
 
 def make(config, model, tx, setup, mesh) -> Executor:
@@ -17,6 +18,7 @@ def make(config, model, tx, setup, mesh) -> Executor:
       name='jit', method='sync',
       init=helper.jit_init(init_fn),
       train_step=helper.jit_train_step(functools.partial(train_fn, in_shard_map=True)),
-      eval_step=helper.jit_eval_step(eval_fn),
+      map_eval=memoized_map_eval(
+          lambda fn: helper.jit_eval_step(functools.partial(eval_fn, fn=fn))),
       to_device=helper.to_device, fetch=helper.fetch, unreplicate=lambda state: state,
       restore_target=helper.restore_target)

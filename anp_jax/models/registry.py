@@ -2,22 +2,25 @@
 
 A model family registers each of its names with a factory and the metadata its callers need
 (`ModelSpec`: the smallest image it accepts, the size it is designed for, its family and
-family-specific structure). `create_model` resolves what the config says about every model
-(heads, compute dtype, BatchNorm semantics and the frozen layers) into `ModelArgs` and calls the
-factory of ``config.model.name``; `anp_jax.setup.validate_config` checks ``config.model.name``
-and the minimum image size against the same registry. So a new model is one file that calls
-`register` (see ``docs/models.md``), and nothing else changes.
+family-specific structure, the config options it reads). `create_model` resolves what the
+config says about every model (heads, compute dtype, BatchNorm semantics and the frozen layers,
+the model's own options) into `ModelArgs` and calls the factory of ``config.model.name``;
+`anp_jax.setup.validate_config` checks ``config.model.name``, the minimum image size and the
+options against the same registry (`anp_jax.registry.MODELS`). Every module of
+``anp_jax/models/`` is imported the first time a name is looked up, so a new model is one file
+that calls `register` (see ``docs/models.md``), and nothing else changes.
 """
 
-import collections.abc
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from anp_jax import param_names
+from anp_jax import param_names, registry
+from anp_jax.errors import ConfigError
 from anp_jax.models.norm import BatchNormSettings
+from anp_jax.registry import Option
 
 # Compute dtypes. float16 is deliberately absent: its 5-bit exponent makes small gradients
 # underflow to zero unless the loss is scaled (dynamic loss scaling), which this trainer does not
@@ -49,10 +52,13 @@ class ModelArgs:
     dtype: compute dtype (``config.model.dtype``); parameters and BN statistics stay float32.
     norm: the BatchNorm semantics (``config.bn_mode``, ``bn_momentum``, the layers
       ``config.freeze`` freezes): build every BatchNorm with ``norm.layer(train, dtype)``.
+    options: the values of the options the model declared (`register`), by name:
+      ``config.model.<name>``, or the declared default for a config recorded without it.
   """
   heads: Heads
   dtype: Any
   norm: BatchNormSettings
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # factory(config, args) -> an uninitialised flax module (see docs/models.md for the contract).
@@ -74,6 +80,7 @@ class ModelSpec:
       family (torchvision weight names) check it.
     arch: family-specific structure (for ResNets a `resnet.ResNetArch`), None if none.
     description: one line for listings.
+    options: the fields of ``config.model`` it reads, by name (`anp_jax.registry.Option`).
   """
   name: str
   factory: Factory
@@ -82,23 +89,30 @@ class ModelSpec:
   family: str = ''
   arch: Any = None
   description: str = ''
+  options: Mapping[str, Option] = dataclasses.field(default_factory=dict)
 
 
-_REGISTRY: Dict[str, ModelSpec] = {}
+MODELS = registry.MODELS
 
 
 def register(name: str, *, min_image_size: int, image_size: Optional[int] = None,
              family: str = '', arch: Any = None, description: str = '',
+             options: Optional[Mapping[str, Any]] = None,
              replace: bool = False) -> Callable[[Factory], Factory]:
   """Registers a model factory under ``name``; used as a decorator::
 
-    @models.register('toy_cnn', min_image_size=4, image_size=32)
+    @models.register('toy_cnn', min_image_size=4, image_size=32,
+                     options={'features': models.Option(16, 'integer >= 1', 'channels')})
     def toy_cnn(config, args: models.ModelArgs) -> nn.Module:
-      return ToyCNN(num_anps=args.heads.num_anps, ..., norm=args.norm, dtype=args.dtype)
+      return ToyCNN(heads=args.heads, features=args.options['features'], norm=args.norm,
+                    dtype=args.dtype)
 
   (or called: ``register(name, min_image_size=4)(factory)``). The factory is returned
-  unchanged. A name registered twice is an error (two models would answer to one config),
-  unless ``replace=True``.
+  unchanged. ``options`` are the fields of ``config.model`` the model reads (an `Option`, or a
+  plain default): every config gets them (``--config.model.features=8`` works with no config
+  file), validation checks their ranges, and the factory reads them in ``args.options``; two
+  models may share an option declared alike. A name registered twice is an error (two models
+  would answer to one config), unless ``replace=True``.
   """
   if not isinstance(name, str) or not name:
     raise ValueError(f'register: the model name must be a non-empty string, got {name!r}.')
@@ -113,53 +127,31 @@ def register(name: str, *, min_image_size: int, image_size: Optional[int] = None
   def add(factory: Factory) -> Factory:
     if not callable(factory):
       raise ValueError(f'register({name!r}): the factory {factory!r} is not callable.')
-    if name in _REGISTRY and not replace:
-      raise ValueError(f'A model named {name!r} is already registered (by '
-                       f'{_where(_REGISTRY[name].factory)}); pick another name or pass '
-                       'replace=True.')
-    _REGISTRY[name] = ModelSpec(name=name, factory=factory, min_image_size=min_image_size,
-                                image_size=size, family=family, arch=arch,
-                                description=description)
+    declared = {k: registry.as_option(v) for k, v in dict(options or {}).items()}
+    MODELS.register(name, ModelSpec(name=name, factory=factory, min_image_size=min_image_size,
+                                    image_size=size, family=family, arch=arch,
+                                    description=description, options=declared),
+                    options=declared, replace=replace)
     return factory
   return add
 
 
-def _where(factory) -> str:
-  return f'{getattr(factory, "__module__", "?")}.{getattr(factory, "__qualname__", factory)}'
-
-
 def names() -> Tuple[str, ...]:
-  """The registered model names, sorted."""
-  return tuple(sorted(_REGISTRY))
+  """The registered model names, sorted (every module of ``anp_jax/models/`` imported first)."""
+  return MODELS.names()
 
 
-class _Names(collections.abc.Sequence):
-  """A live, sorted view of the registered names (`anp_jax.setup.CHOICES` holds it, so a model
-  registered after import is a valid ``config.model.name``)."""
-
-  def __getitem__(self, index):
-    return names()[index]
-
-  def __len__(self) -> int:
-    return len(_REGISTRY)
-
-  def __contains__(self, name) -> bool:
-    return name in _REGISTRY
-
-  def __repr__(self) -> str:
-    return repr(names())
-
-
-NAMES = _Names()
+# A live, sorted view of the registered names (`anp_jax.setup.CHOICES` holds it, so a model
+# registered after import is a valid ``config.model.name``).
+NAMES = MODELS.view()
 
 
 def spec(name: str) -> ModelSpec:
-  """The `ModelSpec` registered under ``name``; ValueError listing the names if none is."""
-  try:
-    return _REGISTRY[name]
-  except (KeyError, TypeError):
-    raise ValueError(f'Unknown model {name!r}; choose one of {names()} (or register one: see '
-                     'docs/models.md).') from None
+  """The `ModelSpec` registered under ``name``; ConfigError listing the names (and how to add
+  one) if none is."""
+  if name not in MODELS:
+    raise ConfigError(f'Unknown model {name!r}; choose one of {names()} ({MODELS.how}).')
+  return MODELS.get(name)
 
 
 def dtype_error(dtype) -> str:
@@ -221,5 +213,6 @@ def create_model(config, meta, axis_name: Optional[str] = None) -> nn.Module:
   heads = Heads(num_anps=int(meta.num_anps),
                 num_adjectives=int(getattr(meta, 'num_adjectives', 0)) if m.adjective_head else 0,
                 num_nouns=int(getattr(meta, 'num_nouns', 0)) if m.noun_head else 0)
-  args = ModelArgs(heads=heads, dtype=DTYPES[m.dtype], norm=norm_settings(config, axis_name))
+  args = ModelArgs(heads=heads, dtype=DTYPES[m.dtype], norm=norm_settings(config, axis_name),
+                   options=registry.option_values(m, model_spec.options))
   return model_spec.factory(config, args)

@@ -20,8 +20,10 @@ from typing import Any, Callable, Dict, Sequence, Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
+from anp_jax.models import conv
 from anp_jax.models.norm import BatchNormSettings
 from anp_jax.models.registry import ModelArgs, register
+from anp_jax.registry import Option
 
 ModuleDef = Any
 # Explicit padding of every 3x3 convolution and of the stem's max-pool, as torchvision's
@@ -185,21 +187,28 @@ def build_resnet(name: str, **kwargs) -> ResNet:
   return ResNet(stage_sizes=arch.stage_sizes, block=arch.block, stem=arch.stem, **kwargs)
 
 
+# The options of every ResNet (``config.model.<name>``); ``config.model.width`` is every model's.
+OPTIONS = {
+    'zero_init_last_bn': Option(True, doc='the last BatchNorm scale of every block starts at '
+                                'zero (Goyal et al. 2017)'),
+    'conv_impl': Option('xla', choices=conv.IMPLS, doc='how convolutions are lowered '
+                        '(anp_jax/models/conv.py)'),
+}
+
+
 def _factory(name: str):
   """The registered factory of ResNet `name`: heads, dtype and BatchNorm from `ModelArgs`,
-  ``config.model.width``, ``zero_init_last_bn`` and ``conv_impl`` from the config."""
+  ``config.model.width`` from the config, ``zero_init_last_bn`` and ``conv_impl`` from its
+  options."""
 
   def build(config, args: ModelArgs) -> ResNet:
-    m = config.model
-    conv_impl = None
-    if m.conv_impl != 'xla':
-      from anp_jax.models import conv
-      conv_impl = conv.get_conv_impl(m.conv_impl)
+    impl = args.options['conv_impl']
+    conv_impl = None if impl == 'xla' else conv.get_conv_impl(impl)
     return build_resnet(name, num_anps=args.heads.num_anps,
                         num_adjectives=args.heads.num_adjectives,
-                        num_nouns=args.heads.num_nouns, width=m.width, dtype=args.dtype,
-                        zero_init_last_bn=m.zero_init_last_bn, bn=args.norm,
-                        conv_impl=conv_impl)
+                        num_nouns=args.heads.num_nouns, width=config.model.width,
+                        dtype=args.dtype, zero_init_last_bn=args.options['zero_init_last_bn'],
+                        bn=args.norm, conv_impl=conv_impl)
   build.__qualname__ = f'{name}_factory'
   return build
 
@@ -207,5 +216,5 @@ def _factory(name: str):
 for _name, _arch in ARCHS.items():
   register(_name, min_image_size=MIN_IMAGE_SIZE[_arch.stem],
            image_size=NATIVE_IMAGE_SIZE[_arch.stem], family='resnet', arch=_arch,
-           description=f'ResNet, {_arch.block} blocks {_arch.stage_sizes}, {_arch.stem} stem')(
-               _factory(_name))
+           description=f'ResNet, {_arch.block} blocks {_arch.stage_sizes}, {_arch.stem} stem',
+           options=OPTIONS)(_factory(_name))

@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import ml_collections
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from anp_jax import cli, distributed, preemption
 from anp_jax.research import runner, stats
@@ -113,9 +112,9 @@ def parse_command_line(argv: Sequence[str], prefix: str, define_flags: Callable,
   message = cli.check_config_argv(argv, 'config', config_file)  # Every absl form of a field.
   if message:
     raise StudyError(message)
-  config_flags.DEFINE_config_file('config', config_file, 'The preset config; override with '
-                                  '--config.x=y.', flag_values=fv, sys_argv=['prog'] + argv,
-                                  lock_config=True)
+  cli.define_config_flag('config', config_file, 'The preset config; override with '
+                         '--config.x=y.', flag_values=fv, sys_argv=['prog'] + argv,
+                         lock_config=True)
   try:
     rest = fv(['prog'] + argv)
   except flags.IllegalFlagValueError as e:

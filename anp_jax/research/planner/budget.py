@@ -16,7 +16,7 @@ batches of another task never got there).
 import dataclasses
 from typing import Optional, Tuple
 
-from anp_jax import durations
+from anp_jax import durations, registry
 from anp_jax.research import study_results
 
 # Crossing the target after this fraction of the run's steps leans on the schedule's end (under
@@ -24,7 +24,12 @@ from anp_jax.research import study_results
 # runner flags a measured crossing after the same fraction.
 DEEP_DECAY_FRACTION = study_results.LATE_FRACTION
 FEASIBILITY = ('ok', 'late', 'unreachable', 'unknown')
-DECAYING_SCHEDULES = ('cosine', 'step')
+
+
+def decays(schedule: str) -> bool:
+  """Whether `schedule` lowers the rate over the run: its registration says
+  (`anp_jax.optim.register_schedule(..., decays=...)`; read without JAX)."""
+  return registry.SCHEDULES.get(schedule).decays
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Budget:
     fraction = steps / self.steps(examples_per_update)
     if fraction > 1:
       return fraction, 'unreachable'
-    if fraction > DEEP_DECAY_FRACTION and self.schedule in DECAYING_SCHEDULES:
+    if fraction > DEEP_DECAY_FRACTION and decays(self.schedule):
       return fraction, 'late'
     return fraction, 'ok'
 
