@@ -140,8 +140,9 @@ def _env(**extra):
     ('--noconfig.batchsize', 'Unknown config field --config.batchsize; did you mean'),
     ('-config.batchsize=64', 'Unknown config field --config.batchsize; did you mean'),
     # A test evaluator: how to add one, never a move of the validation evaluator onto test.
-    ('--config.evals.test.split=test', "add it in a config file, c.evals.test = "
-                                       "dict(kind='classification', split='test')"),
+    ('--config.evals.test.split=test', 'Add one by giving its kind first: '
+                                       '--config.evals.test.kind=classification '
+                                       '--config.evals.test.split=test'),
 ])
 def test_bad_config_flags_exit_2_with_the_fix_first(tmp_path, flag, expected):
   out = subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={tmp_path / "w"}',
