@@ -19,14 +19,17 @@ flags have no effect. What is set and why:
   way mid-run (2026-12-05, run 17 of 27; it resumed). The wait stays bounded, at 5 minutes.
   Collectives across processes (gloo) have their own bound, ``xla_cpu_collective_timeout_seconds``.
 
-* ``NPROC`` (an environment variable, not a flag) = 2 x max(simulated devices, cores) when
+* ``NPROC`` (an environment variable, not a flag) = 4 x max(simulated devices, cores) when
   ``--xla_force_host_platform_device_count`` asks for several CPU devices: XLA:CPU sizes the pool
   its devices' programs run on as max(NPROC or the core count, devices), "just enough threads for
-  one collective" by its own comment. On a 2-core host with 8 simulated devices that is 8
-  threads, and under load a collective program once had 7 of its 8 participants waiting 300 s
-  for the last and aborted the process (``Expected 8 threads to join the rendezvous, but only 7
-  of them arrived``; 2 of 11 tries of a pmap test beside six CPU hogs, 0 of 12 with NPROC=16,
-  2026-12-05). A real accelerator ignores it; a value you set wins.
+  one collective" by its own comment, and the same pool runs the per-device launches of every
+  multi-device program, which block while a device has too many programs in flight. On a 2-core
+  host with 8 simulated devices that is 8 threads, and under load a collective program had 7 of
+  its 8 participants waiting 300 s for the last and aborted the process (``Expected 8 threads to
+  join the rendezvous, but only 7 of them arrived``; 2 of 11 tries of a pmap test beside six CPU
+  hogs, 0 of 12 with NPROC=16, 2026-12-05). With 2 devices and twice their number (4 threads) a
+  study's evaluation still aborted the same way once, so the pool is four times the devices.
+  A real accelerator ignores it; a value you set wins.
 
 Rules: a flag of the same name already in ``XLA_FLAGS`` wins (yours); ``ANP_XLA_CPU_DEFAULTS=0``
 turns the defaults off (inherited by subprocesses); they are only applied for the jaxlib minor
@@ -71,7 +74,7 @@ def apply_cpu_defaults(environ: MutableMapping[str, str] = os.environ,
     environ['XLA_FLAGS'] = current
   devices = simulated_device_count(current)
   if devices > 1 and not environ.get(POOL_SIZE_VARIABLE):
-    environ[POOL_SIZE_VARIABLE] = str(2 * max(devices, os.cpu_count() or 1))
+    environ[POOL_SIZE_VARIABLE] = str(4 * max(devices, os.cpu_count() or 1))
   return current
 
 
