@@ -4,7 +4,7 @@ beside baselines declared before the runs.
 
   .venv/bin/python experiments/plan_validation_heldout.py --studies DIR_A,...,DIR_F \
       --calibration DIR_A,DIR_B,DIR_C --out experiments/results/plan_validation/heldout
-  python experiments/plan_validation_heldout.py --studies DIR_G,...,DIR_M \
+  .venv/bin/python experiments/plan_validation_heldout.py --studies DIR_G,...,DIR_M \
       --registration experiments/registrations/plan_heldout_2.json --out DIR --apply_decision
 
 Each DIR is a finished study of the ``plan_validation`` preset (``anp_jax/configs/

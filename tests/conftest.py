@@ -246,33 +246,86 @@ def assert_leaves_close(got, want, **tol):
 
 
 # ----------------------------------------------------------------------------------------------
-# Spreading the suite over pytest-xdist workers (test.sh: --dist loadfile --no-loadscope-reorder).
+# Spreading the suite over pytest-xdist workers (test.sh: --dist loadfile --no-loadscope-reorder),
+# and the fast tier.
 #
 # A worker takes a whole test file at a time (its module fixtures are built once), in the order
 # of the collection, which this hook sets heaviest file first (longest-processing-time order):
 # the tail is then a light file, not the one with the multi-process or SLURM jobs (xdist's own
-# order, by number of tests, sent those last). A file's weight is the sum of its tests'
-# `@pytest.mark.slow(seconds)`: about what the test takes alone on 2 idle cores (unmarked: 1).
-# A file heavier than a fair share of the suite is split in two (its heavy tests in a second file
-# of the same subject). (xdist_group marks cannot split a file: with pytest 9 the loadgroup
-# mode of xdist 3.8 no longer renames node ids, and every test becomes its own unit.)
+# order, by number of tests, sent those last). A test's weight is what it took in the last
+# recorded run alone on 2 idle cores (tests/durations.json: setup + call + teardown), else its
+# `@pytest.mark.slow(seconds)`, else 1 s; a file's weight is the sum of its tests'. A file heavier
+# than a fair share of the suite is split in two (its heavy tests in a second file of the same
+# subject). (xdist_group marks cannot split a file: with pytest 9 the loadgroup mode of xdist 3.8
+# no longer renames node ids, and every test becomes its own unit.)
+#
+# The fast tier (`./test.sh -m fast`, docs/testing.md): every test whose recorded time is at most
+# FAST_TEST_S, and in each file that has none, its quickest test; a test not recorded yet counts
+# as fast unless it is marked slow. tests/test_fast_tier.py checks that the tier touches every
+# module and stays within its budget.
+#
+# ANP_TEST_RECORD_DURATIONS=1 ./test.sh records this run's times into tests/durations.json
+# (merged with the entries of tests it did not run; on a quiet machine: they are the weights).
 
 UNMARKED_SECONDS = 1.0
+FAST_TEST_S = 0.5
+DURATIONS_FILE = os.environ.get('ANP_TEST_DURATIONS_FILE') or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), 'durations.json')
+FAST_TIER_BUDGET_S = 120  # The tier's recorded seconds: ~3 min wall on 2 cores with start-up.
 
 
-def _seconds(item) -> float:
+def recorded_durations() -> dict:
+  """{test node id: seconds} of the last recorded run ({} without the file)."""
+  try:
+    with open(DURATIONS_FILE) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def _marked_seconds(item):
   mark = item.get_closest_marker('slow')
   if mark is None:
-    return UNMARKED_SECONDS
+    return None
   return float(mark.args[0] if mark.args else mark.kwargs.get('seconds', 60))
 
 
+def weight_of(item, recorded) -> float:
+  """The seconds `item` is expected to take (see above)."""
+  if item.nodeid in recorded:
+    return float(recorded[item.nodeid])
+  marked = _marked_seconds(item)
+  return UNMARKED_SECONDS if marked is None else marked
+
+
+def fast_tier(items, recorded) -> set:
+  """The node ids of the fast tier among `items` (see above)."""
+  fast, quickest = set(), {}
+  for item in items:
+    path = item.nodeid.split('::', 1)[0]
+    if item.nodeid in recorded:
+      seconds = float(recorded[item.nodeid])
+      if seconds <= FAST_TEST_S:
+        fast.add(item.nodeid)
+      if path not in quickest or seconds < quickest[path][0]:
+        quickest[path] = (seconds, item.nodeid)
+    elif _marked_seconds(item) is None:
+      fast.add(item.nodeid)
+  for path, (_, nodeid) in quickest.items():
+    if not any(n.split('::', 1)[0] == path for n in fast):
+      fast.add(nodeid)
+  return fast
+
+
+@pytest.hookimpl(tryfirst=True)  # Before -m selects on the `fast` mark it adds.
 def pytest_collection_modifyitems(items):
-  """Orders the test files heaviest first, each one's tests in their collected order."""
+  """Orders the test files heaviest first, each one's tests in their collected order, and marks
+  the fast tier."""
+  recorded = recorded_durations()
   weight, first = {}, {}
   for i, item in enumerate(items):
     path = item.nodeid.split('::', 1)[0]
-    weight[path] = weight.get(path, 0.0) + _seconds(item)
+    weight[path] = weight.get(path, 0.0) + weight_of(item, recorded)
     first.setdefault(path, i)
   order = {id(item): i for i, item in enumerate(items)}
 
@@ -280,6 +333,33 @@ def pytest_collection_modifyitems(items):
     path = item.nodeid.split('::', 1)[0]
     return -weight[path], first[path], order[id(item)]
   items.sort(key=key)
+  fast = fast_tier(items, recorded)
+  for item in items:
+    if item.nodeid in fast:
+      item.add_marker(pytest.mark.fast)
+
+
+_RECORDED = {}  # This run's times, by node id (the controller's, with xdist).
+
+
+def pytest_runtest_logreport(report):
+  if os.environ.get('ANP_TEST_RECORD_DURATIONS') == '1':
+    _RECORDED[report.nodeid] = _RECORDED.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """ANP_TEST_RECORD_DURATIONS=1: this run's times into tests/durations.json, by the controller
+  (or the only process), merged with the recorded times of the tests it did not run."""
+  if os.environ.get('ANP_TEST_RECORD_DURATIONS') != '1' or hasattr(session.config, 'workerinput'):
+    return
+  if not _RECORDED:
+    return
+  merged = {**recorded_durations(), **{k: round(v, 2) for k, v in _RECORDED.items()}}
+  tmp = DURATIONS_FILE + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(dict(sorted(merged.items())), f, indent=0)
+    f.write('\n')
+  os.replace(tmp, DURATIONS_FILE)
 
 
 @pytest.fixture(scope='session')
