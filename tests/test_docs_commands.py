@@ -3,7 +3,7 @@ clean environment's terms (the venv's Python; HOME and ANP_DATA_DIR in a tempora
 
 Each fenced ``bash`` command runs in the tiny form the rules below state, so that the file stays
 minutes, not hours: a study script with ``--dry_run`` (its whole plan, datasets included, no
-training); a command that reads data or weights nobody has here (``~/mvso_en``, ``DIR``, a pilot
+training; a confirmation of a placeholder study with ``--help``); a command that reads data or weights nobody has here (``~/mvso_en``, ``DIR``, a pilot
 run), or writes into the committed results, with ``--help`` after its flags (absl parses every
 flag before it reaches ``--help``: a misspelt flag or ``--config.x`` field fails; for the tools
 whose help comes first, every flag the command uses must be in the help); ``./run.sh`` and
@@ -207,7 +207,10 @@ def _python_command(tokens, env, out_dir, what):
     _check(_run(argv, env), what)
     return
   assert os.path.exists(os.path.join(ROOT, target)) or tokens[1] == '-m', (what, target)
-  if script in DRY_RUN and env.get('TEMPLATE') != '1':
+  # A confirmation (--confirm_seeds) reads a finished study: on a placeholder DIR, --help.
+  confirms_a_placeholder = (any(t.split('=')[0] == '--confirm_seeds' for t in tokens)
+                            and any(PLACEHOLDER.search(t) for t in tokens[1:]))
+  if script in DRY_RUN and env.get('TEMPLATE') != '1' and not confirms_a_placeholder:
     if '--dry_run' not in argv:
       argv.append('--dry_run')
     out = _run(_outputs_to(argv, out_dir), env)
