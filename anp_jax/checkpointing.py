@@ -52,6 +52,10 @@ IDENTITY_FIELDS = ('model.name', 'model.width', 'model.adjective_head', 'model.n
 DATA_FIELDS = ('augment',)
 DATA_FIELDS_OF = {'augment': {'cifar': ('crop_padding',), 'inception': ('crop_fraction',)},
                   'dataset': {'synthetic_anp': ('synthetic.*',), 'anp': ('anp.config_name',)}}
+# Likewise the fields that say which optimizer runs where `optimizer` alone does not: 'optax' is
+# any optax function by name (adam and adamw share a state structure, so a resume from one into
+# the other would not even fail to restore).
+OPTIMIZER_FIELDS_OF = {'optimizer': {'optax': ('optax_name',)}}
 # Besides these config fields, the identity holds what they resolve to on the job
 # (`Checkpointer`'s identity_extra, from `trainer._checkpointer`): the label sets, the
 # executor's state layout, and ``bn_statistics_batch``, the examples each BatchNorm normalises
@@ -118,10 +122,10 @@ def get_field(config, dotted: str):
 
 
 def _data_fields(config):
-  """`DATA_FIELDS` and those of `DATA_FIELDS_OF` that `config`'s augmentation and dataset use
-  (``section.*``: every field of that section)."""
+  """`DATA_FIELDS` and those of `DATA_FIELDS_OF` (`OPTIMIZER_FIELDS_OF`) that `config`'s
+  augmentation and dataset (optimizer) use (``section.*``: every field of that section)."""
   fields = list(DATA_FIELDS)
-  for switch, by_value in DATA_FIELDS_OF.items():
+  for switch, by_value in {**DATA_FIELDS_OF, **OPTIMIZER_FIELDS_OF}.items():
     for field in by_value.get(get_field(config, switch), ()):
       if field.endswith('.*'):
         section = get_field(config, field[:-2])

@@ -200,3 +200,13 @@ def test_an_evaluation_ignores_the_statistics_batch(data_dir, tmp_path):
   assert checkpointing.identity_diff(saved, {'bn_statistics_batch': 8}, eval_only=True) == {}
   assert checkpointing.identity_diff(saved, {'bn_statistics_batch': 8}) == {
       'bn_statistics_batch': (4, 8)}
+
+
+def test_the_optax_function_is_part_of_the_identity(tmp_path):
+  """Was: `optimizer='optax'` was the whole identity, so a resume from adam's state with
+  ``--config.optax_name=adamw`` (the same state structure) trained on silently with another
+  optimizer. The function counts only where the optimizer is 'optax'."""
+  adam = checkpointing.identity(tiny_config(tmp_path, optimizer='optax', optax_name='adam'))
+  adamw = checkpointing.identity(tiny_config(tmp_path, optimizer='optax', optax_name='adamw'))
+  assert checkpointing.identity_diff(adam, adamw) == {'optax_name': ('adam', 'adamw')}
+  assert 'optax_name' not in checkpointing.identity(tiny_config(tmp_path, optimizer='sgd'))

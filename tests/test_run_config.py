@@ -78,6 +78,8 @@ def test_a_replaced_field_is_refused_naming_its_replacement(field):
   assert f'config.{field} no longer exists' in message
   replacement = {'eval_split': 'config.evals', 'shuffle_buffer': 'a uniform permutation'}
   assert replacement.get(field, 'config.target_value') in message
+  # Issue 45, item 6: never advice that would move the choices (evals.eval) onto the test split.
+  assert 'evals.eval.split=test' not in message
   config = default.get_config()
   config[field] = 'eval/anp_top1' if field == 'stop_at_metric' else 0.5
   with pytest.raises(ConfigError, match=f'config.{field} no longer exists'):

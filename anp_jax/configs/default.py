@@ -52,8 +52,9 @@ REPLACED_FIELDS = {
                       'config.stop_at_target=True (stop there)',
     'stop_at_value': 'config.target_value (with config.target_metric and '
                      'config.stop_at_target=True)',
-    'eval_split': "config.evals, a metric prefix per evaluation, e.g. "
-                  "--config.evals.eval.split=test",
+    'eval_split': "config.evals, a metric prefix per evaluation: the choices' split is "
+                  "--config.evals.eval.split=validation; a test split is evaluated beside it "
+                  "with --config.evals.test.kind=classification --config.evals.test.split=test",
     'shuffle_buffer': 'nothing: every epoch is a uniform permutation of the whole training split '
                       '(docs/data.md)',
 }
