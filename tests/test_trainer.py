@@ -152,6 +152,42 @@ def test_accumulation_is_not_trivially_equal_without_ghost_bn(data_dir, tmp_path
   assert abs(_losses(results[0])[-1] - _losses(results[1])[-1]) > 1e-6
 
 
+def test_accumulation_on_cpu_runs_no_loop(data_dir):
+  """XLA:CPU runs the backward pass's convolutions inside a loop body ~7x slower per image
+  (`steps.accumulation_unrolled`): a CPU run's step with 4 micro-batches is straight-line code,
+  no ``while`` in the program it lowers (the scan's body was one)."""
+  config = tiny_config(data_dir, batch_size=128, grad_accum_steps=4, num_train_steps=1)
+  run = trainer.build(config)
+  state, batch = run.init_state(), next(run.train_batches())
+  text = run.executor.train_step.lower(state, batch, *run.executor.step_args(0)).as_text()
+  assert run.setup.accum_steps == 4
+  assert text.count('stablehlo.while') == 0
+
+
+def test_unrolled_accumulation_gives_the_scan_s_step(data_dir):
+  """The same micro-batches, summed in the same order: the unrolled step (CPU's default) gives
+  what the `lax.scan` gave, to float tolerance (XLA computes the convolutions differently in a
+  loop body), and both differ from one big batch with per-device BN (not trivially equal)."""
+  config = tiny_config(data_dir, grad_accum_steps=4, bn_mode='per_device', num_train_steps=1)
+  run = trainer.build(config)
+  batch = jax.tree.map(lambda x: np.asarray(x)[:8], next(run.train_batches()))
+  state = jax.device_get(run.init_state())
+
+  def step(accum, unroll):
+    fn = jax.jit(lambda s, b: steps.per_device_train_step(
+        s, b, model=run.model, tx=run.tx, config=config, accum_steps=accum, num_devices=1,
+        axis_name=None, unroll_accumulation=unroll))
+    return jax.device_get(fn(state, batch))
+
+  (scanned, scanned_sums), (unrolled, unrolled_sums) = step(4, False), step(4, True)
+  assert unrolled_sums['loss'] == pytest.approx(scanned_sums['loss'], rel=1e-6)
+  assert_leaves_close(leaves((unrolled.params, unrolled.batch_stats, unrolled.opt_state)),
+                      leaves((scanned.params, scanned.batch_stats, scanned.opt_state)),
+                      rtol=1e-5, atol=1e-7)
+  big, _ = step(1, None)
+  assert not np.allclose(leaves(big.batch_stats)[0], leaves(unrolled.batch_stats)[0])
+
+
 @pytest.mark.parametrize('overrides,message', [
     (dict(batch_size=36), 'not divisible by the 8 devices'),
     (dict(**{'model.name': 'resnet51'}), 'is unknown'),
