@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional
 
@@ -95,12 +96,25 @@ class Run:
 
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
     """Exact classification evaluation of `split` (default: the split of config.evals' ``eval``
-    entry), as ``eval/`` means: every example counted once, padding masked out. For IPython;
+    entry): every example counted once, padding masked out. Named as the trainer logs that
+    split (`split_prefix`): ``eval/...`` for the default, ``test/...`` for 'test'. For IPython;
     the trainer runs every evaluator of config.evals (`eval_record`)."""
     split = split or default_config.default_eval_split(self.config)
     if split not in self._by_split:
-      self._by_split[split] = classification.Classification('eval', {'split': split}, self)
+      self._by_split[split] = classification.Classification(self.split_prefix(split),
+                                                            {'split': split}, self)
     return self._by_split[split].evaluate(state)
+
+  def split_prefix(self, split: str) -> str:
+    """The metric prefix of a classification of `split`: that of config.evals' classification
+    evaluator of the split (``eval`` first), else the split's name, ``trainset`` for 'train'
+    (``train/`` holds the training metrics; config.evals refuses it as a prefix)."""
+    for prefix in sorted(self.config.evals, key=lambda p: (p != 'eval', p)):
+      spec = self.config.evals[prefix]
+      if spec.get('kind') == 'classification' and spec.get('split', 'validation') == split:
+        return prefix
+    name = re.sub(r'\W', '_', split)
+    return 'trainset' if name == 'train' else name
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
     """The metrics of every evaluator of config.evals (``<prefix>/<name>``), plus the progress
