@@ -4,9 +4,11 @@
 Thin on purpose: flags → the GPU check (`anp_jax.accelerator`: a node with NVIDIA GPUs and a
 CPU-only JAX exits 2 with the fix) → `distributed.initialize()` (before any other JAX call) →
 `trainer.train_and_evaluate(config, workdir)`; ``--config.eval_only=True`` evaluates the latest
-checkpoint instead, printing the metrics (and writing them to ``--eval_output``). Exit codes
-(`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir another training job holds), 3
-diverged (NaN/Inf loss or state), 75 preempted (checkpoint written; requeue).
+checkpoint instead, with the run's recorded config and the evaluation's own ``--config`` flags
+(`trainer.recorded_evaluation_config`), printing the metrics (and writing them to
+``--eval_output``). Exit codes (`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir
+another training job holds), 3 diverged (NaN/Inf loss or state), 75 preempted (checkpoint
+written; requeue).
 """
 
 import json
@@ -78,26 +80,32 @@ def main(argv):
   from anp_jax import errors, evaluators, reporting, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
+  config = FLAGS.config
   try:
-    result = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if config.eval_only:  # The run's recorded config, and the evaluation's own flags.
+      config, line = trainer.recorded_evaluation_config(
+          os.path.expanduser(FLAGS.workdir), config, FLAGS['config'].override_values)
+      if line:
+        reporting.say(line)
+    result = trainer.train_and_evaluate(config, FLAGS.workdir)
   except errors.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_DIVERGED
   except (ValueError, OSError) as e:  # Bad config/input, unwritable workdir, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_CONFIG
-  if jax.process_index() == 0 and FLAGS.config.eval_only:
+  if jax.process_index() == 0 and config.eval_only:
     metrics = {'workdir': os.path.abspath(os.path.expanduser(FLAGS.workdir)),
                'step': result.step, 'time': time.time(), **result.final_eval}
     print(f'Evaluated the checkpoint of step {result.step} in {FLAGS.workdir} in '
           f'{result.wall_time_s / 60:.1f} min: '
-          f'{evaluators.summary(FLAGS.config, result.final_eval)}.\nResults: '
+          f'{evaluators.summary(config, result.final_eval)}.\nResults: '
           f'{json.dumps(metrics, sort_keys=True)}', flush=True)
     if FLAGS.eval_output:
       reporting.write_json_atomic(os.path.expanduser(FLAGS.eval_output), metrics)
   elif jax.process_index() == 0 and result.final_eval:
     print(f'Done in {result.wall_time_s / 60:.1f} min: '
-          f'{evaluators.summary(FLAGS.config, result.final_eval)}. Logs: {FLAGS.workdir} '
+          f'{evaluators.summary(config, result.final_eval)}. Logs: {FLAGS.workdir} '
           '(curves.png, metrics.jsonl, TensorBoard events, config.json, checkpoints/)',
           flush=True)
   return 0

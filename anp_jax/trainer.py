@@ -17,12 +17,13 @@ nothing in the workdir (docs/checkpointing.md).
 """
 
 import dataclasses
+import json
 import logging
 import math
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -336,6 +337,93 @@ def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
   config.init_from = ''
   config.backbone_lr_multiplier = 1.0
   return config
+
+
+# What an evaluation (config.eval_only) given on the command line takes from there (a field, or
+# every field under a section); everything else comes from the run's recorded config.json: what
+# is evaluated and how it is read, where the data is, how the job runs.
+EVALUATION_SETTINGS = ('evals', 'eval_batch_size', 'data_dir', 'eval_only', 'progress_bar',
+                       'executor', 'input_backend', 'cache', 'crop_fraction', 'model.conv_impl')
+
+
+def recorded_evaluation_config(workdir: str, config: ml_collections.ConfigDict,
+                               given: Dict[str, Any]) -> Tuple[ml_collections.ConfigDict, str]:
+  """config.eval_only from a command line: (the config to evaluate with, its start-up line).
+
+  The run's recorded config (``workdir/config.json`` through `default.read_run_config`, so a
+  config of an older version works), with those `given` fields (the ``--config.x`` flags of the
+  command line, dotted name -> value) that are `EVALUATION_SETTINGS`. `config` (the command
+  line's) supplies the fields the record lacks. A given field that is part of what was trained
+  (the checkpoint identity's model and data fields) and differs from the run's is a ValueError
+  (one line, exit 2); a given training setting that differs is not used, and the line says so.
+  Without a config.json: `config` as it is, with ('')."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    return config, ''
+  recorded = default_config.read_run_config(workdir)
+  merged = config.copy_and_resolve_references()
+  merged.unlock()
+  _overlay(merged, recorded)
+  settable = lambda name: any(name == f or name.startswith(f + '.') for f in EVALUATION_SETTINGS)
+  identity = set(checkpointing.identity(merged)) - set(checkpointing.IDENTITY_TRAINING_ONLY)
+  used, unused = [], []
+  for name, value in sorted(given.items()):
+    flag = f'--config.{name}={_shown(value)}'
+    if settable(name):
+      try:
+        merged.update_from_flattened_dict({name: value})
+      except (AttributeError, KeyError) as e:  # E.g. an evaluator the run's config.evals lacks.
+        raise ValueError(f'{flag}: the run\'s config ({path}) has no such field ({e}); its '
+                         f'evaluators are config.evals.{{{",".join(recorded.evals)}}}.') from e
+      if name != 'eval_only':
+        used.append(flag)
+      continue
+    run_value = checkpointing.get_field(recorded, name)
+    if _as_json(run_value) == _as_json(value):
+      continue
+    if name in identity:
+      raise ValueError(f'{flag}: the run in {workdir} was trained with {name}={run_value!r} '
+                       f'({path}), and an evaluation evaluates that model on that data: drop '
+                       f'the flag (an evaluation may set {", ".join(EVALUATION_SETTINGS)}).')
+    unused.append(f'{flag} (the run: {_shown(run_value)})')
+  line = f"anp_jax | evaluating with the run's config ({path})"
+  if used:
+    line += f'; from the command line: {" ".join(used)}'
+  if unused:
+    line += f'; training settings not used by an evaluation: {", ".join(unused)}'
+  return merged, line
+
+
+def _overlay(config: ml_collections.ConfigDict, recorded) -> None:
+  """Sets every field of `config` that `recorded` has to the recorded value (in place): a
+  section field by field (config.evals whole: its entries are the run's own), a tuple from the
+  list JSON recorded. A field `config` lacks (one removed since) or whose type changed is left
+  as `config` has it."""
+  for key, value in recorded.items():
+    if key not in config:
+      continue
+    current = config[key]
+    if isinstance(current, ml_collections.ConfigDict) and key != 'evals':
+      if hasattr(value, 'items'):
+        _overlay(current, value)
+      continue
+    if isinstance(current, tuple) and isinstance(value, list):
+      value = tuple(value)
+    elif hasattr(value, 'to_dict'):
+      value = ml_collections.ConfigDict(value.to_dict())
+    try:
+      config[key] = value
+    except TypeError:  # Another type in another version: this version's value stays.
+      pass
+
+
+def _as_json(value):
+  return json.loads(json.dumps(value, default=repr, sort_keys=True))
+
+
+def _shown(value) -> str:
+  """A flag value as typed on a command line."""
+  return ','.join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
 
 
 def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
