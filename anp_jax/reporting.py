@@ -12,6 +12,7 @@ would continue it ("...| ETA 0m49s | W1205 12:00:01 ..."). So the bar erases its
 at its next update.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -69,6 +70,38 @@ def _filter_log_handlers() -> None:
   for handler in logging.getLogger().handlers + [absl_logging.get_absl_handler()]:
     if _BAR_LINE_FILTER not in handler.filters:
       handler.addFilter(_BAR_LINE_FILTER)
+
+
+# orbax, asked for the metadata of a checkpoint's item folder (``<step>/state``, what anp_jax
+# reads when it restores without a CheckpointManager), looks for the checkpoint-level metadata
+# there too; that file lives one level up, and orbax warns "Metadata file does not exist" on
+# every such read (twice per fine-tuning run of experiments/finetune.py). Nothing is missing.
+ORBAX_ITEM_METADATA = 'Metadata file does not exist'
+
+
+class _DropMessages(logging.Filter):
+  """Drops the records whose message (its format string) starts with one of `starts`."""
+
+  def __init__(self, starts):
+    super().__init__()
+    self.starts = tuple(starts)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self.starts)
+
+
+@contextlib.contextmanager
+def hidden_log_messages(*starts: str):
+  """Within the block, drops the log records of absl logging (what orbax logs through) whose
+  message starts with one of `starts`: a library's notice known to be noise in that call, and
+  only there."""
+  logger = logging.getLogger('absl')
+  dropped = _DropMessages(starts)
+  logger.addFilter(dropped)
+  try:
+    yield
+  finally:
+    logger.removeFilter(dropped)
 
 
 def _fmt_duration(seconds: float) -> str:
