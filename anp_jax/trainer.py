@@ -254,23 +254,34 @@ def noise_scale_unmeasured(run: Run) -> str:
   step_devices = _step_devices(run)
   reason = noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices)
   if not reason and step_devices * run.setup.accum_steps == 1:
-    reason = ('one device without gradient accumulation computes a single gradient per step, '
-              'and the estimator needs gradients of two batch sizes; use more devices or '
-              'config.grad_accum_steps >= 2 to measure it')
+    reason = ONE_GRADIENT_PER_STEP
   return reason
 
 
-def _announce(run: Run) -> None:
-  """The start-up lines: sizes, the method, what is not measured."""
+# Why a run on one device without accumulation (the CPU demo, a 1-GPU run) measures no B_simple.
+ONE_GRADIENT_PER_STEP = (
+    'one device without gradient accumulation computes a single gradient per step, and the '
+    'estimator needs gradients of two batch sizes; use more devices or '
+    'config.grad_accum_steps >= 2 to measure it')
+
+
+def _announce(run: Run, training: bool = True) -> None:
+  """The start-up lines: sizes, the method, what a training run does not measure.
+
+  B_simple unmeasured is a warning where the config chose it (global BatchNorm over several
+  devices), said once. On one device without accumulation it is the expected case (every
+  1-device run, the CPU demo included), not something to act on: it goes to the log, and
+  final_metrics.json records why (``noise_scale_not_measured_because``)."""
   reporting.say(f'anp_jax | {run.setup.describe()}')
   if run.executor.describe:
     reporting.say(f'anp_jax | {run.executor.describe}')
   if run.frozen:
     reporting.say(f'anp_jax | {run.frozen}')
-  unmeasured = run.config.noise_scale and noise_scale_unmeasured(run)
-  if unmeasured:  # Logged as a warning by every process; the terminal line on process 0.
-    logging.warning('Noise scale not measured: %s.', unmeasured)
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.')
+  unmeasured = training and run.config.noise_scale and noise_scale_unmeasured(run)
+  if unmeasured == ONE_GRADIENT_PER_STEP:
+    logging.info('Noise scale not measured: %s.', unmeasured)
+  elif unmeasured:
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.', logging.WARNING)
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
@@ -453,7 +464,7 @@ def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:
   `EVALUATED_FIELDS`; the state it evaluates (and returns) has no optimizer state, noise-scale
   EMAs or parameter history (None). The entry point prints the metrics (and writes them where
   ``--eval_output`` says)."""
-  _announce(run)
+  _announce(run, training=False)
   ckpt = _checkpointer(run, workdir, read_only=True)
   try:
     executor = run.executor

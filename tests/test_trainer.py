@@ -53,16 +53,18 @@ def test_short_run_learns_and_writes_logs(trained):
 
 
 @pytest.mark.slow(15)
-def test_one_device_without_accumulation_says_the_noise_scale_is_not_measured(data_dir,
-                                                                             tmp_path):
+def test_one_device_without_accumulation_records_why_the_noise_scale_is_not_measured(
+    data_dir, tmp_path):
   """One device, one micro-batch per step: no second batch size to compare the gradient with.
-  The measurement (on by default) used to do nothing without a word."""
+  The measurement (on by default) used to do nothing without a word; then every 1-device run
+  (the CPU demo included) warned twice on its first screen about what is expected there. Now
+  final_metrics.json says why, and the terminal says nothing."""
   proc = subprocess.run(main_cmd(data_dir, tmp_path, num_train_steps=2, log_every_steps=1),
                         env=subprocess_env(1), cwd=ROOT, capture_output=True, text=True,
                         timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert ('WARNING: B_simple is not measured: one device without gradient accumulation'
-          in proc.stdout), proc.stdout
+  assert 'B_simple' not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+  assert 'oise scale' not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
   final = json.load(open(tmp_path / 'final_metrics.json'))
   assert final['noise_scale_measured'] is False
   assert 'one device without gradient accumulation' in final['noise_scale_not_measured_because']
