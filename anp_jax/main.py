@@ -7,8 +7,8 @@ CPU-only JAX exits 2 with the fix) → `distributed.initialize()` (before any ot
 checkpoint instead, with the run's recorded config and the evaluation's own ``--config`` flags
 (`trainer.recorded_evaluation_config`), printing the metrics (and writing them to
 ``--eval_output``). Exit codes (`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir
-another training job holds), 3 diverged (NaN/Inf loss or state), 75 preempted (checkpoint
-written; requeue).
+another training job holds), 3 diverged (NaN/Inf loss or state), 75 preempted or stopped by
+Ctrl-C (checkpoint written; requeue or rerun), 130 a second Ctrl-C (no checkpoint).
 """
 
 import json
@@ -39,7 +39,8 @@ flags.mark_flags_as_required(['workdir'])
 def main(argv):
   # First: a signal during the imports, the wait for the other processes or compilation still
   # gives a checkpoint (or, before step 1, a stop at step 1) and exit 75, not a killed process.
-  preemption.install()
+  # Ctrl-C too (said as such, not as a preemption); a second one stops at once (`run`).
+  preemption.install(ctrl_c=True)
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   if not FLAGS.workdir.strip():  # '' would be the current directory (e.g. --workdir=$UNSET).
@@ -113,8 +114,13 @@ def main(argv):
 
 def run():
   # Flag errors (unknown or mistyped --config.x, missing config file) exit 2 with the fix.
-  app.run(main,
-          flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
+  try:
+    app.run(main,
+            flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
+  except KeyboardInterrupt:  # A second Ctrl-C: no traceback, what it means.
+    print('\nStopped at once (Ctrl-C twice), without a checkpoint of the last steps. Rerun the '
+          'same command to resume from the latest checkpoint.', file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 if __name__ == '__main__':

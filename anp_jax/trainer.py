@@ -37,7 +37,7 @@ from anp_jax import evaluators as evaluators_lib
 from anp_jax import workdir_lock
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
+from anp_jax.errors import NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
 from anp_jax.evaluators import classification
@@ -580,10 +580,11 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
             ckpt.save_best(step, tree, evaluated)
         if preempted and not last:
           ckpt.wait()
-          logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
+          # Every process's log says where it stopped; process 0 says it on the terminal.
+          logging.log(logging.INFO if is_main else logging.WARNING,
+                      'Preempted: process %d stops at step %d.', jax.process_index(), step)
           bar.close()
-          reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
-                        f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
+          reporting.say(preemption.stop_message(step))
           raise Preempted(step)
       if not final_eval:  # Resumed a finished run: report its accuracy again.
         reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its '
