@@ -580,8 +580,9 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
             ckpt.save_best(step, tree, evaluated)
         if preempted and not last:
           ckpt.wait()
-          # Every process's log says where it stopped; process 0 says it on the terminal.
-          logging.log(logging.INFO if is_main else logging.WARNING,
+          # Every process's log says where it stopped (the processes of a job compare them);
+          # a job of one process says it on the terminal just below, once.
+          logging.log(logging.INFO if jax.process_count() == 1 else logging.WARNING,
                       'Preempted: process %d stops at step %d.', jax.process_index(), step)
           bar.close()
           reporting.say(preemption.stop_message(step))
