@@ -632,8 +632,10 @@ def restore_state(workdir: str, step: Optional[int] = None):
   path = os.path.join(directory, str(step), 'state')
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   with ocp.StandardCheckpointer() as checkpointer:
+    with reporting.hidden_log_messages(reporting.ORBAX_ITEM_METADATA):
+      metadata = checkpointer.metadata(path).item_metadata
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                          checkpointer.metadata(path).item_metadata)
+                          metadata)
     state = checkpointer.restore(path, target)
   return config, state
 

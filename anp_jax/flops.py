@@ -80,13 +80,13 @@ def train_step_flops(config, bare) -> float:
   step as written (`program_flops`: the compiled step's count misses the convolutions and
   matmuls that XLA:GPU gives to cuDNN and cuBLAS).
 
-  The step is a `shard_map` program, so its count is one device's share. With
-  gradient accumulation (``grad_accum_steps`` k > 1) the micro-batches run in a `lax.scan`
-  (`anp_jax.steps`), whose body the cost analysis counts once, not k - 1 times: FLOPs and MFU
-  came out at about 2/k of the truth. The count is then taken from the same global batch with
-  k = 1: the same examples through the same model and one optimizer update, i.e. the same work
-  (accumulation only splits it in time). That step is only lowered, never compiled or run, so
-  its activations need not fit in memory.
+  The step is a `shard_map` program, so its count is one device's share. With gradient
+  accumulation (``grad_accum_steps`` k > 1) the micro-batches run in a `lax.scan` off CPU
+  (`anp_jax.steps.accumulation_unrolled`), whose body the cost analysis counts once, not k - 1
+  times: FLOPs and MFU came out at about 2/k of the truth. The count is then taken from the same
+  global batch with k = 1 (on every backend): the same examples through the same model and one
+  optimizer update, i.e. the same work (accumulation only splits it in time). That step is only
+  lowered, never compiled or run, so its activations need not fit in memory.
   """
   import jax
   flops = step_flops_as_written(config, bare)

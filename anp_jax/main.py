@@ -4,9 +4,11 @@
 Thin on purpose: flags → the GPU check (`anp_jax.accelerator`: a node with NVIDIA GPUs and a
 CPU-only JAX exits 2 with the fix) → `distributed.initialize()` (before any other JAX call) →
 `trainer.train_and_evaluate(config, workdir)`; ``--config.eval_only=True`` evaluates the latest
-checkpoint instead, printing the metrics (and writing them to ``--eval_output``). Exit codes
-(`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir another training job holds), 3
-diverged (NaN/Inf loss or state), 75 preempted (checkpoint written; requeue).
+checkpoint instead, with the run's recorded config and the evaluation's own ``--config`` flags
+(`trainer.recorded_evaluation_config`), printing the metrics (and writing them to
+``--eval_output``). Exit codes (`anp_jax.errors`): 0 done, 2 bad config/input (or a workdir
+another training job holds), 3 diverged (NaN/Inf loss or state), 75 preempted or stopped by
+Ctrl-C (checkpoint written; requeue or rerun), 130 a second Ctrl-C (no checkpoint).
 """
 
 import json
@@ -37,7 +39,8 @@ flags.mark_flags_as_required(['workdir'])
 def main(argv):
   # First: a signal during the imports, the wait for the other processes or compilation still
   # gives a checkpoint (or, before step 1, a stop at step 1) and exit 75, not a killed process.
-  preemption.install()
+  # Ctrl-C too (said as such, not as a preemption); a second one stops at once (`run`).
+  preemption.install(ctrl_c=True)
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   if not FLAGS.workdir.strip():  # '' would be the current directory (e.g. --workdir=$UNSET).
@@ -78,26 +81,32 @@ def main(argv):
   from anp_jax import errors, evaluators, reporting, trainer
   logging.info(distributed.identity_line())
   print(distributed.identity_line(), flush=True)
+  config = FLAGS.config
   try:
-    result = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if config.eval_only:  # The run's recorded config, and the evaluation's own flags.
+      config, line = trainer.recorded_evaluation_config(
+          os.path.expanduser(FLAGS.workdir), config, FLAGS['config'].override_values)
+      if line:
+        reporting.say(line)
+    result = trainer.train_and_evaluate(config, FLAGS.workdir)
   except errors.NonFiniteLossError as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_DIVERGED
   except (ValueError, OSError) as e:  # Bad config/input, unwritable workdir, disk full.
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return errors.EXIT_CONFIG
-  if jax.process_index() == 0 and FLAGS.config.eval_only:
+  if jax.process_index() == 0 and config.eval_only:
     metrics = {'workdir': os.path.abspath(os.path.expanduser(FLAGS.workdir)),
                'step': result.step, 'time': time.time(), **result.final_eval}
     print(f'Evaluated the checkpoint of step {result.step} in {FLAGS.workdir} in '
           f'{result.wall_time_s / 60:.1f} min: '
-          f'{evaluators.summary(FLAGS.config, result.final_eval)}.\nResults: '
+          f'{evaluators.summary(config, result.final_eval)}.\nResults: '
           f'{json.dumps(metrics, sort_keys=True)}', flush=True)
     if FLAGS.eval_output:
       reporting.write_json_atomic(os.path.expanduser(FLAGS.eval_output), metrics)
   elif jax.process_index() == 0 and result.final_eval:
     print(f'Done in {result.wall_time_s / 60:.1f} min: '
-          f'{evaluators.summary(FLAGS.config, result.final_eval)}. Logs: {FLAGS.workdir} '
+          f'{evaluators.summary(config, result.final_eval)}. Logs: {FLAGS.workdir} '
           '(curves.png, metrics.jsonl, TensorBoard events, config.json, checkpoints/)',
           flush=True)
   return 0
@@ -105,8 +114,13 @@ def main(argv):
 
 def run():
   # Flag errors (unknown or mistyped --config.x, missing config file) exit 2 with the fix.
-  app.run(main,
-          flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
+  try:
+    app.run(main,
+            flags_parser=cli.absl_flags_parser('config', DEFAULT_CONFIG))
+  except KeyboardInterrupt:  # A second Ctrl-C: no traceback, what it means.
+    print('\nStopped at once (Ctrl-C twice), without a checkpoint of the last steps. Rerun the '
+          'same command to resume from the latest checkpoint.', file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 if __name__ == '__main__':

@@ -5,6 +5,11 @@
   process. The flag therefore survives from one run to the next: a signal that lands in a run's
   final evaluation, in plotting, or between two runs of a sweep is still seen, by the next run's
   first step or by `exit_if_requested()` between runs.
+* **Ctrl-C.** With ``install(ctrl_c=True)`` (the trainer's command line) SIGINT sets the flag
+  too: Ctrl-C at a terminal stops the run the same way, with a checkpoint and exit 75, but the
+  run then says that it stopped and how to resume, not that a launcher requeues it
+  (`interrupted`, `stop_message`); a second Ctrl-C stops at once, without a checkpoint
+  (KeyboardInterrupt).
 * **Bounded run-ahead.** JAX dispatches steps asynchronously; the Python loop would otherwise run
   up to the next host fetch (``log_every_steps``) ahead of the devices and see the flag that much
   later. `RunAhead` blocks on the outputs of the step `MAX_IN_FLIGHT` back, so at most
@@ -27,6 +32,7 @@ evaluation that is running when it arrives, then the checkpoint is written.
 import collections
 import itertools
 import logging
+import os
 import signal
 from typing import Any, Optional, Tuple
 
@@ -44,6 +50,7 @@ READ_EVERY = 4
 STOP_MARGIN = MAX_IN_FLIGHT + 1 + READ_EVERY
 
 _signal: Optional[int] = None
+_interrupted = False  # SIGINT (Ctrl-C) was among the signals received.
 _installed = False
 _runs = itertools.count()  # Per-process count of agreements made: the same on every process.
 
@@ -52,12 +59,37 @@ def _on_signal(signum, frame):
   del frame
   global _signal
   _signal = signum
-  logging.warning('Received signal %d: checkpointing at the next step boundary.', signum)
+  if not _interrupted:  # After a Ctrl-C: run.sh forwarding it (said already).
+    logging.warning('Received signal %d: checkpointing at the next step boundary.', signum)
 
 
-def install() -> None:
-  """Installs the SIGTERM/SIGUSR1 handler once per process (later calls do nothing)."""
+def _on_interrupt(signum, frame):
+  """SIGINT (Ctrl-C): as a preemption signal, said at once on the terminal. The next Ctrl-C
+  raises KeyboardInterrupt (Python's own handler), for a user who does not want to wait. Run
+  by `run.sh`, the trainer also gets a SIGTERM from it (its trap forwards the Ctrl-C): that one
+  only sets the flag again."""
+  del frame
+  global _signal, _interrupted
+  _interrupted = True
+  if _signal is None:
+    _signal = signum
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  # os.write: a print or a log record here could re-enter a write the main thread was doing.
+  lead = '\n' if os.isatty(2) else ''  # Off the progress bar's line.
+  os.write(2, (f'{lead}Ctrl-C: stopping at the next step boundary with a checkpoint (Ctrl-C '
+               'again: stop at once, without one).\n').encode())
+
+
+def install(ctrl_c: bool = False) -> None:
+  """Installs the SIGTERM/SIGUSR1 handler once per process (later calls do nothing but add the
+  SIGINT one if `ctrl_c` and it is not there yet). `ctrl_c`: for a command line (not in IPython,
+  where Ctrl-C must interrupt a cell as usual)."""
   global _installed
+  if ctrl_c and signal.getsignal(signal.SIGINT) is not _on_interrupt and not _interrupted:
+    try:
+      signal.signal(signal.SIGINT, _on_interrupt)
+    except ValueError:  # Not the main thread.
+      pass
   if _installed:
     return
   for sig in SIGNALS:
@@ -73,10 +105,30 @@ def requested() -> Optional[int]:
   return _signal
 
 
+def interrupted() -> bool:
+  """Whether the stop was asked for with Ctrl-C (SIGINT) rather than by a scheduler."""
+  return _interrupted
+
+
+def stop_message(step: Optional[int], what: str = '') -> str:
+  """What the run says when it stops on the flag: at `step` (its checkpoint written), or before
+  `what` (between runs). Ctrl-C: that it stopped and how to resume; a scheduler's signal: the
+  exit code the launcher requeues on."""
+  if _interrupted:
+    where = f'at step {step}, checkpoint written' if step is not None else f'before {what}'
+    return f'Stopped (Ctrl-C) {where}. Rerun the same command to resume.'
+  if step is not None:
+    return (f'Preempted: checkpoint written at step {step}; exiting with code {EXIT_PREEMPTED} so '
+            'that the launcher requeues the job.')
+  return (f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the launcher '
+          'requeues the job; rerun the same command to continue.')
+
+
 def reset() -> None:
   """Forgets a received signal (for tests and interactive use after handling it)."""
-  global _signal
+  global _signal, _interrupted
   _signal = None
+  _interrupted = False
 
 
 def any_process_requested() -> bool:
@@ -99,8 +151,7 @@ def exit_if_requested(what: str = 'the next run') -> None:
   """Between runs: raises `Preempted` (exit 75) on every process if any got the signal."""
   if any_process_requested():
     from anp_jax import reporting
-    reporting.say(f'Preempted before {what}: exiting with code {EXIT_PREEMPTED} so that the '
-                  'launcher requeues the job; rerun the same command to continue.')
+    reporting.say(stop_message(None, what))
     raise Preempted()
 
 

@@ -5,8 +5,14 @@ Process 0 writes; the metric writers are in `anp_jax.metrics`, the metrics.jsonl
 `say` is the one way the library writes a line for the user: it is logged (absl logging, every
 process) and, on process 0, printed to stdout, where the progress bar (stderr) leaves room for
 it. Diagnostics that the user need not read go to logging alone.
+
+On a terminal the bar is a line redrawn in place, without a newline: whatever is written next
+would continue it ("...| ETA 0m49s | W1205 12:00:01 ..."). So the bar erases itself before any
+`say` line or log record (a filter on the logging handlers, `_BarLineFilter`), and is drawn again
+at its next update.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -21,10 +27,81 @@ from anp_jax import plotting
 
 
 def say(message: str, level: int = logging.INFO) -> None:
-  """Logs `message` and, on process 0, prints it to stdout (the run's report to the user)."""
-  logging.log(level, message)
-  if jax.process_index() == 0:
-    print(message, flush=True)
+  """Logs `message` and, on process 0, prints it to stdout (the run's report to the user).
+
+  Printed once: process 0 logs it at INFO at most (a WARNING would also reach the terminal
+  through absl's handler, as a second copy with a ``W1205 ... file.py:123]`` prefix); the other
+  processes, which print nothing, log it at `level`."""
+  if jax.process_index() != 0:
+    logging.log(level, message)
+    return
+  logging.log(min(level, logging.INFO), message)
+  erase_progress_bar()
+  print(message, flush=True)
+
+
+_drawn_bar: Optional['ProgressBar'] = None  # The bar whose line is on the terminal, unfinished.
+
+
+def erase_progress_bar() -> None:
+  """Erases the progress bar's unfinished terminal line, if one is drawn, so that what is written
+  next starts at the beginning of a line; the bar is drawn again at its next update."""
+  global _drawn_bar
+  bar, _drawn_bar = _drawn_bar, None
+  if bar is not None:
+    bar.erase()
+
+
+class _BarLineFilter(logging.Filter):
+  """On the logging handlers while a bar is drawn: erases it before a record is written."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    erase_progress_bar()
+    return True
+
+
+_BAR_LINE_FILTER = _BarLineFilter()
+
+
+def _filter_log_handlers() -> None:
+  """Puts `_BAR_LINE_FILTER` on the handlers that write log records (the root logger's: absl's
+  handler once `absl.app` runs, and absl's own before that), once each."""
+  from absl import logging as absl_logging
+  for handler in logging.getLogger().handlers + [absl_logging.get_absl_handler()]:
+    if _BAR_LINE_FILTER not in handler.filters:
+      handler.addFilter(_BAR_LINE_FILTER)
+
+
+# orbax, asked for the metadata of a checkpoint's item folder (``<step>/state``, what anp_jax
+# reads when it restores without a CheckpointManager), looks for the checkpoint-level metadata
+# there too; that file lives one level up, and orbax warns "Metadata file does not exist" on
+# every such read (twice per fine-tuning run of experiments/finetune.py). Nothing is missing.
+ORBAX_ITEM_METADATA = 'Metadata file does not exist'
+
+
+class _DropMessages(logging.Filter):
+  """Drops the records whose message (its format string) starts with one of `starts`."""
+
+  def __init__(self, starts):
+    super().__init__()
+    self.starts = tuple(starts)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self.starts)
+
+
+@contextlib.contextmanager
+def hidden_log_messages(*starts: str):
+  """Within the block, drops the log records of absl logging (what orbax logs through) whose
+  message starts with one of `starts`: a library's notice known to be noise in that call, and
+  only there."""
+  logger = logging.getLogger('absl')
+  dropped = _DropMessages(starts)
+  logger.addFilter(dropped)
+  try:
+    yield
+  finally:
+    logger.removeFilter(dropped)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -37,10 +114,12 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class ProgressBar:
-  """One-line progress with steps/s, images/s and ETA.
+  """One-line progress with steps/s, images/s, ETA and the latest logged loss and top-1.
 
-  On a terminal the line is redrawn in place; otherwise (a log file, SLURM output) a plain line is
-  written at most every `LOG_EVERY_S` seconds, never cursor-control characters.
+  On a terminal the line is redrawn in place (and erased before other output: see the module
+  docstring); otherwise (a log file, SLURM output) a plain line is written at most every
+  `LOG_EVERY_S` seconds, never cursor-control characters. The loss and top-1 are the last ones
+  given (`update`'s ``extra``, at each logged step), shown until the next ones.
   """
   LOG_EVERY_S = 5.0
 
@@ -53,6 +132,8 @@ class ProgressBar:
     self.width = width
     self._t0, self._s0 = time.time(), start_step
     self._last_print = 0.0
+    self._extra: Dict[str, float] = {}  # The latest values given, shown on every line.
+    self._width_drawn = 0  # Characters of the unfinished line on the terminal (0: none).
 
   def reset_clock(self, step: int):
     """Restart the rate measurement (after compilation, so it reports steady-state speed)."""
@@ -76,24 +157,46 @@ class ProgressBar:
     if not force and not self.tty and now - self._last_print < self.LOG_EVERY_S:
       return
     self._last_print = now
+    if extra:
+      self._extra = dict(extra)
     sps, ips = self.rates(step)
     eta = (self.total - step) / sps if sps > 0 else float('inf')
     frac = step / max(self.total, 1)
     filled = int(frac * self.width)
     bar = '█' * filled + '·' * (self.width - filled)
-    tail = ' '.join(f'{k} {v:.4g}' for k, v in (extra or {}).items())
+    tail = ' '.join(f'{k} {v:.4g}' for k, v in self._extra.items())
     line = (f'[{bar}] {step}/{self.total} {100 * frac:5.1f}% | {sps:.2f} step/s | '
-            f'{ips:.0f} img/s | ETA {_fmt_duration(eta)} | {tail}')
+            f'{ips:.0f} img/s | ETA {_fmt_duration(eta)} | {tail}').rstrip()
     if self.tty:
-      self.stream.write('\r' + line[:200].ljust(120))
+      global _drawn_bar
+      if _drawn_bar is not None and _drawn_bar is not self:
+        erase_progress_bar()
+      _filter_log_handlers()
+      line = line[:200].ljust(self._width_drawn)
+      self.stream.write('\r' + line)
+      self._width_drawn = len(line)
+      _drawn_bar = self
     else:
       self.stream.write(line + '\n')
     self.stream.flush()
 
+  def erase(self):
+    """Blanks the unfinished line on the terminal and returns to its start (see
+    `erase_progress_bar`)."""
+    if self._width_drawn:
+      self.stream.write('\r' + ' ' * self._width_drawn + '\r')
+      self.stream.flush()
+      self._width_drawn = 0
+
   def close(self):
-    if self.enabled and self.tty:
+    """Ends the bar's line (it stays on the terminal); the next update starts a new one."""
+    global _drawn_bar
+    if self.enabled and self.tty and self._width_drawn:
       self.stream.write('\n')
       self.stream.flush()
+    self._width_drawn = 0
+    if _drawn_bar is self:
+      _drawn_bar = None
 
 
 # What the accuracy panel of `plot_curves` draws of each evaluator (a classification's heads).

@@ -17,11 +17,13 @@ nothing in the workdir (docs/checkpointing.md).
 """
 
 import dataclasses
+import json
 import logging
 import math
 import os
+import re
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -35,7 +37,7 @@ from anp_jax import evaluators as evaluators_lib
 from anp_jax import workdir_lock
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.errors import EXIT_PREEMPTED, NonFiniteLossError, Preempted
+from anp_jax.errors import NonFiniteLossError, Preempted
 from anp_jax.executors import Executor
 from anp_jax.metrics import MetricWriter, summarize
 from anp_jax.evaluators import classification
@@ -95,12 +97,25 @@ class Run:
 
   def evaluate(self, state, split: Optional[str] = None) -> Dict[str, float]:
     """Exact classification evaluation of `split` (default: the split of config.evals' ``eval``
-    entry), as ``eval/`` means: every example counted once, padding masked out. For IPython;
+    entry): every example counted once, padding masked out. Named as the trainer logs that
+    split (`split_prefix`): ``eval/...`` for the default, ``test/...`` for 'test'. For IPython;
     the trainer runs every evaluator of config.evals (`eval_record`)."""
     split = split or default_config.default_eval_split(self.config)
     if split not in self._by_split:
-      self._by_split[split] = classification.Classification('eval', {'split': split}, self)
+      self._by_split[split] = classification.Classification(self.split_prefix(split),
+                                                            {'split': split}, self)
     return self._by_split[split].evaluate(state)
+
+  def split_prefix(self, split: str) -> str:
+    """The metric prefix of a classification of `split`: that of config.evals' classification
+    evaluator of the split (``eval`` first), else the split's name, ``trainset`` for 'train'
+    (``train/`` holds the training metrics; config.evals refuses it as a prefix)."""
+    for prefix in sorted(self.config.evals, key=lambda p: (p != 'eval', p)):
+      spec = self.config.evals[prefix]
+      if spec.get('kind') == 'classification' and spec.get('split', 'validation') == split:
+        return prefix
+    name = re.sub(r'\W', '_', split)
+    return 'trainset' if name == 'train' else name
 
   def eval_record(self, state, step: int) -> Dict[str, float]:
     """The metrics of every evaluator of config.evals (``<prefix>/<name>``), plus the progress
@@ -239,23 +254,34 @@ def noise_scale_unmeasured(run: Run) -> str:
   step_devices = _step_devices(run)
   reason = noise_scale.unmeasurable_reason(run.config.bn_mode, step_devices)
   if not reason and step_devices * run.setup.accum_steps == 1:
-    reason = ('one device without gradient accumulation computes a single gradient per step, '
-              'and the estimator needs gradients of two batch sizes; use more devices or '
-              'config.grad_accum_steps >= 2 to measure it')
+    reason = ONE_GRADIENT_PER_STEP
   return reason
 
 
-def _announce(run: Run) -> None:
-  """The start-up lines: sizes, the method, what is not measured."""
+# Why a run on one device without accumulation (the CPU demo, a 1-GPU run) measures no B_simple.
+ONE_GRADIENT_PER_STEP = (
+    'one device without gradient accumulation computes a single gradient per step, and the '
+    'estimator needs gradients of two batch sizes; use more devices or '
+    'config.grad_accum_steps >= 2 to measure it')
+
+
+def _announce(run: Run, training: bool = True) -> None:
+  """The start-up lines: sizes, the method, what a training run does not measure.
+
+  B_simple unmeasured is a warning where the config chose it (global BatchNorm over several
+  devices), said once. On one device without accumulation it is the expected case (every
+  1-device run, the CPU demo included), not something to act on: it goes to the log, and
+  final_metrics.json records why (``noise_scale_not_measured_because``)."""
   reporting.say(f'anp_jax | {run.setup.describe()}')
   if run.executor.describe:
     reporting.say(f'anp_jax | {run.executor.describe}')
   if run.frozen:
     reporting.say(f'anp_jax | {run.frozen}')
-  unmeasured = run.config.noise_scale and noise_scale_unmeasured(run)
-  if unmeasured:  # Logged as a warning by every process; the terminal line on process 0.
-    logging.warning('Noise scale not measured: %s.', unmeasured)
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.')
+  unmeasured = training and run.config.noise_scale and noise_scale_unmeasured(run)
+  if unmeasured == ONE_GRADIENT_PER_STEP:
+    logging.info('Noise scale not measured: %s.', unmeasured)
+  elif unmeasured:
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.', logging.WARNING)
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:
@@ -324,6 +350,93 @@ def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
   return config
 
 
+# What an evaluation (config.eval_only) given on the command line takes from there (a field, or
+# every field under a section); everything else comes from the run's recorded config.json: what
+# is evaluated and how it is read, where the data is, how the job runs.
+EVALUATION_SETTINGS = ('evals', 'eval_batch_size', 'data_dir', 'eval_only', 'progress_bar',
+                       'executor', 'input_backend', 'cache', 'crop_fraction', 'model.conv_impl')
+
+
+def recorded_evaluation_config(workdir: str, config: ml_collections.ConfigDict,
+                               given: Dict[str, Any]) -> Tuple[ml_collections.ConfigDict, str]:
+  """config.eval_only from a command line: (the config to evaluate with, its start-up line).
+
+  The run's recorded config (``workdir/config.json`` through `default.read_run_config`, so a
+  config of an older version works), with those `given` fields (the ``--config.x`` flags of the
+  command line, dotted name -> value) that are `EVALUATION_SETTINGS`. `config` (the command
+  line's) supplies the fields the record lacks. A given field that is part of what was trained
+  (the checkpoint identity's model and data fields) and differs from the run's is a ValueError
+  (one line, exit 2); a given training setting that differs is not used, and the line says so.
+  Without a config.json: `config` as it is, with ('')."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    return config, ''
+  recorded = default_config.read_run_config(workdir)
+  merged = config.copy_and_resolve_references()
+  merged.unlock()
+  _overlay(merged, recorded)
+  settable = lambda name: any(name == f or name.startswith(f + '.') for f in EVALUATION_SETTINGS)
+  identity = set(checkpointing.identity(merged)) - set(checkpointing.IDENTITY_TRAINING_ONLY)
+  used, unused = [], []
+  for name, value in sorted(given.items()):
+    flag = f'--config.{name}={_shown(value)}'
+    if settable(name):
+      try:
+        merged.update_from_flattened_dict({name: value})
+      except (AttributeError, KeyError) as e:  # E.g. an evaluator the run's config.evals lacks.
+        raise ValueError(f'{flag}: the run\'s config ({path}) has no such field ({e}); its '
+                         f'evaluators are config.evals.{{{",".join(recorded.evals)}}}.') from e
+      if name != 'eval_only':
+        used.append(flag)
+      continue
+    run_value = checkpointing.get_field(recorded, name)
+    if _as_json(run_value) == _as_json(value):
+      continue
+    if name in identity:
+      raise ValueError(f'{flag}: the run in {workdir} was trained with {name}={run_value!r} '
+                       f'({path}), and an evaluation evaluates that model on that data: drop '
+                       f'the flag (an evaluation may set {", ".join(EVALUATION_SETTINGS)}).')
+    unused.append(f'{flag} (the run: {_shown(run_value)})')
+  line = f"anp_jax | evaluating with the run's config ({path})"
+  if used:
+    line += f'; from the command line: {" ".join(used)}'
+  if unused:
+    line += f'; training settings not used by an evaluation: {", ".join(unused)}'
+  return merged, line
+
+
+def _overlay(config: ml_collections.ConfigDict, recorded) -> None:
+  """Sets every field of `config` that `recorded` has to the recorded value (in place): a
+  section field by field (config.evals whole: its entries are the run's own), a tuple from the
+  list JSON recorded. A field `config` lacks (one removed since) or whose type changed is left
+  as `config` has it."""
+  for key, value in recorded.items():
+    if key not in config:
+      continue
+    current = config[key]
+    if isinstance(current, ml_collections.ConfigDict) and key != 'evals':
+      if hasattr(value, 'items'):
+        _overlay(current, value)
+      continue
+    if isinstance(current, tuple) and isinstance(value, list):
+      value = tuple(value)
+    elif hasattr(value, 'to_dict'):
+      value = ml_collections.ConfigDict(value.to_dict())
+    try:
+      config[key] = value
+    except TypeError:  # Another type in another version: this version's value stays.
+      pass
+
+
+def _as_json(value):
+  return json.loads(json.dumps(value, default=repr, sort_keys=True))
+
+
+def _shown(value) -> str:
+  """A flag value as typed on a command line."""
+  return ','.join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
 def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
   config = run.config
   # The label sets are part of the identity: a checkpoint of a dataset with other classes would
@@ -351,7 +464,7 @@ def _evaluate_checkpoint(run: Run, workdir: str, t_start: float) -> TrainResult:
   `EVALUATED_FIELDS`; the state it evaluates (and returns) has no optimizer state, noise-scale
   EMAs or parameter history (None). The entry point prints the metrics (and writes them where
   ``--eval_output`` says)."""
-  _announce(run)
+  _announce(run, training=False)
   ckpt = _checkpointer(run, workdir, read_only=True)
   try:
     executor = run.executor
@@ -467,10 +580,12 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
             ckpt.save_best(step, tree, evaluated)
         if preempted and not last:
           ckpt.wait()
-          logging.warning('Preempted: process %d stops at step %d.', jax.process_index(), step)
+          # Every process's log says where it stopped (the processes of a job compare them);
+          # a job of one process says it on the terminal just below, once.
+          logging.log(logging.INFO if jax.process_count() == 1 else logging.WARNING,
+                      'Preempted: process %d stops at step %d.', jax.process_index(), step)
           bar.close()
-          reporting.say(f'Preempted: checkpoint written at step {step}; exiting with code '
-                        f'{EXIT_PREEMPTED} so that the launcher requeues the job.')
+          reporting.say(preemption.stop_message(step))
           raise Preempted(step)
       if not final_eval:  # Resumed a finished run: report its accuracy again.
         reporting.say(f'The run in {workdir} already finished (step {step}); evaluating its '

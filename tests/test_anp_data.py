@@ -475,7 +475,7 @@ def test_paper_config_trains_on_a_prepared_folder(folder_builder, tmp_path):
   assert run.meta.split_sizes == {'train': 60, 'validation': 6, 'test': 6}
   assert run.meta.stored_short_side == RESIZE
   test = run.evaluate(result.state, split='test')
-  assert abs(test['eval/anp_top1'] * 6 - round(test['eval/anp_top1'] * 6)) < 1e-4
+  assert abs(test['test/anp_top1'] * 6 - round(test['test/anp_top1'] * 6)) < 1e-4
 
 
 def _write_files(root: str, files) -> None:

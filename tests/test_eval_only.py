@@ -351,3 +351,64 @@ def test_eval_only_works_for_every_executor(data_dir, tmp_path, name):
     for key, value in trained.final_eval.items():
       assert result.final_eval[key] == pytest.approx(value, rel=1e-6), key
   assert _names(tmp_path) == ['3']
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 45, item 5: from the command line, eval_only starts from the run's recorded config.
+
+
+def _eval_cli(workdir, *flags):
+  """``python -m anp_jax.main --workdir=W --config.eval_only=True FLAGS``: no training flag."""
+  return subprocess.run([sys.executable, '-m', 'anp_jax.main', f'--workdir={workdir}',
+                         '--config.eval_only=True', *flags], env=subprocess_env(2), cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _results(proc):
+  return json.loads(proc.stdout.split('Results: ', 1)[1].splitlines()[0])
+
+
+@pytest.mark.slow(20)
+def test_eval_only_needs_no_training_flag(finished):
+  """The run's own config.json (tiny: another model, image size and dataset than the default
+  config) is what an evaluation starts from. Was: exit 2, 'The checkpoint at step 6 ... belongs
+  to another configuration (model.name: checkpoint 'resnet8' vs config 'resnet20', ...). Use a
+  fresh --workdir or the matching config.'"""
+  workdir, final_eval = finished
+  proc = _eval_cli(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"evaluating with the run's config ({workdir}/config.json)" in proc.stdout
+  got = _results(proc)
+  assert got['step'] == 6 and got['eval/anp_top1'] == pytest.approx(final_eval['eval/anp_top1'])
+  assert got['eval/loss'] == pytest.approx(final_eval['eval/loss'], rel=1e-6)
+
+
+@pytest.mark.slow(20)
+def test_eval_only_takes_evaluation_settings_and_keeps_the_runs_training(finished):
+  """What an evaluation may choose (here the split and the batch) comes from the command line;
+  a training setting that differs from the run's is not used, and said so (the progress fields
+  still count the run's batch size)."""
+  workdir, final_eval = finished
+  proc = _eval_cli(workdir, '--config.evals.eval.split=test', '--config.eval_batch_size=8',
+                   '--config.batch_size=64', '--config.base_lr=0.9')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if "evaluating with the run's config" in l)
+  assert '--config.evals.eval.split=test' in line and '--config.eval_batch_size=8' in line
+  assert 'not used' in line and '--config.base_lr=0.9 (the run: 0.2)' in line, line
+  assert '--config.batch_size=64 (the run: 32)' in line, line
+  got = _results(proc)
+  assert got['eval/examples_seen'] == 6 * 32  # The run's batch size.
+  assert got['eval/anp_top1'] != final_eval['eval/anp_top1'] or (
+      got['eval/loss'] != pytest.approx(final_eval['eval/loss']))  # Another split.
+
+
+def test_eval_only_refuses_another_model_with_advice_for_an_evaluation(finished):
+  """Exit 2, one line that names the flag and the run's value; not 'use a fresh --workdir'."""
+  workdir, _ = finished
+  proc = _eval_cli(workdir, '--config.model.name=resnet20')
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith('ERROR')]
+  assert len(errors) == 1, proc.stderr
+  assert ("--config.model.name=resnet20: the run in" in errors[0]
+          and "was trained with model.name='resnet8'" in errors[0]
+          and 'drop the flag' in errors[0] and 'fresh --workdir' not in errors[0]), errors[0]

@@ -70,15 +70,29 @@ def test_every_evaluator_is_logged_in_one_record_at_every_evaluation(three_evals
 
 
 def test_run_evaluate_is_the_default_classification_evaluation_or_a_given_split(three_evals):
+  """Named as the trainer logs the split: the prefix of config.evals' evaluator of that split,
+  else the split's own name (was: ``eval/`` for every split, so that a test-split result read as
+  the validation one)."""
   config, _, result = three_evals
   run = trainer.build(config)
   assert run.evaluate(result.state) == {k: v for k, v in result.final_eval.items()
                                        if k.startswith('eval/') and 'epoch' not in k
                                        and 'passes' not in k and 'examples_seen' not in k}
-  on_train = run.evaluate(result.state, split='train')
-  assert on_train == {k.replace('trainset/', 'eval/'): v for k, v in result.final_eval.items()
-                      if k.startswith('trainset/')}
-  assert on_train['eval/anp_top1'] != result.final_eval['eval/anp_top1']
+  on_train = run.evaluate(result.state, split='train')  # config.evals.trainset's split.
+  assert on_train == {k: v for k, v in result.final_eval.items() if k.startswith('trainset/')}
+  assert on_train['trainset/anp_top1'] != result.final_eval['eval/anp_top1']
+  on_test = run.evaluate(result.state, split='test')  # No evaluator of config.evals reads it.
+  assert sorted(on_test) == sorted(k.replace('eval/', 'test/') for k in run.evaluate(result.state))
+  assert run.evaluate(result.state, split='validation') == run.evaluate(result.state)
+
+
+def test_run_evaluate_names_the_training_split_apart_from_the_training_metrics(data_dir):
+  """'train/...' are the training metrics (config.evals refuses the prefix): the training split
+  evaluated, without an evaluator of its own, is 'trainset/...'."""
+  run = trainer.build(tiny_config(data_dir))
+  record = run.evaluate(run.init_state(), split='train')
+  assert 'trainset/anp_top1' in record and not any(k.startswith(('train/', 'eval/'))
+                                                   for k in record)
 
 
 def test_the_best_checkpoint_may_follow_any_evaluators_metric(three_evals):

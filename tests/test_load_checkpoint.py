@@ -49,3 +49,18 @@ def test_a_checkpoint_saved_on_8_devices_loads_on_one(data_dir, tmp_path):
   assert len(there.files) == len(expected) > 0
   for i, x in enumerate(expected):
     np.testing.assert_array_equal(there[f'arr_{i}'], np.asarray(x))
+
+
+def test_reading_a_checkpoint_says_nothing_about_orbax_metadata(data_dir, tmp_path, caplog):
+  """orbax warned 'Metadata file does not exist: .../checkpoints/3/state/_CHECKPOINT_METADATA' at
+  every `load_checkpoint` and every init_from of an anp_jax run (twice per run of
+  experiments/finetune.py): the file it looks for there is one level up, nothing is missing."""
+  import logging
+  from anp_jax import pretrained
+  workdir = tmp_path / 'run'
+  trainer.train_and_evaluate(tiny_config(data_dir, num_train_steps=3, checkpoint_every_steps=3),
+                             str(workdir))
+  with caplog.at_level(logging.INFO):
+    trainer.load_checkpoint(str(workdir))
+    assert pretrained.read_anp_jax(str(workdir))
+  assert not [r for r in caplog.records if 'Metadata file' in r.getMessage()], caplog.text

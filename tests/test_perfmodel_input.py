@@ -93,6 +93,20 @@ def test_input_warnings_name_the_configurations_the_cores_cannot_feed():
   assert pm.input_warnings(unknown, rows) == []  # Cores unknown: nothing to say.
 
 
+def test_input_warnings_only_where_the_pipeline_measured_applies():
+  """The 224 px JPEG pipeline's host cost says nothing about a workload of other images (a 16 px
+  pilot's: was 'cannot feed ... with the tf_jpeg224 input' for it): no warning there; one for
+  the 224 px workloads and where the image size is unknown."""
+  h200 = pm.dgx_h200(nodes=1)
+  rows = [('1x8 B=2048 sync', 20_000.0)]
+  assert pm.tf_jpeg224().image_size == 224 and pm.resnet50().image_size == 224
+  assert pm.resnet20().image_size == 32
+  assert pm.input_warnings(h200, rows, image_size=16) == []
+  assert pm.input_warnings(h200, rows, image_size=pm.resnet20().image_size) == []
+  assert len(pm.input_warnings(h200, rows, image_size=224)) == 1
+  assert len(pm.input_warnings(h200, rows)) == 1
+
+
 def test_the_perfmodel_command_line_models_the_input_on_request():
   def run(*extra):
     r = subprocess.run([sys.executable, '-m', 'anp_jax.research.perfmodel', '--cluster=dgx_h200',

@@ -330,6 +330,7 @@ def test_plan_from_a_real_pilot_run(data_dir, tmp_path):
   r = plan_cli('--pilot', str(tmp_path / 'pilot'), '--workload', 'pilot', '--dataset_size',
                 '256', '--nodes', '1,2', '--methods', 'sync', '--out', str(tmp_path / 'plan'))
   assert r.returncode == 0, r.stderr[-2000:]
+  assert 'WARNING' not in r.stderr, r.stderr  # Was the 224 px JPEG input's, for 16 px images.
   saved = json.loads((tmp_path / 'plan' / 'plan.json').read_text())
   assert saved['rows'] and all(r['step_time'] > 0 for r in saved['rows'])
 

@@ -301,3 +301,60 @@ def test_a_signal_during_start_up_still_gives_a_checkpoint_and_exit_75(data_dir,
       env=subprocess_env(), capture_output=True, text=True, timeout=600)
   assert out.returncode == errors.EXIT_PREEMPTED, (out.returncode, out.stderr[-3000:])
   assert _checkpoint_steps(workdir) == [1]
+
+
+@pytest.mark.parametrize('launcher', ['python', 'run.sh'])
+def test_ctrl_c_stops_with_a_checkpoint_and_says_how_to_resume(data_dir, tmp_path, launcher):
+  """Ctrl-C at a terminal: SIGINT to the trainer's process group. Under run.sh the trainer (a
+  script's background child: SIGINT ignored when it starts) also gets run.sh's SIGTERM. Was:
+  'Preempted: checkpoint written at step 1; exiting with code 75 so that the launcher requeues
+  the job.' (run.sh then: 'not requeued'), or, without run.sh, a KeyboardInterrupt traceback and
+  no checkpoint."""
+  import subprocess
+  import sys
+  from conftest import config_flags, subprocess_env
+  sent = 'SIGINT' if launcher == 'python' else 'SIGINT); os.kill(os.getpid(), signal.SIGTERM'
+  code = ('import os, signal\n'
+          'from anp_jax import runtime\n'
+          'configure = runtime.configure\n'
+          'def signalled(*args, **kwargs):\n'
+          f'  os.kill(os.getpid(), signal.{sent})\n'
+          '  return configure(*args, **kwargs)\n'
+          'runtime.configure = signalled\n'
+          'from anp_jax import main\n'
+          'main.run()\n')
+  ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if launcher == 'run.sh' else None
+  workdir = tmp_path / 'work'
+  out = subprocess.run(
+      [sys.executable, '-c', code, f'--workdir={workdir}',
+       *config_flags(tiny_config(data_dir, num_train_steps=6))],
+      env=subprocess_env(), capture_output=True, text=True, timeout=600, preexec_fn=ignore)
+  assert out.returncode == errors.EXIT_PREEMPTED, (out.returncode, out.stderr[-3000:])
+  assert _checkpoint_steps(workdir) == [1]
+  assert 'Ctrl-C: stopping at the next step boundary with a checkpoint' in out.stderr
+  assert ('Stopped (Ctrl-C) at step 1, checkpoint written. Rerun the same command to resume.'
+          in out.stdout), out.stdout
+  assert 'requeue' not in out.stdout + out.stderr and 'Traceback' not in out.stderr
+  assert 'Received signal' not in out.stderr  # run.sh's SIGTERM after the Ctrl-C: said already.
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
+  """The first Ctrl-C waits for the next step boundary (a step of a large model on CPU can take
+  minutes); a second one stops at once: exit 130 and what it means, not a KeyboardInterrupt
+  traceback."""
+  import subprocess
+  import sys
+  from conftest import subprocess_env
+  code = ('import os, signal\n'
+          'from anp_jax import runtime\n'
+          'def signalled(*args, **kwargs):\n'
+          '  os.kill(os.getpid(), signal.SIGINT)\n'
+          '  os.kill(os.getpid(), signal.SIGINT)\n'
+          'runtime.configure = signalled\n'
+          'from anp_jax import main\n'
+          'main.run()\n')
+  out = subprocess.run([sys.executable, '-c', code, f'--workdir={tmp_path / "work"}'],
+                       env=subprocess_env(), capture_output=True, text=True, timeout=300)
+  assert out.returncode == 130, (out.returncode, out.stderr[-3000:])
+  assert 'Stopped at once (Ctrl-C twice), without a checkpoint' in out.stderr
+  assert 'Traceback' not in out.stderr

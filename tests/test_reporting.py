@@ -1,8 +1,11 @@
 """anp_jax/reporting.py: a progress bar that moves, with honest rates, and JSON files written
 atomically."""
 
+import io
 import json
+import logging
 import os
+import sys
 
 import pytest
 
@@ -84,3 +87,75 @@ def test_curves_of_the_default_evaluation_are_unchanged(monkeypatch):
   assert panels == {'Loss': ['train', 'eval'],
                     'Evaluation accuracy': ['eval: anp top-1', 'eval: adjective top-1',
                                             'eval: noun top-1', 'eval: anp top-5']}
+
+
+class _Terminal(io.StringIO):
+  """A terminal for the bar: what it shows is `screen` (carriage returns overwrite)."""
+
+  def isatty(self):
+    return True
+
+  def screen(self):
+    lines = []
+    for raw in self.getvalue().split('\n'):
+      shown = ''
+      for part in raw.split('\r'):
+        shown = part + shown[len(part):]
+      lines.append(shown.rstrip())
+    return lines
+
+
+def _bar_on(terminal, monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(reporting.time, 'time', lambda: now[0])
+  bar = reporting.ProgressBar(100, images_per_step=10, stream=terminal)
+  for step in range(1, 26):
+    now[0] += 1.0
+    bar.update(step, {'loss': 5.406, 'top1': 0.0759} if step == 25 else None, force=step == 25)
+  now[0] += 1.0
+  bar.update(26)
+  return bar
+
+
+def test_a_log_line_or_a_say_line_while_the_bar_is_drawn_starts_on_its_own_line(monkeypatch):
+  """Was: '[███···] 4/30 13.3% | ... | ETA 0m49s | W1205 20:59:28.48 trainer.py:251] ...' on one
+  terminal line (the bar is redrawn in place, without a newline)."""
+  terminal = _Terminal()
+  handler = logging.StreamHandler(terminal)
+  logging.getLogger().addHandler(handler)
+  monkeypatch.setattr(sys, 'stdout', terminal)
+  try:
+    bar = _bar_on(terminal, monkeypatch)
+    logging.getLogger('orbax').warning('a library warning')
+    bar.update(27, force=True)
+    reporting.say('eval @ step 27: ...')
+    bar.update(28, force=True)
+    bar.close()
+  finally:
+    logging.getLogger().removeHandler(handler)
+  screen = terminal.screen()
+  assert 'a library warning' in screen and 'eval @ step 27: ...' in screen, screen
+  assert screen[-2].startswith('[') and '28/100' in screen[-2] and screen[-1] == '', screen
+  assert len([line for line in screen if '/100' in line]) == 1, screen  # Erased, redrawn.
+
+
+def test_the_bar_shows_the_last_logged_loss_until_the_next(monkeypatch):
+  """Was: the loss / top-1 field blank on every update but the logged steps'."""
+  terminal = _Terminal()
+  _bar_on(terminal, monkeypatch)
+  assert terminal.screen()[-1].endswith('| loss 5.406 top1 0.0759'), terminal.screen()
+  assert '26/100' in terminal.screen()[-1]
+
+
+def test_say_prints_a_warning_once(capsys, monkeypatch):
+  """Process 0 prints what it says; its log record must not reach the terminal as a second
+  copy (absl's handler writes WARNING records to stderr: 'W1205 ... trainer.py:251] ...')."""
+  from absl import logging as absl_logging
+  monkeypatch.setattr(absl_logging.get_absl_handler().python_handler, 'stream', sys.stderr)
+  logging.getLogger().addHandler(absl_logging.get_absl_handler())
+  try:
+    reporting.say('WARNING: something to know', logging.WARNING)
+  finally:
+    logging.getLogger().removeHandler(absl_logging.get_absl_handler())
+  out, err = capsys.readouterr()
+  assert (out + err).count('something to know') == 1, (out, err)

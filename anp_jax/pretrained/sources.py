@@ -17,7 +17,7 @@ from typing import Dict
 import jax
 import numpy as np
 
-from anp_jax import collectives
+from anp_jax import collectives, reporting
 from anp_jax.errors import InitFromError
 from anp_jax.param_names import flatten
 
@@ -112,7 +112,8 @@ def read_anp_jax(path: str) -> Dict[str, np.ndarray]:
   try:
     checkpointer = ocp.PyTreeCheckpointer()
     state_dir = os.path.join(step_dir, 'state')
-    tree = checkpointer.metadata(state_dir).item_metadata.tree
+    with reporting.hidden_log_messages(reporting.ORBAX_ITEM_METADATA):
+      tree = checkpointer.metadata(state_dir).item_metadata.tree
     args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
     state = checkpointer.restore(state_dir, restore_args=args)
   except Exception as e:

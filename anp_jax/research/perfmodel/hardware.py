@@ -161,6 +161,8 @@ class Workload:
   moves; ``gradient_bytes`` (default: ``param_bytes``) what a gradient push or all-reduce moves.
   ``activation_bytes_per_image`` (0: unknown) and ``training_state_factor`` (copies of the
   parameters a device keeps: weights, gradients, momentum) feed `check_memory`.
+  ``image_size`` (None: unknown): the side of the training images, which says whether an input
+  pipeline's measurement applies (`input_stage.input_warnings`).
   """
   name: str
   flops_per_image_fwd: float
@@ -170,6 +172,7 @@ class Workload:
   gradient_bytes: Optional[float] = None
   activation_bytes_per_image: float = 0.0
   training_state_factor: float = 3.0
+  image_size: Optional[int] = None
 
   def __post_init__(self):
     owner = f'Workload({self.name!r})'

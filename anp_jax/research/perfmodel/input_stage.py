@@ -25,10 +25,12 @@ from anp_jax.staleness import require_positive
 @dataclasses.dataclass(frozen=True)
 class InputPipeline:
   """A training input pipeline's host cost: ``core_seconds_per_image`` CPU core-seconds per
-  training image (all of its stages, as the whole pipeline runs them)."""
+  training image (all of its stages, as the whole pipeline runs them). ``image_size`` (None:
+  unknown): the side of the images it produced, the workloads it applies to."""
   name: str
   core_seconds_per_image: float
   source: str = ''
+  image_size: Optional[int] = None
 
   def __post_init__(self):
     require_positive(f'InputPipeline({self.name!r})', 'core_seconds_per_image',
@@ -50,7 +52,8 @@ def tf_jpeg224() -> InputPipeline:
   the 2-core CPU machine), which makes it conservative for a bfloat16 model.
   """
   return InputPipeline(name='tf_jpeg224', core_seconds_per_image=16 / 3744.2094630586994,
-                       source='experiments/results/bench_gpu_h200/input_pipeline.json')
+                       source='experiments/results/bench_gpu_h200/input_pipeline.json',
+                       image_size=224)
 
 
 def synthetic_png64() -> InputPipeline:
@@ -59,7 +62,8 @@ def synthetic_png64() -> InputPipeline:
   per core on the H200 machine's 16 vCPUs
   (`experiments/results/bench_gpu_h200/synthetic_pipeline.json`)."""
   return InputPipeline(name='synthetic_png64', core_seconds_per_image=1 / 302.0,
-                       source='experiments/results/bench_gpu_h200/synthetic_pipeline.json')
+                       source='experiments/results/bench_gpu_h200/synthetic_pipeline.json',
+                       image_size=224)
 
 
 INPUT_PIPELINES = {'tf_jpeg224': tf_jpeg224, 'synthetic_png64': synthetic_png64}
@@ -118,12 +122,17 @@ def cores_per_device_needed(pipeline: InputPipeline, images_per_s_per_device: fl
 
 
 def input_warnings(cluster: Cluster, configurations: Iterable[Tuple[str, float]],
-                   pipeline: Optional[InputPipeline] = None) -> List[str]:
+                   pipeline: Optional[InputPipeline] = None,
+                   image_size: Optional[int] = None) -> List[str]:
   """One line when the cluster's cores per device cannot feed some configurations'
   ``(label, images/s per device)`` with `pipeline` (default: `DEFAULT_INPUT_PIPELINE`); [] when
-  they all can, or the cluster's host cores are unknown."""
+  they all can, when the cluster's host cores are unknown, or when the workload's images
+  (`image_size`, e.g. a 16 px pilot's) are not those the pipeline was measured on: its cost per
+  image says nothing about them."""
   pipeline = pipeline or INPUT_PIPELINES[DEFAULT_INPUT_PIPELINE]()
   if cluster.host_cores_per_node is None:
+    return []
+  if image_size and pipeline.image_size and image_size != pipeline.image_size:
     return []
   have = cluster.host_cores_per_node / cluster.devices_per_node
   short: Dict[str, float] = {}

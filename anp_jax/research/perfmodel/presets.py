@@ -28,7 +28,8 @@ def resnet50(dataset_size: int = IMAGENET_TRAIN_IMAGES) -> Workload:
   ``dataset_size`` defaults to ImageNet-1k; pass the ANP dataset's size for its epochs.
   """
   return Workload(name='resnet50', flops_per_image_fwd=8.2e9, param_bytes=25_557_032 * 4,
-                  dataset_size=dataset_size, activation_bytes_per_image=27.7e6 * 4)
+                  dataset_size=dataset_size, activation_bytes_per_image=27.7e6 * 4,
+                  image_size=224)
 
 
 def resnet20(dataset_size: int = CIFAR10_TRAIN_IMAGES) -> Workload:
@@ -39,7 +40,8 @@ def resnet20(dataset_size: int = CIFAR10_TRAIN_IMAGES) -> Workload:
   memory: 0.49 M float32 module outputs per image in training mode.
   """
   return Workload(name='resnet20', flops_per_image_fwd=7.6e7, param_bytes=272_474 * 4,
-                  dataset_size=dataset_size, activation_bytes_per_image=0.49e6 * 4)
+                  dataset_size=dataset_size, activation_bytes_per_image=0.49e6 * 4,
+                  image_size=32)
 
 
 def k80() -> Device:

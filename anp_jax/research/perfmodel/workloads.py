@@ -38,7 +38,7 @@ def workload_from_flax(model, image_size: int, *, name: Optional[str] = None,
   return Workload(name=name or type(model).__name__.lower(),
                   flops_per_image_fwd=flops / batch_size,
                   param_bytes=float(param_bytes), dataset_size=dataset_size,
-                  train_flops_factor=train_flops_factor)
+                  train_flops_factor=train_flops_factor, image_size=image_size)
 
 
 def flax_workload(arch: str, image_size: int = 224, width: float = 1.0, num_classes: int = 553,

@@ -108,7 +108,8 @@ def main(argv) -> int:
     plan = planner.build_plan(**args)
     print(planner.format_plan(plan))
     for warning in pm.input_warnings(planner.load_cluster(args['cluster'])[0], [
-        (r.label(), r.update_batch / r.step_time / r.devices) for r in plan.rows]):
+        (r.label(), r.update_batch / r.step_time / r.devices) for r in plan.rows],
+        image_size=plan.workload.image_size if plan.workload else None):
       print(f'WARNING: {warning}', file=sys.stderr)  # Cores per device that cannot feed a step.
     if out:
       planner.write_plan(plan, out)

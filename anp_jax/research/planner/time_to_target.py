@@ -86,6 +86,7 @@ class Plan:
   penalties: Dict[str, Penalty]
   skipped: List[str]
   passed_over: List[Tuple[Row, str]] = dataclasses.field(default_factory=list)
+  workload: Optional[pm.Workload] = None  # What the rows' step times were predicted for.
 
 
 def _log_sd_of_range(factor: Tuple[float, float, float]) -> float:
@@ -216,4 +217,4 @@ def make_plan(model: StepsModel, cluster: pm.Cluster, workload: pm.Workload,
   meets = [r for r in rows if r.method == 'sync' and r.global_batch >= sprint_batch]
   sprint = min(meets, key=lambda r: (r.epoch_time, r.devices)) if meets else None
   return Plan(rows, fastest, cheapest, sprint, sprint_batch, model, penalties, skipped,
-              passed_over)
+              passed_over, workload)
