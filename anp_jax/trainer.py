@@ -29,8 +29,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
-                     models, noise_scale, optim, phases, preemption, pretrained, reporting, steps)
+from anp_jax import (checkpointing, collectives, compile_cache, distributed, durations, executors,
+                     metrics_io, models, noise_scale, optim, phases, preemption, pretrained,
+                     reporting, steps)
 from anp_jax import evaluators as evaluators_lib
 from anp_jax import workdir_lock
 from anp_jax.configs import default as default_config
@@ -181,6 +182,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
 def _build_validated(config: ml_collections.ConfigDict) -> Run:
   phases.watch_compiles()
+  compile_cache.use_atomic_writes()  # Entries other processes read whole (`compile_cache`).
   with phases.phase('dataset'):
     builder = pipeline.get_builder(config)
     meta = pipeline.dataset_meta(builder, config)
