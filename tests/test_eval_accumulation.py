@@ -56,7 +56,7 @@ def test_both_splits_evaluate_exactly_as_before(data_dir, overrides):
   assert run.evaluators['eval']._step is run.evaluators['test']._step  # pylint: disable=protected-access
 
 
-def test_the_kept_batches_are_the_pipelines(data_dir):
+def test_the_kept_batches_are_the_pipelines(data_dir, monkeypatch):
   pipeline._eval_cache.clear()  # pylint: disable=protected-access
   config = tiny_config(data_dir)
   builder = pipeline.get_builder(config)
@@ -80,3 +80,11 @@ def test_the_kept_batches_are_the_pipelines(data_dir):
   config.cache = False
   list(pipeline.eval_batches(builder, config, to_device=lambda b: b, **kw))
   assert not pipeline._eval_cache  # pylint: disable=protected-access
+  # Nor with the switch off.
+  config.cache = True
+  monkeypatch.setenv(pipeline.EVAL_CACHE_SWITCH, '0')
+  list(pipeline.eval_batches(builder, config, to_device=lambda b: b, **kw))
+  assert not pipeline._eval_cache  # pylint: disable=protected-access
+  monkeypatch.delenv(pipeline.EVAL_CACHE_SWITCH)
+  list(pipeline.eval_batches(builder, config, to_device=lambda b: b, **kw))
+  assert len(pipeline._eval_cache) == 1  # pylint: disable=protected-access

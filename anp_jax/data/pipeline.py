@@ -606,7 +606,9 @@ def _split_size(builder, split) -> int:
 
 # Decoded evaluation batches kept in memory per process, across evaluations and runs (a study's
 # runs evaluate the same splits every half epoch): at most this many bytes in all.
+# ANP_EVAL_BATCH_CACHE=0 keeps none (every evaluation decodes its split, as before issue 44).
 EVAL_CACHE_BYTES = 256 * 2**20
+EVAL_CACHE_SWITCH = 'ANP_EVAL_BATCH_CACHE'
 _eval_cache: 'collections.OrderedDict[Any, list]' = collections.OrderedDict()
 
 
@@ -614,8 +616,11 @@ def _eval_cache_key(builder, config, split: str, per_process_batch: int,
                     process_index: int, process_count: int):
   """What an evaluation's host batches depend on (``input_backend='tf'``: `preprocess` with
   ``train=False`` reads the image size, the augmentation's kind, the crop fraction and the
-  image dtype), or None where they are not kept (another input backend; config.cache off)."""
+  image dtype), or None where they are not kept (another input backend; config.cache off;
+  ``ANP_EVAL_BATCH_CACHE=0``)."""
   if windows.backend(config) != 'tf' or not config.cache:
+    return None
+  if os.environ.get(EVAL_CACHE_SWITCH, '1').strip().lower() in ('0', 'false', 'no', 'off'):
     return None
   return (os.path.abspath(builder.data_dir), builder.info.full_name, split, per_process_batch,
           process_index, process_count, int(config.image_size), str(config.augment),
