@@ -31,6 +31,7 @@ COMPILE_EVENTS = {
     '/jax/core/compile/jaxpr_trace_duration': 'trace',
     '/jax/core/compile/jaxpr_to_mlir_module_duration': 'lower',
     '/jax/core/compile/backend_compile_duration': 'compile',
+    # Inside 'compile' (JAX times the persistent cache's read within the backend compile).
     '/jax/compilation_cache/cache_retrieval_time_sec': 'cache_read',
 }
 COUNT_EVENTS = {'/jax/compilation_cache/cache_hits': 'cache_hits',
@@ -138,7 +139,9 @@ def watch_compiles() -> None:
 
 
 def totals() -> Dict[str, Dict[str, float]]:
-  """{phase: {'seconds', 'count', 'trace_s', 'lower_s', 'compile_s', ...}} so far (a copy)."""
+  """{phase: {'seconds', 'count', 'trace_s', 'lower_s', 'compile_s', ...}} so far (a copy).
+  A phase's compilation is ``trace_s + lower_s + compile_s`` (``cache_read_s``, a load from
+  the persistent cache, is part of ``compile_s``)."""
   with _lock:
     return json.loads(json.dumps(_totals))
 
