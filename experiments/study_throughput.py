@@ -2,7 +2,7 @@
 """Where a study's time goes, before and after issue 44's changes, measured side by side.
 
   .venv/bin/python experiments/study_throughput.py --preset plan_validation:a --repeats 2 \
-      --out experiments/results/study_throughput/plan_validation_a -- --stop_at_target
+      --out experiments/results/study_throughput/plan_validation_a --stop_at_target
 
 Runs the study preset ``--repeats`` times in each of two modes, interleaved (before, after,
 after, before, ...: a drift of the machine's load falls on both), each a fresh
@@ -18,7 +18,7 @@ unless ``--keep``), with ``ANP_PROFILE`` (`anp_jax.phases`) recording its phases
 * **after**: the defaults, with a compilation cache of its own, empty at the start of each
   study (``--warm_cache``: one cache for every ``after`` study, as a user's second study).
 
-Arguments after ``--`` (or any this script does not know) go to ``study.py``
+Arguments this script does not know (or any after ``--``) go to ``study.py``
 (``--stop_at_target``, ``--seeds 0,1``, ``--config.x=y``). Writes ``throughput.json`` (every
 measurement: wall time, phases, compilation, cache hits) and ``README.md`` (a table of the
 median seconds per phase in each mode and the ratio after / before) into ``--out``.
@@ -61,8 +61,11 @@ ROWS = ('start + imports', 'runner', 'run set-up', 'dataset', 'init', 'compile: 
 
 
 def parse(argv):
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+      description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+      allow_abbrev=False,
+      epilog='Other arguments (or any after --) go to experiments/study.py, e.g. '
+      '--stop_at_target --seeds 0,1 --config.num_epochs=2.')
   p.add_argument('--preset', required=True, help='A study preset (e.g. plan_validation:a).')
   p.add_argument('--repeats', type=int, default=1, help='Studies per mode (interleaved).')
   p.add_argument('--out', default=None, help='Results folder (default: experiments/results/'
