@@ -60,6 +60,7 @@ def _entries(folder):
       folder) else []
 
 
+@pytest.mark.slow(15)
 def test_on_by_default_in_a_folder_per_host_cpu_and_reused(tmp_path):
   env = _env(tmp_path)
   first, _ = _child(env)
@@ -72,18 +73,21 @@ def test_on_by_default_in_a_folder_per_host_cpu_and_reused(tmp_path):
   assert not os.path.exists(tmp_path / 'home' / '.cache')
 
 
+@pytest.mark.slow(15)
 def test_the_parent_folder_can_be_moved(tmp_path):
   got, _ = _child(_env(tmp_path, ANP_COMPILATION_CACHE_DIR=str(tmp_path / 'mine')))
   assert got['dir'] == os.path.join(tmp_path, 'mine', compile_cache.host_key())
   assert _entries(got['dir'])
 
 
+@pytest.mark.slow(15)
 def test_off_switch(tmp_path):
   got, _ = _child(_env(tmp_path, ANP_COMPILATION_CACHE='0'))
   assert got['dir'] is None and not got['atomic']
   assert not os.path.exists(tmp_path / 'xdg') and not os.path.exists(tmp_path / 'home')
 
 
+@pytest.mark.slow(15)
 def test_a_folder_set_for_jax_is_kept(tmp_path):
   mine = tmp_path / 'jax_own'
   got, _ = _child(_env(tmp_path, JAX_COMPILATION_CACHE_DIR=str(mine)))
@@ -91,6 +95,7 @@ def test_a_folder_set_for_jax_is_kept(tmp_path):
   assert not os.path.exists(tmp_path / 'xdg')
 
 
+@pytest.mark.slow(15)
 def test_two_processes_compiling_the_same_program_leave_one_whole_entry(tmp_path):
   env = _env(tmp_path)
   go = tmp_path / 'go'

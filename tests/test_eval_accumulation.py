@@ -28,6 +28,7 @@ def _previous_evaluate(evaluator, state):
           for k, v in evaluator.finish(run.executor.fetch(total)).items()}
 
 
+@pytest.mark.slow(20)
 @pytest.mark.parametrize('overrides', [
     {},  # The jit executor (mesh, shard_map).
     {'executor': 'pmap'},

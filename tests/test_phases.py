@@ -98,6 +98,7 @@ def test_the_profile_is_written_at_exit(tmp_path):
   assert not [p for p in os.listdir(tmp_path) if '.tmp' in p]  # Written whole, then renamed.
 
 
+@pytest.mark.slow(20)
 def test_a_runs_phases_cover_its_stages(data_dir, tmp_path):
   config = tiny_config(data_dir, num_train_steps=4, eval_every_epochs=0.25,
                        checkpoint_every_steps=2)
