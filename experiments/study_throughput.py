@@ -120,6 +120,9 @@ def measure(mode: str, index: int, args, study_args: List[str], work: str) -> Di
   if os.path.exists(profile):
     with open(profile) as f:
       prof = json.load(f)
+  if tree == ROOT and not (prof and prof.get('first_phase_time')):  # e.g. study.py --help.
+    raise SystemExit(f'{mode} study {index} ran no study (no phases in its profile): nothing '
+                     f'is written. Its output:\n{(out.stdout + out.stderr)[-2000:]}')
   record = {'mode': mode, 'index': index, 'wall_s': ended - launched, 'launched': launched,
             'profile': prof}
   record['categories'] = categories(record)
