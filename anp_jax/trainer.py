@@ -31,8 +31,9 @@ import ml_collections
 import numpy as np
 import optax
 
-from anp_jax import (checkpointing, collectives, distributed, durations, executors, metrics_io,
-                     models, noise_scale, optim, preemption, pretrained, reporting, steps)
+from anp_jax import (checkpointing, collectives, compile_cache, distributed, durations, executors,
+                     metrics_io, models, noise_scale, optim, phases, preemption, pretrained,
+                     reporting, steps)
 from anp_jax import evaluators as evaluators_lib
 from anp_jax import workdir_lock
 from anp_jax.configs import default as default_config
@@ -125,7 +126,8 @@ class Run:
     overflows has diverged too). The caller checks the state first (`check_finite`)."""
     record = {}
     for prefix in sorted(self.evaluators):
-      record.update(self.evaluators[prefix].evaluate(state))
+      with phases.phase(f'eval:{prefix}'):
+        record.update(self.evaluators[prefix].evaluate(state))
     bad = {k: v for k, v in record.items() if not math.isfinite(v)}
     if bad:
       raise NonFiniteLossError(
@@ -194,9 +196,17 @@ def build(config: ml_collections.ConfigDict) -> Run:
 
 
 def _build_validated(config: ml_collections.ConfigDict) -> Run:
-  builder = pipeline.get_builder(config)
-  meta = pipeline.dataset_meta(builder, config)
-  pipeline.check_input_backend(builder, config)  # A GPU for 'dali', images of a bounded size.
+  phases.watch_compiles()
+  compile_cache.use_atomic_writes()  # Entries other processes read whole (`compile_cache`).
+  with phases.phase('dataset'):
+    builder = pipeline.get_builder(config)
+    meta = pipeline.dataset_meta(builder, config)
+    pipeline.check_input_backend(builder, config)  # A GPU for 'dali', images of a bounded size.
+  with phases.phase('build'):
+    return _build_parts(config, builder, meta)
+
+
+def _build_parts(config, builder, meta) -> Run:
   setup = resolve_setup(config, meta.train_size, meta.eval_size)
   mesh = executors.make_run_mesh(config, setup.devices, setup.process_count)
   model = models.create_model(config, meta, axis_name=executors.model_axis_name(config))
@@ -305,6 +315,14 @@ def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> No
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
   """Trains `config` with the devices of this job, writing logs (and checkpoints) to `workdir`;
   with config.eval_only, evaluates the latest checkpoint of `workdir` without writing there."""
+  token = phases.begin('start')  # Where its time goes: `anp_jax.phases`.
+  try:
+    return _train_and_evaluate(config, workdir)
+  finally:
+    phases.end(token)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
   t_start = time.time()
   if config.eval_only:  # Before the checks: an evaluation reads no init_from file.
     config = evaluation_config(config)
@@ -488,6 +506,7 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
   config, setup, executor = run.config, run.setup, run.executor
   is_main = jax.process_index() == 0
   _announce(run)
+  token = phases.begin('init')
   ckpt = _checkpointer(run, workdir)
   state = executor.init()
   restored, start_step = ckpt.restore_latest(executor.restore_target(state))
@@ -513,6 +532,8 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
     writer.write(step, record)
     records.append({'step': step, **record})
 
+  phases.end(token)
+  token = phases.begin('train')
   batches = run.train_batches(start_step)
   bar = reporting.ProgressBar(setup.total_steps, setup.batch_size, start_step,
                               enabled=config.progress_bar)
@@ -573,11 +594,12 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
                         'stopping.')
           save_now = True  # Keep the stopping point (and the progress) in a checkpoint.
         if save_now or evaluated:
-          tree = executor.to_checkpoint(state)
-          if save_now:
-            ckpt.save(step, tree, wall_time_s=time.time() - t_start)
-          if evaluated:
-            ckpt.save_best(step, tree, evaluated)
+          with phases.phase('checkpoint'):
+            tree = executor.to_checkpoint(state)
+            if save_now:
+              ckpt.save(step, tree, wall_time_s=time.time() - t_start)
+            if evaluated:
+              ckpt.save_best(step, tree, evaluated)
         if preempted and not last:
           ckpt.wait()
           # Every process's log says where it stopped (the processes of a job compare them);
@@ -596,7 +618,10 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
   finally:
     bar.close()
     writer.close()
-    ckpt.close()
+    phases.end(token)
+    with phases.phase('checkpoint'):
+      ckpt.close()
+  token = phases.begin('finish')
   wall = time.time() - t_start
   final_path = os.path.join(workdir, 'final_metrics.json')
   # A rerun of a finished run trains nothing: its final_metrics.json (training time, whether it
@@ -616,4 +641,5 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
     reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
                           os.path.join(workdir, 'curves.png'))
   distributed.barrier('train_and_evaluate_end')
+  phases.end(token)
   return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall, step=step)

@@ -20,6 +20,7 @@ Design:
 * TensorFlow never sees a GPU (`hide_gpus_from_tf`), images are decoded in `map`.
 """
 
+import collections
 import dataclasses
 import hashlib
 import math
@@ -601,6 +602,76 @@ def eval_dataset(builder, config, *, per_process_batch: int, split: str,
 
 def _split_size(builder, split) -> int:
   return builder.info.splits[split].num_examples
+
+
+# Decoded evaluation batches kept in memory per process, across evaluations and runs (a study's
+# runs evaluate the same splits every half epoch): at most this many bytes in all.
+# ANP_EVAL_BATCH_CACHE=0 keeps none (every evaluation decodes its split, as before issue 44).
+EVAL_CACHE_BYTES = 256 * 2**20
+EVAL_CACHE_SWITCH = 'ANP_EVAL_BATCH_CACHE'
+_eval_cache: 'collections.OrderedDict[Any, list]' = collections.OrderedDict()
+
+
+def _eval_cache_key(builder, config, split: str, per_process_batch: int,
+                    process_index: int, process_count: int):
+  """What an evaluation's host batches depend on (``input_backend='tf'``: `preprocess` with
+  ``train=False`` reads the image size, the augmentation's kind, the crop fraction and the
+  image dtype), or None where they are not kept (another input backend; config.cache off;
+  ``ANP_EVAL_BATCH_CACHE=0``)."""
+  if windows.backend(config) != 'tf' or not config.cache:
+    return None
+  if os.environ.get(EVAL_CACHE_SWITCH, '1').strip().lower() in ('0', 'false', 'no', 'off'):
+    return None
+  return (os.path.abspath(builder.data_dir), builder.info.full_name, split, per_process_batch,
+          process_index, process_count, int(config.image_size), str(config.augment),
+          float(config.crop_fraction), str(config.model.dtype))
+
+
+def _eval_bytes(builder, config, split: str, per_process_batch: int, process_count: int) -> int:
+  """The bytes of a split's decoded host batches (images, labels, mask)."""
+  batches = num_eval_batches(_split_size(builder, split), process_count, per_process_batch)
+  image = int(config.image_size) ** 2 * 3 * image_dtype(config).size
+  return batches * per_process_batch * (image + 4 * (len(LABEL_KEYS) + 1))
+
+
+def eval_batches(builder, config, *, per_process_batch: int, split: str, to_device,
+                 prefetch: int = 2) -> Iterator[Any]:
+  """`eval_dataset`'s batches through `to_device` (`global_batches`), the same values, decoded
+  once per process: a split whose host batches fit `EVAL_CACHE_BYTES` (with the others kept) is
+  read into memory on its first evaluation and served from there afterwards (with
+  ``config.cache``, and the 'tf' input backend, whose batches leave the host finished).
+  Decoding the images was most of a small model's evaluation on CPU; the batches are the ones
+  the pipeline yields, so every evaluation's sums are bit for bit what they were."""
+  pidx, pcount = jax.process_index(), jax.process_count()
+  key = _eval_cache_key(builder, config, split, per_process_batch, pidx, pcount)
+  size = _eval_bytes(builder, config, split, per_process_batch, pcount) if key else 0
+  if key is None or size > EVAL_CACHE_BYTES:
+    yield from global_batches(eval_dataset(builder, config, per_process_batch=per_process_batch,
+                                           split=split), to_device, prefetch)
+    return
+  cached = _eval_cache.get(key)
+  if cached is None:
+    ds = eval_dataset(builder, config, per_process_batch=per_process_batch, split=split)
+    cached = list(tfds.as_numpy(ds))
+    while _eval_cache and sum(_nbytes(v) for v in _eval_cache.values()) + size > EVAL_CACHE_BYTES:
+      _eval_cache.popitem(last=False)
+    _eval_cache[key] = cached
+  _eval_cache.move_to_end(key)
+  yield from _transferred(cached, to_device, prefetch)
+
+
+def _nbytes(batches) -> int:
+  return sum(leaf.nbytes for batch in batches for leaf in batch.values())
+
+
+def _transferred(batches, to_device, prefetch: int):
+  """`to_device` of each host batch, `prefetch` transfers ahead."""
+  queue = []
+  for batch in batches:
+    queue.append(to_device(batch))
+    if len(queue) > prefetch:
+      yield queue.pop(0)
+  yield from queue
 
 
 # ----------------------------------------------------------------------------------------------

@@ -215,7 +215,8 @@ class PredictionEvaluator(Evaluator):
   Every process reads its shard of the split (`anp_jax.data.pipeline.eval_dataset`), padded to
   the same number of batches; the executor runs ``sums`` over its state layout and adds it over
   the devices (`Executor.map_eval`: one program per kind and options, shared by the entries of
-  config.evals), the batches' sums are added on the devices and fetched once. So every example
+  config.evals), adding each batch's sums to the running total in the same program, fetched
+  once per split. So every example
   counts once, whatever the batch size, device or process count.
   """
   OPTIONS: Mapping[str, Any] = {'split': 'validation'}
@@ -252,17 +253,25 @@ class PredictionEvaluator(Evaluator):
     raise NotImplementedError
 
   def evaluate(self, state) -> Dict[str, float]:
+    """One program per batch computes its sums and adds them to the running total on the
+    devices (`anp_jax.executors.common.EvalStep.add`, in the batches' order: the same additions
+    as one by one); the total is fetched once. The host never runs more than
+    `preemption.MAX_IN_FLIGHT` batches ahead of the devices: XLA:CPU runs the per-device
+    launches of multi-device programs on the pool that runs the programs, and those launches
+    block while a device has too many programs queued. The split's batches come decoded from
+    memory after its first evaluation in this process (`pipeline.eval_batches`)."""
+    from anp_jax import preemption
     from anp_jax.data import pipeline
     import jax
-    import jax.numpy as jnp
     run = self.run
-    ds = pipeline.eval_dataset(run.builder, run.config, split=self.split,
-                               per_process_batch=run.setup.eval_per_process_batch)
     total, n = None, 0
-    for batch in pipeline.global_batches(ds, to_device=run.executor.to_device):
-      sums = self._step(state, batch)
-      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    for batch in pipeline.eval_batches(run.builder, run.config, split=self.split,
+                                       per_process_batch=run.setup.eval_per_process_batch,
+                                       to_device=run.executor.to_device):
+      total = self._step.add(state, batch, total)
       n += 1
+      if n % preemption.MAX_IN_FLIGHT == 0:
+        jax.block_until_ready(total)
     if n != self.num_batches:  # Every process must run the same number of collectives.
       raise RuntimeError(f'Evaluation of {self.split!r} produced {n} batches, expected '
                          f'{self.num_batches}.')

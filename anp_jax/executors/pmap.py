@@ -11,8 +11,8 @@ import functools
 import jax
 import numpy as np
 
-from anp_jax.executors.common import (AXIS, Executor, host_init, memoized_map_eval,
-                                      per_device_functions)
+from anp_jax.executors.common import (AXIS, EvalStep, Executor, accumulate, host_init,
+                                      memoized_map_eval, per_device_functions)
 
 
 def make(config, model, tx, setup, mesh) -> Executor:
@@ -41,6 +41,12 @@ def make(config, model, tx, setup, mesh) -> Executor:
   def to_checkpoint(state):
     return jax.tree.map(first_copy, state)
 
+  def map_eval(fn):  # Host totals and flags: pmap transfers them (the first batch's only).
+    per_device = functools.partial(eval_fn, fn=fn)
+    return EvalStep(jax.pmap(per_device, axis_name=AXIS),
+                    jax.pmap(accumulate(per_device), axis_name=AXIS, donate_argnums=(2,)),
+                    put=lambda value: value, flag=lambda value: np.full((n_local,), value))
+
   def restore_target(state):  # Host arrays: restored on the host, then replicated.
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                         to_checkpoint(state))
@@ -49,8 +55,7 @@ def make(config, model, tx, setup, mesh) -> Executor:
       name='pmap', method='sync',
       init=lambda: replicate(host_init(init_fn)),
       train_step=jax.pmap(train_fn, axis_name=AXIS, donate_argnums=(0,)),
-      map_eval=memoized_map_eval(
-          lambda fn: jax.pmap(functools.partial(eval_fn, fn=fn), axis_name=AXIS)),
+      map_eval=memoized_map_eval(map_eval),
       to_device=to_device,
       fetch=lambda x: jax.tree.map(first_copy, x),
       unreplicate=unreplicate, restore_target=restore_target,

@@ -35,8 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import jax
 import ml_collections
 
-from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, preemption,
-                     reporting, trainer)
+from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, phases,
+                     preemption, reporting, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.research import eval_seam, registration, study_report, study_results
@@ -441,7 +441,8 @@ def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
             'resuming' if resuming else 'training')
     print(f'{tag}: {what} — {run.setup.describe()}', flush=True)
   try:
-    result = trainer.train_and_evaluate(config, run_dir)
+    with phases.section(run.name):
+      result = trainer.train_and_evaluate(config, run_dir)
   except errors.NonFiniteLossError as e:
     if is_main:
       step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
@@ -588,10 +589,17 @@ def run_study(study: Study, base, opts: Options) -> List[Dict]:
 
   Returns the rows (every process; [] for a dry run). Raises StudyError on bad input (before
   any training; or before an extension round whose run directory is taken by other settings).
-  Call after `distributed.initialize`.
+  Call after `distributed.initialize`. The time outside the runs, planning and the report is
+  the runner's bookkeeping (`anp_jax.phases`: 'runner').
   """
+  with phases.phase('runner'):
+    return _run_study(study, base, opts)
+
+
+def _run_study(study: Study, base, opts: Options) -> List[Dict]:
   is_main = jax.process_index() == 0
-  runs, meta = plan_runs(study, base, opts)
+  with phases.phase('plan'):
+    runs, meta = plan_runs(study, base, opts)
   # A registration changed after the first run, or missing before runs that exist: refused
   # before anything trains (`registration.check`); a new one is recorded below, before run 1.
   registered = registration.check(study, opts.out, opts.preset, write=False)
@@ -637,6 +645,8 @@ def run_study(study: Study, base, opts: Options) -> List[Dict]:
   if jax.process_count() > 1 and not is_main:
     print(f'Process {jax.process_index()}: waiting (at most {distributed.barrier_timeout_s()} s, '
           'ANP_BARRIER_TIMEOUT) for process 0 to write the results and the report.', flush=True)
-  distributed.on_process_0('study_results', lambda: write_outputs(study, opts, rows, opts.report),
-                           'write the study results and report')
+  with phases.phase('report'):
+    distributed.on_process_0('study_results',
+                             lambda: write_outputs(study, opts, rows, opts.report),
+                             'write the study results and report')
   return rows
