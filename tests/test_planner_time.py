@@ -123,7 +123,7 @@ def _simulated(*args):
                         env=subprocess_env(), capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow(5)
+@pytest.mark.slow(7)
 def test_every_configuration_of_the_plan_is_predicted_measured_and_reused(data_dir, tmp_path):
   """The script's whole plan (17 runs: 3 calibrations, 2 pilot seeds, 6 configurations x 2
   seeds) and its rerun, with the trainer simulated (tests/plan_time_simulated.py); the real
@@ -147,7 +147,7 @@ def test_every_configuration_of_the_plan_is_predicted_measured_and_reused(data_d
                results, 17)
 
 
-@pytest.mark.slow(70)
+@pytest.mark.slow(60)
 def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_dir, tmp_path):
   """The real trainer (``python -m anp_jax.main``, as the script launches it: one process or two
   on 127.0.0.1) on the smallest plan with every kind of run, one seed; its files are what the
