@@ -1,23 +1,34 @@
 """experiments/plan_time_validation.py: predicted vs measured time to target, end to end.
 
-Correctness only (the tiny config on a loaded machine: no timing is asserted): calibrations at
-two batches (the step time interpolated between them), the pilot and six configurations (1
-process x 1 and 2 devices and 2 processes at two batch sizes), two seeds each, run the real
-trainer to the target; the report holds every configuration's prediction, its measured mean with
-an interval and the errors of the model and of both baselines.
+Correctness only (the tiny config on a loaded machine: no timing is asserted). The whole plan
+(calibrations at two batches, the step time interpolated between them, and of two processes'
+start-up; the pilot and six configurations: 1 process x 1 and 2 devices and 2 processes at two
+batch sizes; two seeds each; 17 runs) goes through the script's command line with a simulated
+trainer (tests/plan_time_simulated.py: the trainer's files without training), and the report holds
+every configuration's prediction, its measured mean with an interval and the errors of the model
+and of both baselines; a rerun reuses all 17. The real trainer, launched as the script launches
+it, runs the smallest plan that has every kind of run: one calibration, the pilot (two devices:
+the noise scale) and each of the three shapes (one of them two processes), one seed, to the
+target, and its files give the same report and are reused by a rerun.
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import run_experiment
+from conftest import TESTS, run_experiment, subprocess_env
 
 TINY = ('--config=anp_jax/configs/tiny.py', '--config.num_train_steps=-1',
         '--config.num_epochs=2.0', '--config.eval_every_epochs=0.5',
         '--metric=eval/anp_top1', '--target=0.05', '--batches=16,64', '--pilot_batch=32',
         '--calibration_batches=8,128', '--calibration_steps=6', '--seeds=2')
 MEASURED = [f'measure-{shape}-b{b}' for b in (16, 64) for shape in ('1x1', '1x2', '2x1')]
+# The real trainer's plan: every kind of run once (5 runs, 6 processes; 17 runs took ~9 min).
+REAL = TINY + ('--batches=16', '--seeds=1', '--calibration_batches=8', '--startup_processes=0')
+REAL_MEASURED = [f'measure-{shape}-b16' for shape in ('1x1', '1x2', '2x1')]
 
 
 def test_dry_run_lists_the_runs_and_bounds_their_cost(data_dir, tmp_path):
@@ -34,32 +45,37 @@ def test_dry_run_lists_the_runs_and_bounds_their_cost(data_dir, tmp_path):
   assert not (tmp_path / 'out').exists()  # A dry run trains and writes nothing.
 
 
-@pytest.mark.slow(300)
-def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_dir, tmp_path):
-  out = tmp_path / 'out'
-  r = run_experiment('plan_time_validation.py', '--out', str(out), *TINY,
-                     f'--config.data_dir={data_dir}', timeout=1200)
-  assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+def _check_report(out, measured, seeds, calibration_batches, multi_processes):
+  """What every invocation's results.json and report.md hold: each configuration's prediction,
+  its measured mean over ``seeds`` seeds and the errors of the model and both baselines."""
   results = json.loads((out / 'results.json').read_text())
   rows = {row['name']: row for row in results['rows']}
-  assert set(rows) == {'pilot-1x2-b32'} | set(MEASURED)
+  assert set(rows) == {'pilot-1x2-b32'} | set(measured)
   assert {(row['processes'], row['devices']) for row in rows.values()} >= {(1, 1), (1, 2), (2, 1)}
   cal = results['calibration']
-  assert [b for b, _ in cal['points']] == [8, 128] and all(t > 0 for _, t in cal['points'])
+  assert [b for b, _ in cal['points']] == calibration_batches
+  assert all(t > 0 for _, t in cal['points'])
   assert cal['eval_s'] > 0 and cal['fixed_s'] >= 0
   assert cal['reference_batch'] == 8  # Nearest the pilot's 32 in ratio (4x either way: smaller).
-  # Two processes' start-up: calibrated by a run of its own, used for the 2-process layouts.
-  assert cal['multi_processes'] == 2 and cal['multi_fixed_s'] >= 0
-  assert results['calibration_multi_run']['steps'] == 6
-  # The steps model is the pilot's two seeds.
-  assert 'from 2 seed(s) of pilot-1x2-b32' in results['steps_model']
+  if multi_processes:
+    # Two processes' start-up: calibrated by a run of its own, used for the 2-process layouts.
+    assert cal['multi_processes'] == 2 and cal['multi_fixed_s'] >= 0
+    assert results['calibration_multi_run']['steps'] == 6
+  else:
+    assert cal['multi_fixed_s'] is None and results['calibration_multi_run'] is None
+  # The steps model is the pilot's seeds.
+  assert f'from {seeds} seed(s) of pilot-1x2-b32' in results['steps_model']
   for row in rows.values():
     p, m = row['predicted'], row['measured']
-    assert row['seeds'] == [0, 1] and m['runs'] == 2 and len(m['seeds']) == 2
+    assert row['seeds'] == list(range(seeds)) and m['runs'] == seeds
+    assert len(m['seeds']) == seeds
     assert m['stopped_at_target'] and m['crossing'] is not None
     walls = [run['wall_s'] for run in m['seeds']]
-    assert m['wall_s'] == pytest.approx(sum(walls) / 2)
-    assert m['wall_low'] < m['wall_s'] < m['wall_high'] or walls[0] == walls[1]
+    assert m['wall_s'] == pytest.approx(sum(walls) / seeds)
+    if seeds > 1:
+      assert m['wall_low'] < m['wall_s'] < m['wall_high'] or walls[0] == walls[1]
+    else:
+      assert m['wall_low'] is None
     for run in m['seeds']:  # The loop runs to the first evaluation at or after the crossing.
       assert run['steps'] % p['eval_every'] == 0 and run['steps'] >= run['crossing']
     assert p['loop_steps'] % p['eval_every'] == 0 and p['loop_steps'] >= p['steps'] - 1e-9
@@ -70,28 +86,86 @@ def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_d
     assert row['batch'] / p['step_s']['constant'] == pytest.approx(8 / cal['points'][0][1])
     assert p['step_s']['one_parameter'] == pytest.approx(
         p['step_s']['constant'] / (row['processes'] * row['devices']))
-    assert row['calibrated_batch']
-    assert p['fixed_s'] == (cal['multi_fixed_s'] if row['processes'] > 1 else cal['fixed_s'])
+    assert row['calibrated_batch'] == (len(calibration_batches) > 1)
+    assert p['fixed_s'] == (cal['multi_fixed_s'] if row['processes'] > 1 and multi_processes
+                            else cal['fixed_s'])
     assert m['images_per_s'] > 0 and all(run['mean_images_per_s'] > 0 for run in m['seeds'])
   summary = results['summary']
-  assert summary['configurations'] == 6  # The pilot's (steps in sample) is not summarised.
+  # The pilot's (steps in sample) is not summarised.
+  assert summary['configurations'] == len(measured)
   assert summary['model']['loop'] == pytest.approx(
-      sum(abs(rows[n]['errors']['model']['loop']) for n in MEASURED) / 6)
-  assert summary['throughput_span'] >= 1 and summary['max_loop_half_width'] >= 0
+      sum(abs(rows[n]['errors']['model']['loop']) for n in measured) / len(measured))
+  assert summary['throughput_span'] >= 1
+  if seeds > 1:
+    assert summary['max_loop_half_width'] >= 0
+  else:
+    assert summary['max_loop_half_width'] is None  # One run: no interval.
   text = (out / 'report.md').read_text()
   assert 'performance model' in text and 'constant images/s' in text and 'Targets:' in text
-  assert 'Each configuration ran 2 seed(s)' in text
-  # Rerun: every finished run is reused, nothing retrains, the same report.
-  again = run_experiment('plan_time_validation.py', '--out', str(out), *TINY,
-                         f'--config.data_dir={data_dir}', timeout=900)
+  assert f'Each configuration ran {seeds} seed(s)' in text
+  return results
+
+
+def _check_rerun(again, out, results, runs):
+  """A rerun: every finished run is reused, nothing retrains, the same report."""
   assert again.returncode == 0, again.stderr[-3000:]
-  assert again.stdout.count('finished before, reused') == 17
+  assert again.stdout.count('finished before, reused') == runs
   # The report says its timings are from the earlier invocation, and its steps model is B_crit's.
   again_results = json.loads((out / 'results.json').read_text())
-  assert len(again_results['reused']) == 17 and results['reused'] == []
+  assert len(again_results['reused']) == runs and results['reused'] == []
   assert 'Runs reused from an earlier invocation, timed then' in (out / 'report.md').read_text()
   assert 'B_crit = ' in again_results['steps_model']
   assert again_results['rows'] == results['rows']
+
+
+def _simulated(*args):
+  return subprocess.run([sys.executable, os.path.join(TESTS, 'plan_time_simulated.py'), *args],
+                        env=subprocess_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow(7)
+def test_every_configuration_of_the_plan_is_predicted_measured_and_reused(data_dir, tmp_path):
+  """The script's whole plan (17 runs: 3 calibrations, 2 pilot seeds, 6 configurations x 2
+  seeds) and its rerun, with the trainer simulated (tests/plan_time_simulated.py); the real
+  trainer's files: the next test."""
+  out = tmp_path / 'out'
+  r = _simulated('--out', str(out), *TINY, f'--config.data_dir={data_dir}')
+  assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+  assert r.stdout.count(': training ...') == 17
+  results = _check_report(out, MEASURED, 2, [8, 128], multi_processes=True)
+  rows = {row['name']: row for row in results['rows']}
+  # The seeds of a configuration: the simulated second seed reaches the target later.
+  for row in rows.values():
+    crossings = [run['crossing'] for run in row['measured']['seeds']]
+    assert crossings[0] < crossings[1]
+  # The step time is interpolated between the calibration batches: at batch 16 and 64, between
+  # the simulated 8 and 128 (linear in the batch), the model's one-device step is the simulator's.
+  for b in (16, 64):
+    assert rows[f'measure-1x1-b{b}']['predicted']['step_s']['model'] == pytest.approx(
+        0.002 + 1e-4 * b, rel=1e-3)
+  _check_rerun(_simulated('--out', str(out), *TINY, f'--config.data_dir={data_dir}'), out,
+               results, 17)
+
+
+@pytest.mark.slow(60)
+def test_time_to_target_is_predicted_and_measured_for_every_configuration(data_dir, tmp_path):
+  """The real trainer (``python -m anp_jax.main``, as the script launches it: one process or two
+  on 127.0.0.1) on the smallest plan with every kind of run, one seed; its files are what the
+  script measures (the steady rate, an evaluation's time, the crossing, the stop at the first
+  evaluation past it, the pilot's noise scale), and a rerun reuses its runs (their recorded
+  configs are the ones the script plans). Two seeds, two calibration batches, the two-process
+  start-up calibration and six configurations: the test above, on the same code."""
+  out = tmp_path / 'out'
+  # The launched processes inherit the environment: unpinned, as every multi-process job of the
+  # suite (conftest.multiprocess_env; pinned to one of 2 busy cores each, the 2-process run took
+  # 2-3x as long as a one-process one).
+  r = run_experiment('plan_time_validation.py', '--out', str(out), *REAL,
+                     f'--config.data_dir={data_dir}', timeout=1200, ANP_PIN_CORES=0)
+  assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+  results = _check_report(out, REAL_MEASURED, 1, [8], multi_processes=False)
+  again = run_experiment('plan_time_validation.py', '--out', str(out), *REAL,
+                         f'--config.data_dir={data_dir}', timeout=900, ANP_PIN_CORES=0)
+  _check_rerun(again, out, results, 5)
 
 
 def _ptv():
