@@ -340,6 +340,11 @@ def write(out, tasks, test_tasks=None, diagnostics=None, calibration=(), check=N
   if registered is not None:
     lines += [f'Registration: `{registered["source"]}` (sha256 {registered["sha256"][:12]}); '
               'each held-out study recorded it before its first run (below, per task).', '']
+    if registered.get('unscored'):
+      lines += [f'**An interim score**: the registered studies {", ".join(registered["unscored"])} '
+                'are not among those scored here (not run, or not given). The registered '
+                'decision rule is for all of them: it is not applied to this subset '
+                '(`--apply_decision` refuses it).', '']
   lines += parameter_lines(check, registered)
   lines += [POOLED_HEADER, '|---|---|---|---|---|---|---|---|---|---|---|']
   for split in ('validation', 'test'):
@@ -476,6 +481,12 @@ def main(argv) -> int:
         if d not in calibration:
           registration.verify(d, FLAGS.registration)
           params[d] = registered['parameters']
+      registered['unscored'] = registration.unscored(content, dirs)
+      if FLAGS.apply_decision and registered['unscored']:
+        raise ValueError(
+            f'--apply_decision: the registered studies {", ".join(registered["unscored"])} are '
+            'not among --studies; the registered rule decides on all of them (score a subset '
+            'without --apply_decision: an interim report).')
     for d in dirs:
       lines[d] = registration.describe(d)
     tasks = [validation.heldout_task(d, FLAGS.metric, FLAGS.target, parameters=params[d])
@@ -486,7 +497,7 @@ def main(argv) -> int:
     for t in tasks + (test_tasks or []):
       t['registration_line'] = lines[t['study']]
     decision = None
-    if content is not None:
+    if content is not None and not registered['unscored']:  # The rule decides on all of them.
       rule = content['decision_rule']
       split_tasks = test_tasks if rule.get('split') == 'test' else tasks
       held = [t for t in split_tasks if t['study'] not in calibration]

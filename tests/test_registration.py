@@ -131,3 +131,16 @@ def test_the_study_command_refuses_a_registration_changed_after_the_first_run(tm
     assert entry['points'] == {name: fields for name, fields in sweep['points']}
     assert entry['target_value'] == config.target_value
     assert sweep['registration'] == spv.REGISTRATION
+
+
+def test_the_registered_studies_not_scored_are_named(tmp_path):
+  """A score over some of a registration's studies is an interim one: the scoring script names
+  the others and refuses --apply_decision (the rule is registered for all of them)."""
+  content = {'studies': {'plan_validation:g': {}, 'plan_validation:h': {}}}
+  (tmp_path / 'g').mkdir()
+  (tmp_path / 'g' / 'study.json').write_text(json.dumps({'preset': 'plan_validation:g'}))
+  assert registration.unscored(content, [str(tmp_path / 'g')]) == ['plan_validation:h']
+  (tmp_path / 'h').mkdir()
+  (tmp_path / 'h' / 'study.json').write_text(json.dumps({'preset': 'plan_validation:h'}))
+  assert registration.unscored(content, [str(tmp_path / 'g'), str(tmp_path / 'h')]) == []
+  assert registration.unscored(content, [str(tmp_path / 'missing')]) == sorted(content['studies'])

@@ -210,3 +210,17 @@ def verify(out: str, path: str) -> Dict:
     raise ValueError(f'{out} recorded its registration at {_when(there["recorded_at"])}, after '
                      f'its first run ({_when(first)}).')
   return dict(there, first_run=first)
+
+
+def unscored(content: Dict, dirs: List[str]) -> List[str]:
+  """The registration's studies (their presets) that none of the study directories `dirs` ran
+  (each records its preset in ``study.json``): a score over `dirs` alone is an interim one, and
+  a rule registered for all of them is not applied to it."""
+  ran = set()
+  for d in dirs:
+    try:
+      with open(os.path.join(d, 'study.json')) as f:
+        ran.add(json.load(f).get('preset'))
+    except (OSError, ValueError):
+      pass
+  return sorted(set(content.get('studies', {})) - ran)
