@@ -56,20 +56,34 @@ def run_study(args: Sequence[str], work: str, env: Optional[Dict[str, str]] = No
   with open(profile) as f:
     measured = run_costs.study_measurement(out, json.load(f), launch, exit_time)
   measured['stdout'] = done.stdout
+  with open(os.path.join(work, 'clock.json'), 'w') as f:  # To refit later (`--refit`).
+    json.dump({'launch': launch, 'exit': exit_time, 'args': list(args)}, f)
   return measured
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--study', action='append', required=True,
+  p.add_argument('--study', action='append', default=[],
                  help='Arguments of experiments/study.py (one study; repeat for more).')
+  p.add_argument('--refit', nargs='*', default=[],
+                 help='Fit again on studies measured before (their --work folders: '
+                 'WORK/study<i>), running nothing.')
   p.add_argument('--out', default=os.path.join(ROOT, run_costs.COSTS_FILE))
   p.add_argument('--work', default=None, help='Scratch folder (default: temporary, deleted).')
   args = p.parse_args(argv)
+  if not args.study and not args.refit:
+    p.error('give --study (or --refit)')
   work = args.work or tempfile.mkdtemp(prefix='anp_costs_')
   try:
     studies = []
+    for folder in args.refit:
+      with open(os.path.join(folder, 'clock.json')) as f:
+        clock = json.load(f)
+      with open(os.path.join(folder, 'profile.json')) as f:
+        m = run_costs.study_measurement(os.path.join(folder, 'out'), json.load(f),
+                                        clock['launch'], clock['exit'])
+      studies.append((shlex.join(clock['args']), m))
     for i, study in enumerate(args.study):
       print(f'study {i + 1}/{len(args.study)}: {study}', flush=True)
       m = run_study(shlex.split(study), os.path.join(work, f'study{i}'))
@@ -85,7 +99,7 @@ def main(argv=None) -> int:
          'fitted_s': round(run_costs.estimate([x for x, _ in m['samples']], costs).seconds, 1)}
         for s, m in studies]
     record['command'] = 'experiments/measure_costs.py ' + ' '.join(
-        f'--study {shlex.quote(s)}' for s in args.study)
+        f'--study {shlex.quote(s)}' for s, _ in studies)
     record['when'] = time.strftime('%Y-%m-%d')
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:

@@ -13,8 +13,9 @@ model here, one term per phase that `anp_jax.phases` measures:
 * per run and program (``init``: the state; ``train``: the step; ``eval``: the evaluation), the
   compilation (tracing, lowering, XLA's compile): ``compile_miss_s`` for the first run of the
   invocation with that program, ``compile_hit_s`` for a later one (loaded from the cache);
-* training steps: ``train_step_s`` per step plus ``train_s_per_image`` per image x the model's
-  `work` (relative to ResNet-20, width 1, 32 px: depth x width² x pixels);
+* training steps: ``train_step_s`` per step and device (each device's share of a step has its
+  fixed cost: on one CPU, simulated devices take turns) plus ``train_s_per_image`` per image x
+  the model's `work` (relative to ResNet-20, width 1, 32 px: depth x width² x pixels);
 * evaluations: ``eval_s_per_image`` x `work` per evaluated image.
 
 Which runs share a program is read from their configs (`program_keys`): the train step bakes in
@@ -142,7 +143,8 @@ class RunShape:
   checkpoints: int
   work: float
   programs: Dict[str, str]
-  done_steps: int = 0  # Already trained (an interrupted run resumes).
+  done_steps: int = 0
+  devices: int = 1  # Already trained (an interrupted run resumes).
 
 
 def shape_of(name: str, config: Mapping, setup: Mapping, done_steps: int = 0) -> RunShape:
@@ -156,7 +158,8 @@ def shape_of(name: str, config: Mapping, setup: Mapping, done_steps: int = 0) ->
   ckpt = int(config.get('checkpoint_every_steps') or 0)
   checkpoints = (steps // ckpt + 1) if ckpt > 0 else 1
   return RunShape(name, steps, steps * int(setup['batch_size']), evals * splits * per_split,
-                  checkpoints, work(config), program_keys(config, setup), done_steps)
+                  checkpoints, work(config), program_keys(config, setup), done_steps,
+                  int(setup.get('devices') or 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ def estimate(shapes: Sequence[RunShape], costs: Costs, process: bool = True,
       miss = key not in seen
       seen.add(key)
       parts['compile'] += (costs.compile_miss_s if miss else costs.compile_hit_s)[program]
-    parts['train steps'] += left * (s.steps * costs.train_step_s
+    parts['train steps'] += left * (s.steps * s.devices * costs.train_step_s
                                     + s.images * s.work * costs.train_s_per_image)
     parts['evaluations'] += left * s.eval_images * s.work * costs.eval_s_per_image
     parts['checkpoints'] += max(1, round(left * s.checkpoints)) * costs.checkpoint_s
@@ -243,7 +246,7 @@ def fit(samples: Sequence[Tuple[RunShape, Mapping]], base: Costs,
     return costs
   fixed, ckpt, ckpt_n, evals, eval_units = [], 0.0, 0, 0.0, 0.0
   compiles = {(p, m): [] for p in PROGRAMS for m in (True, False)}
-  train_rows = []  # (steps, image-work, seconds)
+  train_rows = []  # (device-steps, image-work, seconds)
   for shape, phases in samples:
     fixed.append(sum(float(phases.get(p, {}).get('seconds', 0.0)) - compile_seconds(
         phases.get(p, {})) for p in FIXED_PHASES))
@@ -266,7 +269,7 @@ def fit(samples: Sequence[Tuple[RunShape, Mapping]], base: Costs,
         compiles[(program, missed)].append(seconds)
     eval_units += shape.eval_images * shape.work
     t = phases.get('train', {})
-    train_rows.append((shape.steps, shape.images * shape.work,
+    train_rows.append((shape.steps * shape.devices, shape.images * shape.work,
                        float(t.get('seconds', 0.0)) - compile_seconds(t)))
   costs.run_s = statistics.median(fixed)
   note('run_s')
@@ -288,9 +291,9 @@ def fit(samples: Sequence[Tuple[RunShape, Mapping]], base: Costs,
 
 
 def _fit_train(rows: Sequence[Tuple[float, float, float]], costs: Costs) -> Tuple[float, float]:
-  """(seconds per step, seconds per image-work) by least squares through the origin over runs
-  of `rows` (steps, image-work, seconds); with one kind of run (the ratio of steps to images the
-  same), the per-step part kept from `costs` and the rest per image."""
+  """(seconds per device-step, seconds per image-work) by least squares through the origin over
+  runs of `rows` (device-steps, image-work, seconds); with one kind of run (the ratio of steps to
+  images the same), the per-step part kept from `costs` and the rest per image."""
   ratios = {round(u / s, 6) for s, u, _ in rows if s}
   if len(ratios) >= 2:
     sxx = sum(s * s for s, _, _ in rows)
