@@ -12,7 +12,8 @@ model here, one term per phase that `anp_jax.phases` measures:
   final metrics and curves) and ``checkpoint_s`` per checkpoint saved;
 * per run and program (``init``: the state; ``train``: the step; ``eval``: the evaluation), the
   compilation (tracing, lowering, XLA's compile): ``compile_miss_s`` for the first run of the
-  invocation with that program, ``compile_hit_s`` for a later one (loaded from the cache);
+  invocation with that program, ``compile_hit_s`` for a later one (loaded from the cache), each
+  x the model's depth relative to ResNet-20 (`depth`: a program's size is its layers');
 * training steps: ``train_step_s`` per step and device (each device's share of a step has its
   fixed cost: on one CPU, simulated devices take turns) plus ``train_s_per_image`` per image x
   the model's `work` (relative to ResNet-20, width 1, 32 px: depth x width² x pixels);
@@ -98,15 +99,19 @@ def load(path: Optional[str] = None) -> Optional[Costs]:
 # What a run does: from its config and sizes (`RunShape`), independent of the machine.
 
 
+def depth(config: Mapping) -> float:
+  """The model's depth relative to ResNet-20 (the number in ``model.name``; 1 without one)."""
+  digits = re.findall(r'\d+', str(config.get('model', {}).get('name', 'resnet20')))
+  return float(digits[0]) / 20.0 if digits else 1.0
+
+
 def work(config: Mapping) -> float:
   """The model's cost per image relative to ResNet-20, width 1, 32 px: depth x width² x pixels
   (a ResNet's convolutions scale so; the depth is the number in ``model.name``)."""
   model = config.get('model', {})
-  digits = re.findall(r'\d+', str(model.get('name', 'resnet20')))
-  depth = float(digits[0]) if digits else 20.0
   width = float(model.get('width', 1.0))
   size = float(config.get('image_size', 32))
-  return depth / 20.0 * width ** 2 * (size / 32.0) ** 2
+  return depth(config) * width ** 2 * (size / 32.0) ** 2
 
 
 def flat(config: Mapping, prefix: str = '') -> Dict:
@@ -144,7 +149,8 @@ class RunShape:
   work: float
   programs: Dict[str, str]
   done_steps: int = 0
-  devices: int = 1  # Already trained (an interrupted run resumes).
+  devices: int = 1
+  depth: float = 1.0  # Relative to ResNet-20: compilation scales with it.  # Already trained (an interrupted run resumes).
 
 
 def shape_of(name: str, config: Mapping, setup: Mapping, done_steps: int = 0) -> RunShape:
@@ -159,7 +165,7 @@ def shape_of(name: str, config: Mapping, setup: Mapping, done_steps: int = 0) ->
   checkpoints = (steps // ckpt + 1) if ckpt > 0 else 1
   return RunShape(name, steps, steps * int(setup['batch_size']), evals * splits * per_split,
                   checkpoints, work(config), program_keys(config, setup), done_steps,
-                  int(setup.get('devices') or 1))
+                  int(setup.get('devices') or 1), depth(config))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ class Estimate:
     return sum(self.parts.values())
 
   def describe(self) -> str:
-    shown = ', '.join(f'{k} {v / 60:.1f}' if v >= 60 else f'{k} {v:.0f} s'
+    shown = ', '.join(f'{k} {v / 60:.1f} min' if v >= 60 else f'{k} {v:.0f} s'
                       for k, v in self.parts.items() if v >= 0.5)
     return shown
 
@@ -200,7 +206,8 @@ def estimate(shapes: Sequence[RunShape], costs: Costs, process: bool = True,
       key = (program, s.programs[program])
       miss = key not in seen
       seen.add(key)
-      parts['compile'] += (costs.compile_miss_s if miss else costs.compile_hit_s)[program]
+      parts['compile'] += (costs.compile_miss_s if miss else costs.compile_hit_s)[program] * (
+          s.depth)
     parts['train steps'] += left * (s.steps * s.devices * costs.train_step_s
                                     + s.images * s.work * costs.train_s_per_image)
     parts['evaluations'] += left * s.eval_images * s.work * costs.eval_s_per_image
@@ -266,7 +273,7 @@ def fit(samples: Sequence[Tuple[RunShape, Mapping]], base: Costs,
         evals += float(ph.get('seconds', 0.0)) - compile_seconds(ph)
     for program, (seconds, missed, any_compile) in by_program.items():
       if any_compile:
-        compiles[(program, missed)].append(seconds)
+        compiles[(program, missed)].append(seconds / shape.depth)
     eval_units += shape.eval_images * shape.work
     t = phases.get('train', {})
     train_rows.append((shape.steps * shape.devices, shape.images * shape.work,
