@@ -3,7 +3,8 @@
 
   .venv/bin/python experiments/measure_costs.py \
       --study "--preset ghost_bn:tiny" \
-      --study "--preset ghost_bn --seeds 0,1 --lr_grid 1 --lr_extensions 0 --config.num_epochs=0.5"
+      --study "--preset ghost_bn --seeds 0,1 --lr_grid 1 --lr_extensions 0 --config.num_epochs=0.5" \
+      --out experiments/results/study_throughput/costs.json
 
 Runs each ``--study`` (arguments of experiments/study.py) as a fresh process in a scratch folder
 with an empty compilation cache of its own (so the first run of each program compiles, as in a
