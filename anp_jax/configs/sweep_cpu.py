@@ -25,10 +25,10 @@ Variants:
   each, at the rate the ``cpu`` sweep chose for the batch (``--lr_from``; it was tuned for steps
   to the target under the 16-epoch budget, not for the 6-epoch accuracy).
 
-Time: ``--dry_run`` estimates 267 min for the 54 runs of ``cpu`` and up to 178 min for its 36
-possible extension runs, and 36 min for the 18 runs of ``cpu:goyal`` (~520 img/s and 15 s of
-set-up per run, as if every run trained its whole budget: an upper bound with
-``--stop_at_target``). Measured (docs/studies.md, section 1): the ``cpu`` sweep with
+Time: ``--dry_run`` estimates 288 min for the 54 runs of ``cpu`` and up to 236 min for its 36
+possible extension runs, and 39 min for the 18 runs of ``cpu:goyal`` (the costs measured in
+experiments/results/study_throughput/costs.json, docs/performance.md, as if every run trained
+its whole budget: an upper bound with ``--stop_at_target``). Measured (docs/studies.md, section 1): the ``cpu`` sweep with
 ``--stop_at_target``, its runs stopping at ~2-7 epochs, took 66 runs (54 + 12 extensions), 1.06
 h of training and ~1.4 h wall on the loaded 2-core machine (~700 img/s, load 6-8; ~12 s of
 set-up per run, 30 s when its compilation is not in JAX's persistent cache,

@@ -28,6 +28,7 @@ The command lines (flags, presets) are `anp_jax.research.study_cli`.
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -39,7 +40,8 @@ from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim,
                      preemption, reporting, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
-from anp_jax.research import eval_seam, registration, study_report, study_results
+from anp_jax.research import (eval_seam, registration, run_costs, study_report,
+                              study_results)
 from anp_jax.research.study import LrGrid, RunKey, Study, StudyError
 from anp_jax.setup import flat_fields, resolve_setup, validate_config
 
@@ -345,7 +347,8 @@ def check_other_runs(study: Study, base, opts: Options, planned: Sequence[str]):
 
 def estimate_seconds(runs: Sequence[Run], eval_size: int, images_per_s: float,
                      overhead_s: float) -> float:
-  """Rough wall time: training images + evaluations (at 1/3 the cost) + per-run overhead."""
+  """The flat estimate, for a platform without measured costs (`run_costs`): training images +
+  evaluations (at 1/3 the cost) at the preset's ``images_per_s`` + ``overhead_s`` per run."""
   if not images_per_s > 0:
     return float('nan')
   total = 0.0
@@ -354,6 +357,66 @@ def estimate_seconds(runs: Sequence[Run], eval_size: int, images_per_s: float,
     evals = -(-s.total_steps // s.eval_every_steps) if s.eval_every_steps else 0
     total += (s.total_steps * s.batch_size + evals * eval_size / 3) / images_per_s + overhead_s
   return total
+
+
+def run_shape(run: Run, out: Optional[str] = None) -> run_costs.RunShape:
+  """`run_costs.RunShape` of a planned run; with `out`, the steps its folder there already
+  trained (an interrupted run resumes from its last checkpoint, at most that)."""
+  done = 0
+  if out is not None:
+    run_dir = os.path.join(out, 'runs', run.name)
+    if os.path.isdir(run_dir) and not is_finished(run_dir):
+      done = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
+  return run_costs.shape_of(run.name, run.config.to_dict(), dataclasses.asdict(run.setup),
+                            done_steps=done)
+
+
+@dataclasses.dataclass
+class StudyEstimate:
+  """What the dry run says a study costs: ``seconds`` of the runs still to train (NaN: no
+  estimate), ``per_extension_s`` of one extension run, and the line that explains them."""
+  seconds: float
+  per_extension_s: float
+  text: str
+  estimate: Optional[run_costs.Estimate] = None
+
+
+def estimate_study(study: Study, runs: Sequence[Run], out: str, eval_size: int,
+                   platform: Optional[str] = None,
+                   costs: Optional[run_costs.Costs] = None) -> StudyEstimate:
+  """The time of `runs`' unfinished part: the cost model of `run_costs` with the measured
+  constants (`costs`, default `run_costs.load`), refreshed from the runs of `out` that finished
+  with their phases recorded; the preset's flat ``images_per_s`` where no constants were
+  measured on this `platform` (default: JAX's backend)."""
+  platform = platform or jax.default_backend()
+  costs = costs or run_costs.load()
+  todo = [r for r in runs if not is_finished(os.path.join(out, 'runs', r.name))]
+  if costs is None or costs.platform != platform:
+    why = (f'no measured costs for {platform}' if costs is not None else
+           f'no measured costs ({run_costs.COSTS_FILE})')
+    if not study.images_per_s > 0:
+      return StudyEstimate(float('nan'), float('nan'),
+                           f'no time estimate ({why}, and the preset gives no images_per_s)')
+    eta = estimate_seconds(todo, eval_size, study.images_per_s, study.overhead_s)
+    per = estimate_seconds(runs[:1], eval_size, study.images_per_s, study.overhead_s)
+    return StudyEstimate(eta, per, f'estimated {eta / 60:.0f} min for the rest at '
+                         f'~{study.images_per_s:.0f} img/s (the preset\'s; {why})')
+  finished = [r.name for r in runs if r not in todo]
+  costs, used = run_costs.refresh(costs, out, finished)
+  shapes = [run_shape(r, out) for r in todo]
+  est = run_costs.estimate(shapes, costs)
+  # An extension run: a new rate, so a new train step; its initialisation and evaluation are
+  # those of its point's other runs.
+  known = [(p, s.programs[p]) for s in [run_shape(r) for r in runs] for p in ('init', 'eval')]
+  per = (run_costs.estimate([run_shape(runs[0])], costs, process=False,
+                            compiled=known).seconds if runs else 0.0)
+  seconds = est.seconds if todo else 0.0
+  where = (f'constants refreshed from {used} finished run(s) here' if used else
+           'measured constants: ' + os.path.relpath(costs.sources.get('file', '?'),
+                                                    run_costs.ROOT))
+  minutes = f'{seconds / 60:.0f} min' if seconds >= 90 else f'{seconds:.0f} s'
+  parts = est.describe() if todo else 'every run finished'
+  return StudyEstimate(seconds, per, f'estimated {minutes} for the rest ({parts}; {where})', est)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -433,6 +496,7 @@ def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
   # plots, this loop) is still pending: stop before starting another run.
   preemption.exit_if_requested(tag)
   continuing = config.target_metric != run.config.target_metric
+  resuming = False
   if is_main:
     os.makedirs(run_dir, exist_ok=True)
     reporting.write_json_atomic(os.path.join(run_dir, study_results.RECORD_FILE), run.record)
@@ -441,8 +505,13 @@ def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
             'resuming' if resuming else 'training')
     print(f'{tag}: {what} — {run.setup.describe()}', flush=True)
   try:
-    with phases.section(run.name):
+    with phases.section(run.name) as section:
       result = trainer.train_and_evaluate(config, run_dir)
+    if is_main:  # The run's own phases: its costs, for later estimates (`run_costs.refresh`).
+      reporting.write_json_atomic(
+          os.path.join(run_dir, run_costs.PHASES_FILE),
+          {'wall_s': section.get('wall_s'), 'resumed': resuming or continuing,
+           'setup': dataclasses.asdict(run.setup), 'phases': section['phases']})
   except errors.NonFiniteLossError as e:
     if is_main:
       step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
@@ -544,23 +613,19 @@ def _record_invocation(study: Study, base, opts: Options, devices: int):
 
 def _print_plan(study: Study, opts: Options, runs: Sequence[Run], meta) -> None:
   done = [r for r in runs if is_finished(os.path.join(opts.out, 'runs', r.name))]
-  todo = [r for r in runs if r not in done]
-  eta = estimate_seconds(todo, meta.eval_size, study.images_per_s, study.overhead_s)
-  per_run = (estimate_seconds(runs[:1], meta.eval_size, study.images_per_s, study.overhead_s)
-             if runs else 0.0)
+  est = estimate_study(study, runs, opts.out, meta.eval_size)
   grid = ', '.join(f'{m:g}' for m in study.lr.multipliers)
   if study.point_lr:
     grid += '; per point: ' + ', '.join(f'{p} x{"/".join(f"{m:g}" for m in mults)}'
                                        for p, mults in study.point_lr)
-  estimate = (f'estimated {eta / 60:.0f} min for the rest at ~{study.images_per_s:.0f} img/s'
-              if study.images_per_s > 0 else 'no time estimate (the preset gives no images_per_s)')
   print(f'Study {study.kind} in {opts.out}: {len(runs)} runs ({len(done)} finished earlier) = '
         f'{len(study.points)} points x {len(study.seeds)} seed(s) x lr multipliers [{grid}], '
         f'{jax.device_count()} device(s), target {study.target_metric} >= '
-        f'{study.target_value:g}; {estimate}.', flush=True)
+        f'{study.target_value:g}; {est.text}.', flush=True)
   if study.lr.extensions:
     more = study.lr.extensions * len(study.points) * len(study.seeds)
-    cost = f' (~{more * per_run / 60:.0f} min)' if study.images_per_s > 0 else ''
+    cost = (f' (~{more * est.per_extension_s / 60:.0f} min)'
+            if math.isfinite(est.per_extension_s) else '')
     print(f'Points whose chosen rate is at the edge of their grid run again x'
           f'{study.lr.factor:g} beyond it, at most {study.lr.extensions} time(s) each: up to '
           f'{more} more runs{cost}.', flush=True)

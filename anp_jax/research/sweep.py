@@ -485,7 +485,7 @@ def synthetic_meta(config):
 
 
 def dry_run_estimate(preset: str) -> Optional[Dict[str, float]]:
-  """What ``--preset PRESET --dry_run`` estimates (`runner.estimate_seconds`: every run trains
+  """What ``--preset PRESET --dry_run`` estimates (`runner.estimate_study`: every run trains
   its whole budget, so an upper bound under ``--stop_at_target``) on the preset's simulated
   devices: ``runs``, ``minutes``, ``extension_runs`` (the most the rate extensions add) and
   ``extension_minutes``; None when the preset's dataset must be prepared first. The --help text
@@ -501,12 +501,10 @@ def dry_run_estimate(preset: str) -> Optional[Dict[str, float]]:
     devices = spec.cpu_devices or 1
     study = build_study(sw, devices, spec)
     runs, _ = runner.plan_runs(study, sw.base, options(sw, args, [], False), devices, meta=meta)
-  per_run = runner.estimate_seconds(runs[:1], meta.eval_size, study.images_per_s,
-                                    study.overhead_s)
+    est = runner.estimate_study(study, runs, out, meta.eval_size, platform='cpu')
   more = study.lr.extensions * len(study.points) * len(study.seeds)
-  return {'runs': len(runs), 'extension_runs': more, 'extension_minutes': more * per_run / 60,
-          'minutes': runner.estimate_seconds(runs, meta.eval_size, study.images_per_s,
-                                             study.overhead_s) / 60}
+  return {'runs': len(runs), 'extension_runs': more,
+          'extension_minutes': more * est.per_extension_s / 60, 'minutes': est.seconds / 60}
 
 
 ESTIMATES = '{dry_run_estimates}'  # In a --help text: the presets' `dry_run_estimate`s.
