@@ -291,7 +291,7 @@ def _announce(run: Run, training: bool = True) -> None:
   if unmeasured == ONE_GRADIENT_PER_STEP:
     logging.info('Noise scale not measured: %s.', unmeasured)
   elif unmeasured:
-    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.', logging.WARNING)
+    reporting.say(f'anp_jax | WARNING: B_simple is not measured: {unmeasured}.')
 
 
 def _diverged(error: NonFiniteLossError, ckpt: checkpointing.Checkpointer) -> NonFiniteLossError:

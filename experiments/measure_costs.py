@@ -27,39 +27,13 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from typing import Dict, Optional, Sequence  # noqa: E402
 
 from anp_jax.research import run_costs  # noqa: E402
 
 ROOT = _venv.ROOT
-STUDY = os.path.join(ROOT, 'experiments', 'study.py')
-
-
-def run_study(args: Sequence[str], work: str, env: Optional[Dict[str, str]] = None,
-              timeout: float = 6 * 3600) -> Dict:
-  """experiments/study.py `args` --out WORK/out, a fresh process with an empty compilation cache
-  (WORK/xla) and a profile: its `run_costs.study_measurement`."""
-  out, profile = os.path.join(work, 'out'), os.path.join(work, 'profile.json')
-  env = dict(os.environ if env is None else env)
-  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # The study's own cache, empty.
-  env.update(ANP_PROFILE=profile, ANP_COMPILATION_CACHE_DIR=os.path.join(work, 'xla'),
-             PYTHONPATH=ROOT)
-  launch = time.time()
-  done = subprocess.run([sys.executable, STUDY, *args, '--out', out], env=env, cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
-  exit_time = time.time()
-  if done.returncode != 0:
-    raise RuntimeError(f'study.py {shlex.join(args)} failed ({done.returncode}):\n'
-                       f'{done.stdout[-3000:]}\n{done.stderr[-3000:]}')
-  with open(profile) as f:
-    measured = run_costs.study_measurement(out, json.load(f), launch, exit_time)
-  measured['stdout'] = done.stdout
-  with open(os.path.join(work, 'clock.json'), 'w') as f:  # To refit later (`--refit`).
-    json.dump({'launch': launch, 'exit': exit_time, 'args': list(args)}, f)
-  return measured
+run_study = run_costs.measure_study  # The package's (tests use it too).
 
 
 def main(argv=None) -> int:

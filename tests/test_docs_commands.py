@@ -86,13 +86,15 @@ def _shell_commands(text: str) -> List[List[str]]:
   joined = re.sub(r'\\\n\s*', ' ', text)
   joined = re.sub(r'<[^<>\n]+>', 'PLACEHOLDER', joined)
   commands = []
+  values: Dict[str, str] = {}  # A loop's variable holds until its `done` (on a later line too).
   for line in joined.splitlines():
     if not line.strip() or line.strip().startswith('#'):
       continue
     lexer = shlex.shlex(line, posix=True, punctuation_chars=';')
     lexer.whitespace_split, lexer.commenters = True, '#'
     tokens = [tok for tok in lexer if tok != '...']
-    values: Dict[str, str] = {}
+    if 'TEMPLATE' not in values:
+      values = {}
     current: List[str] = []
     parts = []
     for tok in tokens + [';']:
@@ -109,7 +111,10 @@ def _shell_commands(text: str) -> List[List[str]]:
         continue
       if part[0] == 'do':
         part = part[1:]
+      if not part:  # `...; do` ending a line: the body follows.
+        continue
       if part == ['done']:
+        values = {}
         continue
       if len(part) == 1 and re.fullmatch(r'\w+=\S+', part[0]) and not part[0].isupper():
         key, value = part[0].split('=', 1)
@@ -186,7 +191,7 @@ def _help_lists(output: str) -> set:
 
 def _used_flags(tokens: List[str]) -> set:
   return {t[2:].split('=')[0] for t in tokens if t.startswith('--') and not
-          t.startswith('--config.')} - {'help'}
+          t.startswith('--config.') and ' ' not in t} - {'help'}  # ' ': a quoted flag value.
 
 
 def _run(argv, env, timeout=600):

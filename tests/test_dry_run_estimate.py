@@ -7,14 +7,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from anp_jax.research import run_costs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'experiments'))
 
 
 def shape(name, steps=10, batch=32, evals=2, eval_images=100, work=0.5, point='a', seed=0,
@@ -171,9 +169,8 @@ def test_estimate_within_a_factor_of_two_of_the_real_study(tmp_path):
   shapes (one seed, a quarter epoch), then the dry run of the full preset (two seeds of both
   points, half an epoch: seeds that load their programs, a longer run) with those constants, then
   the real study. The estimate must be within a factor of 2 of the real wall time."""
-  import measure_costs
   env = dict(os.environ, PYTHONPATH=ROOT)
-  calibration = measure_costs.run_study(
+  calibration = run_costs.measure_study(
       ['--preset', 'ghost_bn:tiny', '--seeds', '0', '--config.num_epochs=0.25',
        '--config.eval_every_epochs=0.25'], str(tmp_path / 'calibration'), env=env)
   assert len(calibration['samples']) == 2
@@ -186,7 +183,7 @@ def test_estimate_within_a_factor_of_two_of_the_real_study(tmp_path):
   estimate, parts, printed = dry_run_seconds([*study, '--out', str(out)], env)
   assert 'compile' in parts and 'train steps' in parts, printed
   assert not out.exists()
-  real = measure_costs.run_study(study, str(tmp_path / 'study'), env=env)
+  real = run_costs.measure_study(study, str(tmp_path / 'study'), env=env)
   assert len(real['samples']) == 4
   ratio = real['wall_s'] / estimate
   print(f'estimate {estimate:.0f} s ({parts}), real {real["wall_s"]:.0f} s, ratio {ratio:.2f}')

@@ -79,3 +79,15 @@ def test_its_evaluation_prints_no_warning(demo):
   assert rc == 0, '\n'.join(lines[-40:])
   assert any(line.startswith('Evaluated the checkpoint of step 3') for line in lines), lines
   assert _noise(lines) == [], '\n'.join(lines)
+
+
+def test_the_noise_check_finds_what_the_first_screen_showed():
+  """The check itself (what the tests above rely on), on the lines the first screen had."""
+  bar = '[█████···················] 5/30  16.7% | 1.20 step/s | 154 img/s | ETA 0m21s |'
+  assert _noise([bar, bar + ' loss 5.406 top1 0.0759', 'Done in 0.4 min: ...']) == []
+  was = ['W1205 20:59:28.483542 140254349118336 trainer.py:244] anp_jax | WARNING: B_simple is '
+         'not measured: ...',
+         'anp_jax | WARNING: B_simple is not measured: ...',
+         bar + ' W1205 20:59:28.48 trainer.py:251] Preempted',
+         'Traceback (most recent call last):']
+  assert _noise(was) == was

@@ -38,3 +38,14 @@ def test_a_tiny_preset_is_measured_before_and_after(data_dir, tmp_path):
       by_mode['after']['wall_s'] / by_mode['before']['wall_s'])
   table = (out / 'README.md').read_text()
   assert '| compile: train |' in table and '| total |' in table
+
+
+def test_a_study_that_ran_nothing_writes_no_results(tmp_path):
+  """Was: ``-- --help`` reached study.py, which printed its help and ran no study, and a table of
+  four such non-runs was written as a measurement."""
+  out = tmp_path / 'result'
+  r = run_experiment('study_throughput.py', '--preset', 'ghost_bn:tiny', '--out', str(out),
+                     '--work', str(tmp_path / 'work'), '--', '--help', timeout=600)
+  assert r.returncode != 0, (r.stdout + r.stderr)[-3000:]
+  assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+  assert not out.exists()

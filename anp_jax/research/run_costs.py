@@ -35,7 +35,11 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
+import subprocess
+import sys
+import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -386,3 +390,28 @@ def fit_studies(measurements: Sequence[Mapping], base: Optional[Costs] = None,
   return fit(samples, base or Costs(),
              start_s=statistics.median(m['start_s'] for m in measurements),
              runner_s=statistics.median(m['runner_s'] for m in measurements), source=source)
+
+
+def measure_study(args: Sequence[str], work: str, env: Optional[Dict[str, str]] = None,
+              timeout: float = 6 * 3600) -> Dict:
+  """experiments/study.py `args` --out WORK/out, a fresh process with an empty compilation cache
+  (WORK/xla) and a profile: its `study_measurement`."""
+  out, profile = os.path.join(work, 'out'), os.path.join(work, 'profile.json')
+  env = dict(os.environ if env is None else env)
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # The study's own cache, empty.
+  env.update(ANP_PROFILE=profile, ANP_COMPILATION_CACHE_DIR=os.path.join(work, 'xla'),
+             PYTHONPATH=ROOT)
+  launch = time.time()
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'experiments', 'study.py'), *args,
+                         '--out', out], env=env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout)
+  exit_time = time.time()
+  if done.returncode != 0:
+    raise RuntimeError(f'study.py {shlex.join(args)} failed ({done.returncode}):\n'
+                       f'{done.stdout[-3000:]}\n{done.stderr[-3000:]}')
+  with open(profile) as f:
+    measured = study_measurement(out, json.load(f), launch, exit_time)
+  measured['stdout'] = done.stdout
+  with open(os.path.join(work, 'clock.json'), 'w') as f:  # To refit later (`--refit`).
+    json.dump({'launch': launch, 'exit': exit_time, 'args': list(args)}, f)
+  return measured
