@@ -135,15 +135,7 @@ def _check_choices(config) -> None:
                          + (f' {hint}' if hint else ''))
 
 
-def flat_fields(tree: Mapping, prefix: str = '') -> Dict[str, Any]:
-  """{'model': {'name': x}} -> {'model.name': x}: a config's JSON under dotted field names."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(flat_fields(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
+flat_fields = default_config.flat_fields  # Re-exported (the runner imports it from here).
 
 
 # What one process of a job may set for itself: a node-local copy of the data, its terminal.

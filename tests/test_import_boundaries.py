@@ -10,14 +10,18 @@ import sys
 from conftest import ROOT
 
 
-def _loaded(modules: str, packages) -> list:
-  """The modules of `packages` loaded after ``import <modules>`` in a fresh interpreter."""
-  code = (f'import sys, {modules}; print(sorted(m for m in sys.modules '
-          f'if any(m == p or m.startswith(p + ".") for p in {tuple(packages)!r})))')
+def _printed(code: str):
+  """The value `code`, run in a fresh interpreter, prints last (a Python literal)."""
   out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def _loaded(modules: str, packages) -> list:
+  """The modules of `packages` loaded after ``import <modules>`` in a fresh interpreter."""
+  return _printed(f'import sys, {modules}; print(sorted(m for m in sys.modules '
+                  f'if any(m == p or m.startswith(p + ".") for p in {tuple(packages)!r})))')
 
 
 def test_the_log_reader_the_planner_and_the_reports_import_without_jax():
@@ -45,10 +49,7 @@ def test_validating_a_config_with_other_evaluators_imports_no_executor():
           "assert 'anp_jax.evaluators.calibration' in sys.modules\n"
           "print(sorted(m for m in sys.modules if m.startswith(('anp_jax.executors', "
           "'anp_jax.trainer'))))")
-  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+  assert _printed(code) == []
 
 
 def test_the_planner_reads_which_schedules_decay_without_jax():
@@ -59,10 +60,7 @@ def test_the_planner_reads_which_schedules_decay_without_jax():
           "assert budget.decays('cosine') and budget.decays('step')\n"
           "assert not budget.decays('constant')\n"
           "print(sorted(m for m in ('jax', 'optax', 'flax', 'tensorflow') if m in sys.modules))")
-  out = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert ast.literal_eval(out.stdout.strip().splitlines()[-1]) == []
+  assert _printed(code) == []
 
 
 def _imported_modules(path: str, package: str) -> list:

@@ -14,6 +14,7 @@ replacements: `REPLACED_FIELDS`).
 import copy
 import json
 import os
+from typing import Any, Dict, Mapping
 
 import ml_collections
 
@@ -223,3 +224,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.async_checkpointing = True
   c.eval_only = False
   return registry.add_options(c)
+
+
+def flat_fields(tree: Mapping, prefix: str = '') -> Dict[str, Any]:
+  """{'model': {'name': x}} -> {'model.name': x}: a config's JSON under dotted field names."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flat_fields(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out

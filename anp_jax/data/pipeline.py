@@ -684,10 +684,4 @@ def global_batches(ds: Any, to_device, prefetch: int = 2) -> Iterator[Dict[str, 
   if hasattr(ds, 'device_batches'):  # DALI decodes and places the images itself.
     yield from ds.device_batches(to_device)
     return
-  it = iter(tfds.as_numpy(ds))
-  queue = []
-  for batch in it:
-    queue.append(to_device(batch))
-    if len(queue) > prefetch:
-      yield queue.pop(0)
-  yield from queue
+  yield from _transferred(tfds.as_numpy(ds), to_device, prefetch)

@@ -42,6 +42,8 @@ import sys
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from anp_jax.configs import default as default_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The committed measurement (repository-relative); ANP_COSTS=PATH reads another.
 COSTS_FILE = os.path.join('experiments', 'results', 'study_throughput', 'costs.json')
@@ -118,20 +120,10 @@ def work(config: Mapping) -> float:
   return depth(config) * width ** 2 * (size / 32.0) ** 2
 
 
-def flat(config: Mapping, prefix: str = '') -> Dict:
-  out = {}
-  for k, v in config.items():
-    if isinstance(v, Mapping):
-      out.update(flat(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 def program_keys(config: Mapping, setup: Mapping) -> Dict[str, str]:
   """Which compiled program each of `PROGRAMS` is, for a run's config (a plain dict) and sizes:
   runs with the same key compile it once per invocation (the later ones load it)."""
-  fields = {k: v for k, v in flat(config).items() if k not in NEUTRAL}
+  fields = {k: v for k, v in default_config.flat_fields(config).items() if k not in NEUTRAL}
   sizes = {k: setup.get(k) for k in ('devices', 'per_device_batch', 'accum_steps',
                                      'eval_per_process_batch', 'total_steps')}
   def key(pick):

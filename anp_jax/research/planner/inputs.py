@@ -88,16 +88,7 @@ def read_pilot(workdir: str, metric: str, target: float, windows: int) -> PilotR
 
 def flat_config(config) -> Dict[str, object]:
   """A config as {dotted field: value}."""
-  out = {}
-
-  def walk(node, prefix):
-    for key, value in node.items():
-      if isinstance(value, dict):
-        walk(value, f'{prefix}{key}.')
-      else:
-        out[f'{prefix}{key}'] = value
-  walk(config.to_dict(), '')
-  return out
+  return default_config.flat_fields(config.to_dict())
 
 
 def _check_same_configuration(runs: Sequence[PilotRun]) -> None:
