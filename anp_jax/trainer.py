@@ -140,15 +140,23 @@ class Run:
   def train_record(self, pending: List[Any], state, step: int) -> Dict[str, float]:
     """The metric sums of the steps since the last record (`pending`) as logged means, with
     the gradient norm, learning rate, progress and noise scale; raises on a NaN/Inf loss."""
-    host = [self.executor.fetch(s) for s in pending]
+    noise_ema = self.executor.fetch(state.noise_ema) if self.config.noise_scale else None
+    return self.host_train_record([self.executor.fetch(s) for s in pending], noise_ema, step)
+
+  def host_train_record(self, host: List[Dict[str, Any]], noise_ema, step: int
+                        ) -> Dict[str, float]:
+    """`train_record` of metric sums already on the host (`host`, one dict per step) and the
+    noise-scale EMAs (`noise_ema`, on the host; None without config.noise_scale): also a seed
+    group's (`anp_jax.seed_group`), whose sums hold every seed's."""
     self._check_losses([h['loss'] for h in host], step)
+    host = [dict(h) for h in host]
     grad_norm = float(np.mean([h.pop('_grad_norm') for h in host]))
     record = summarize({k: sum(h[k] for h in host) for k in host[0]}, 'train')
     record['train/grad_norm'] = grad_norm
     record['train/lr'] = float(self.schedule(step - 1))
     record.update(self.setup.progress(step, 'train'))
     if self.config.noise_scale:
-      record.update(noise_scale.log_fields(self.executor.fetch(state.noise_ema)))
+      record.update(noise_scale.log_fields(noise_ema))
     return record
 
   def check_finite(self, state, pending: List[Any], step: int) -> None:
@@ -159,11 +167,15 @@ class Run:
     scalar fetched (`steps.all_finite`)."""
     self._check_losses([self.executor.fetch(s['loss']) for s in pending], step)
     if not bool(np.asarray(_ALL_FINITE(state).addressable_data(0))):
-      # `step` + 1: the first step whose loss would come from the diverged state.
-      raise NonFiniteLossError(
-          f'Training stopped: the state after step {step} is not finite (NaN/Inf in the '
-          'parameters, BatchNorm statistics or optimizer state) (learning rate '
-          f'{float(self.schedule(step - 1)):.4g}). ' + _DIVERGED_ADVICE, step=step + 1)
+      raise self.state_diverged(step)
+
+  def state_diverged(self, step: int) -> NonFiniteLossError:
+    """The error of a state that is not finite after `step` (`check_finite`)."""
+    # `step` + 1: the first step whose loss would come from the diverged state.
+    return NonFiniteLossError(
+        f'Training stopped: the state after step {step} is not finite (NaN/Inf in the '
+        'parameters, BatchNorm statistics or optimizer state) (learning rate '
+        f'{float(self.schedule(step - 1)):.4g}). ' + _DIVERGED_ADVICE, step=step + 1)
 
   def _check_losses(self, losses: List[Any], step: int) -> None:
     """Raises NonFiniteLossError if one of `losses` (the summed losses of the steps up to
@@ -455,6 +467,38 @@ def _shown(value) -> str:
   return ','.join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
 
 
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """``workdir/config.json``: the config of the run accepted there."""
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def write_final(run: Run, workdir: str, step: int, start_step: int, wall_time_s: float,
+                stopped_at_target: bool, final_eval: Dict[str, float],
+                records: List[Dict[str, float]]) -> None:
+  """A finished run's ``final_metrics.json`` and ``curves.png`` (process 0): `step` reached,
+  the run's training time (`wall_time_s`, earlier segments included), whether it stopped at the
+  target, and the final evaluation."""
+  final_path = os.path.join(workdir, 'final_metrics.json')
+  setup = run.setup
+  # A rerun of a finished run trains nothing: its final_metrics.json (training time, whether it
+  # stopped at the target) stays as the run wrote it.
+  if not (step == start_step and os.path.exists(final_path)):
+    # Its existence means "this run is done" to the sweep: never seen half-written.
+    unmeasured = noise_scale_unmeasured(run)
+    reporting.write_json_atomic(final_path, {
+        'step': step, 'wall_time_s': wall_time_s,
+        'stopped_at_target': stopped_at_target,
+        'examples_seen': durations.examples_seen(step, setup.batch_size),
+        'passes': durations.passes(step, setup.batch_size, setup.train_size),
+        'noise_scale_measured': not unmeasured,
+        **({'noise_scale_not_measured_because': unmeasured} if unmeasured else {}),
+        **final_eval})
+  if records:  # The whole history, earlier segments of a resumed run included.
+    reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
+                          os.path.join(workdir, 'curves.png'))
+
+
 def _checkpointer(run: Run, workdir: str, read_only: bool = False) -> checkpointing.Checkpointer:
   config = run.config
   # The label sets are part of the identity: a checkpoint of a dataset with other classes would
@@ -523,8 +567,7 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
     state = pretrained.place(state, run.init)
     reporting.say(f'anp_jax | {run.init.report}')
   if is_main:  # The run is accepted: record its config.
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    write_config(workdir, config)
   writer = MetricWriter(workdir)
   records = []
 
@@ -623,23 +666,9 @@ def _train(run: Run, workdir: str, t_start: float) -> TrainResult:
       ckpt.close()
   token = phases.begin('finish')
   wall = time.time() - t_start
-  final_path = os.path.join(workdir, 'final_metrics.json')
-  # A rerun of a finished run trains nothing: its final_metrics.json (training time, whether it
-  # stopped at the target) stays as the run wrote it.
-  if is_main and not (step == start_step and os.path.exists(final_path)):
-    # Its existence means "this run is done" to the sweep: never seen half-written.
-    unmeasured = noise_scale_unmeasured(run)
-    reporting.write_json_atomic(final_path, {
-        'step': step, 'wall_time_s': ckpt.restored_wall_time_s + wall,
-        'stopped_at_target': stopped_at_target,
-        'examples_seen': durations.examples_seen(step, setup.batch_size),
-        'passes': durations.passes(step, setup.batch_size, setup.train_size),
-        'noise_scale_measured': not unmeasured,
-        **({'noise_scale_not_measured_because': unmeasured} if unmeasured else {}),
-        **final_eval})
-  if is_main and records:  # The whole history, earlier segments of a resumed run included.
-    reporting.plot_curves(metrics_io.read_metrics(workdir) or records,
-                          os.path.join(workdir, 'curves.png'))
+  if is_main:
+    write_final(run, workdir, step, start_step, ckpt.restored_wall_time_s + wall,
+                stopped_at_target, final_eval, records)
   distributed.barrier('train_and_evaluate_end')
   phases.end(token)
   return TrainResult(executor.unreplicate(state), records, final_eval, setup, wall, step=step)

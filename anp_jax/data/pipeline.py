@@ -657,14 +657,14 @@ def eval_batches(builder, config, *, per_process_batch: int, split: str, to_devi
       _eval_cache.popitem(last=False)
     _eval_cache[key] = cached
   _eval_cache.move_to_end(key)
-  yield from _transferred(cached, to_device, prefetch)
+  yield from transferred(cached, to_device, prefetch)
 
 
 def _nbytes(batches) -> int:
   return sum(leaf.nbytes for batch in batches for leaf in batch.values())
 
 
-def _transferred(batches, to_device, prefetch: int):
+def transferred(batches, to_device, prefetch: int):
   """`to_device` of each host batch, `prefetch` transfers ahead."""
   queue = []
   for batch in batches:
@@ -684,4 +684,4 @@ def global_batches(ds: Any, to_device, prefetch: int = 2) -> Iterator[Dict[str, 
   if hasattr(ds, 'device_batches'):  # DALI decodes and places the images itself.
     yield from ds.device_batches(to_device)
     return
-  yield from _transferred(tfds.as_numpy(ds), to_device, prefetch)
+  yield from transferred(tfds.as_numpy(ds), to_device, prefetch)
