@@ -339,7 +339,8 @@ def run_samples(out: str, names: Iterable[str]) -> List[Tuple[RunShape, Mapping]
       phases, config, record, final = [json.load(open(p)) for p in paths]
     except (OSError, ValueError):
       continue
-    if final.get('diverged') or phases.get('resumed'):
+    # A seed group's phases are those of its seeds together (`runner._train_group`).
+    if final.get('diverged') or phases.get('resumed') or phases.get('seeds_at_once'):
       continue
     setup = dict(record)
     setup.setdefault('batch_size', record.get('batch'))

@@ -37,7 +37,7 @@ import jax
 import ml_collections
 
 from anp_jax import (checkpointing, cli, distributed, errors, metrics_io, optim, phases,
-                     preemption, reporting, trainer)
+                     preemption, reporting, seed_group, trainer)
 from anp_jax.configs import default as default_config
 from anp_jax.data import pipeline
 from anp_jax.research import (eval_seam, registration, run_costs, study_report,
@@ -259,6 +259,9 @@ class Options:
   user_fields: frozenset = frozenset()  # Config fields set with --config: not recomputed.
   invocation: Dict = dataclasses.field(default_factory=dict)  # Recorded in study.json.
   record_file: str = 'study.json'  # The study's settings and every invocation.
+  # --seeds_at_once: train a point's seeds as one computation (`anp_jax.seed_group`): 'on'
+  # wherever it can, 'off', or 'auto': where a committed measurement says it is faster.
+  seeds_at_once: str = 'auto'
 
 
 def plan_runs(study: Study, base, opts: Options, devices: Optional[int] = None,
@@ -461,7 +464,7 @@ def confirmation_study(study: Study, out: str, seeds: Sequence[int]) -> Study:
 # Training.
 
 
-def run_grid(runs: Sequence[Run], out: str, is_main: bool):
+def run_grid(runs: Sequence[Run], out: str, is_main: bool, seeds_at_once: str = 'off'):
   """Trains every run of `runs` in ``out/runs/<name>`` that has not finished.
 
   Finished runs are skipped; an interrupted one continues from its checkpoints. A NaN/Inf loss
@@ -469,9 +472,23 @@ def run_grid(runs: Sequence[Run], out: str, is_main: bool):
   Preemption (`errors.Preempted`, or a signal between runs) propagates: exit 75. With
   ``stop_at_target``, a run that stopped at its validation crossing before its test split
   crossed continues to the test crossing (`test_continuation`): it stops at the later of both.
+  With `seeds_at_once` ('on', 'auto': `seed_groups`) the runs of a point that differ only in
+  the seed train as one computation (`anp_jax.seed_group`), each in its own directory as above.
   """
   count = len(runs)
+  index = {run.name: i for i, run in enumerate(runs, 1)}
+  grouped = {}  # The first run of each group -> the group's runs.
+  for group, _, _ in seed_groups(runs, out, seeds_at_once):
+    if group:
+      grouped[group[0].name] = group
+  in_group = {r.name for g in grouped.values() for r in g}
   for i, run in enumerate(runs, 1):
+    if run.name in grouped:
+      _train_group([(f'[{index[r.name]}/{count}] {r.name}', r) for r in grouped[run.name]],
+                   out, is_main)
+      continue
+    if run.name in in_group:
+      continue
     tag = f'[{i}/{count}] {run.name}'
     run_dir = os.path.join(out, 'runs', run.name)
     config = run.config
@@ -484,10 +501,147 @@ def run_grid(runs: Sequence[Run], out: str, is_main: bool):
         if is_main:
           print(f'{tag}: finished earlier, skipped.', flush=True)
         continue
-    while config is not None:
-      if not _train_one(tag, run, config, run_dir, is_main):
-        break
-      config = test_continuation(run.config, run_dir)
+    _train_separately(tag, run, config, run_dir, is_main)
+
+
+def _train_separately(tag: str, run: Run, config, run_dir: str, is_main: bool) -> None:
+  """`run` with `config` (its own, or its test continuation), then its continuations."""
+  while config is not None:
+    if not _train_one(tag, run, config, run_dir, is_main):
+      break
+    config = test_continuation(run.config, run_dir)
+
+
+# Where --seeds_at_once=auto reads whether a grouped step is faster (repository-relative; the
+# measurement of experiments/seeds_at_once.py).
+SEEDS_AT_ONCE_FILE = os.path.join('experiments', 'results', 'seeds_at_once', 'results.json')
+
+
+def seeds_at_once_faster(per_device_batch: int, platform: Optional[str] = None) -> str:
+  """'' when the committed measurement (`SEEDS_AT_ONCE_FILE`) of `platform` (default: JAX's
+  backend) found the grouped step faster than the separate steps, in CPU time and wall time, at
+  the measured per-device batch nearest to `per_device_batch` (in log2); else why not."""
+  platform = platform or jax.default_backend()
+  path = os.path.join(run_costs.ROOT, SEEDS_AT_ONCE_FILE)
+  measured = []
+  if os.path.exists(path):
+    measured = study_results.read_json(path).get('platforms', {}).get(platform, [])
+  if not measured:
+    return f'not measured on {platform} ({SEEDS_AT_ONCE_FILE})'
+  near = min(measured, key=lambda m: abs(math.log2(m['per_device_batch'] / per_device_batch)))
+  ratio = max(near['cpu_ratio'], near['wall_ratio'])
+  if ratio < 1:
+    return ''
+  return (f'slower on {platform} ({ratio:.2f}x the time of separate runs at '
+          f'{near["per_device_batch"]}/device, {SEEDS_AT_ONCE_FILE})')
+
+
+def seed_groups(runs: Sequence[Run], out: str, mode: str
+                ) -> List[Tuple[List[Run], str, str]]:
+  """The seed groups of `runs` with ``--seeds_at_once`` `mode`: (runs to train as one
+  computation, label, '') for each group that will, ([], label, why not) for each that will
+  not, in the order of their first runs. A group is the runs of one point, rate and tuned setting (the same config
+  but the seed) still to train: fresh, or resuming (or continuing to the test crossing) from
+  checkpoints of one step. 'auto' groups only where `seeds_at_once_faster`."""
+  if mode == 'off':
+    return []
+  by_config: Dict[str, List[Run]] = {}
+  for run in runs:
+    key = json.dumps({k: v for k, v in flat_fields(json.loads(run.config.to_json_best_effort()))
+                      .items() if k != 'seed'}, sort_keys=True, default=str)
+    by_config.setdefault(key, []).append(run)
+  result = []
+  for members in by_config.values():
+    if len(members) < 2:
+      continue
+    todo, configs = [], []
+    for run in members:
+      run_dir = os.path.join(out, 'runs', run.name)
+      config = (test_continuation(run.config, run_dir) if is_finished(run_dir) else run.config)
+      if config is not None:
+        todo.append(run)
+        configs.append(config)
+    label = f'{members[0].key.point} x{members[0].key.lr_mult:g}'
+    if len(todo) < 2:
+      continue
+    why = seed_group.refusal(configs)
+    if not why:
+      steps = {seed_group.latest_checkpoint_step(os.path.join(out, 'runs', r.name)) for r in todo}
+      if len(steps) > 1:
+        why = f'their checkpoints are of different steps ({sorted(steps)})'
+    if not why and mode == 'auto':
+      why = seeds_at_once_faster(todo[0].setup.per_device_batch)
+    result.append((todo if not why else [], label, why))
+  return result
+
+
+def _train_group(members: Sequence[Tuple[str, Run]], out: str, is_main: bool) -> None:
+  """The runs `members` ((tag, run)) as one seed group (`anp_jax.seed_group`); the
+  separate runs' messages and files per run. A group refused at its start (e.g. a checkpoint
+  unreadable) trains separately."""
+  preemption.exit_if_requested(members[0][0])
+  runs = [run for _, run in members]
+  dirs = [os.path.join(out, 'runs', run.name) for run in runs]
+  configs, resuming = [], []
+  for run, run_dir in zip(runs, dirs):
+    configs.append(test_continuation(run.config, run_dir) if is_finished(run_dir)
+                   else run.config)
+    resuming.append(checkpointing.has_checkpoint(run_dir))
+    if is_main:
+      os.makedirs(run_dir, exist_ok=True)
+      reporting.write_json_atomic(os.path.join(run_dir, study_results.RECORD_FILE), run.record)
+  if is_main:
+    for (tag, run), config, resumed in zip(members, configs, resuming):
+      what = ('continuing to the test crossing' if config.target_metric !=
+              run.config.target_metric else 'resuming' if resumed else 'training')
+      print(f'{tag}: {what}, {len(runs)} seeds at once — {run.setup.describe()}', flush=True)
+
+  def continuation(i):
+    return test_continuation(runs[i].config, dirs[i])
+
+  names = [run.name for run in runs]
+  try:
+    with phases.section('+'.join(names)) as section:
+      outcomes = seed_group.train_seed_group(configs, dirs, continuation)
+  except seed_group.GroupRefused as e:
+    if is_main:
+      print(f'{members[0][0]} ...: seeds at once refused ({e}); training them separately.',
+            flush=True)
+    for (tag, run), config, run_dir in zip(members, configs, dirs):
+      _train_separately(tag, run, config, run_dir, is_main)
+    return
+  except errors.Preempted:
+    if is_main:
+      print(f'{", ".join(names)}: preempted; rerun the same command to continue.', flush=True)
+    raise
+  if not is_main:
+    return
+  for (tag, run), outcome, run_dir, config, resumed in zip(members, outcomes, dirs, configs,
+                                                            resuming):
+    # The group's phases, in each run's folder, marked: not one run's costs (`run_costs`).
+    reporting.write_json_atomic(
+        os.path.join(run_dir, run_costs.PHASES_FILE),
+        {'wall_s': section.get('wall_s'), 'resumed': resumed or config is not run.config,
+         'setup': dataclasses.asdict(run.setup), 'phases': section['phases'],
+         'seeds_at_once': names})
+    if outcome.error is not None:
+      _record_diverged(tag, run_dir, outcome.error)
+      continue
+    metric = eval_seam.target(config)[0]
+    if outcome.continued:
+      metric = eval_seam.test_metric(metric)
+    value = outcome.result.final_eval.get(metric)
+    shown = f', {metric} {100 * value:.2f} %' if isinstance(value, float) else ''
+    print(f'{tag}: done in {outcome.result.wall_time_s:.0f} s (seeds at once){shown}',
+          flush=True)
+
+
+def _record_diverged(tag: str, run_dir: str, error: errors.NonFiniteLossError) -> None:
+  """A diverged run's outcome (process 0): ``final_metrics.json`` with ``diverged``."""
+  step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
+  reporting.write_json_atomic(os.path.join(run_dir, study_results.FINAL_FILE),
+                              {'diverged': True, 'step': step, 'error': str(error)})
+  print(f'{tag}: diverged ({error})', flush=True)
 
 
 def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
@@ -514,10 +668,7 @@ def _train_one(tag: str, run: Run, config, run_dir: str, is_main: bool) -> bool:
            'setup': dataclasses.asdict(run.setup), 'phases': section['phases']})
   except errors.NonFiniteLossError as e:
     if is_main:
-      step = max((r['step'] for r in metrics_io.read_metrics(run_dir)), default=0)
-      reporting.write_json_atomic(os.path.join(run_dir, study_results.FINAL_FILE),
-                                  {'diverged': True, 'step': step, 'error': str(e)})
-      print(f'{tag}: diverged ({e})', flush=True)
+      _record_diverged(tag, run_dir, e)
     return False
   except errors.Preempted:
     if is_main:
@@ -635,6 +786,18 @@ def _print_plan(study: Study, opts: Options, runs: Sequence[Run], meta) -> None:
           f'({s.steps_per_epoch:g}/epoch), {s.per_device_batch}/device'
           + (f' = {s.accum_steps} x {s.per_device_micro_batch}' if s.accum_steps > 1 else '')
           + (' [finished]' if r in done else ''), flush=True)
+  groups = seed_groups(runs, opts.out, opts.seeds_at_once)
+  together = [label for group, label, _ in groups if group]
+  if together:
+    print(f'Seeds at once (--seeds_at_once={opts.seeds_at_once}), each point\'s seeds as one '
+          f'computation: {", ".join(together)}.', flush=True)
+  apart: Dict[str, List[str]] = {}
+  for group, label, why in groups:
+    if not group:
+      apart.setdefault(why, []).append(label)
+  for why, labels in apart.items():
+    print(f'Seeds separately (--seeds_at_once={opts.seeds_at_once}): {", ".join(labels)}: '
+          f'{why}.', flush=True)
 
 
 def pending_extensions(study: Study, opts: Options, runs: Sequence[Run]) -> Dict[str, float]:
@@ -688,7 +851,7 @@ def _run_study(study: Study, base, opts: Options) -> List[Dict]:
   extended: Dict[str, List[float]] = {}
   todo = runs
   for round_ in range(study.lr.extensions + 1):
-    run_grid(todo, opts.out, is_main)
+    run_grid(todo, opts.out, is_main, opts.seeds_at_once)
     # Every process decides the next round from the same files (written by process 0).
     distributed.barrier(f'study_round_{round_}')
     planned_points = {r.key.point for r in runs}

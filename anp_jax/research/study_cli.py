@@ -5,7 +5,8 @@ study shares, and the command of any study preset (``experiments/study.py``).
   (``--preset NAME``, a variant ``NAME:VARIANT``) with ``--config.x=y`` overrides through
   ``ml_collections.config_flags``; bad input is a `StudyError`, exit 2.
 * `define_runner_flags`: ``--out``, ``--seeds``, the rate grid, ``--lr_extensions``, ``--ci``,
-  ``--cpu_devices``, ``--stop_at_target``, ``--dry_run``, ``--no_report``, ``--confirm_seeds``
+  ``--cpu_devices``, ``--stop_at_target``, ``--dry_run``, ``--no_report``, ``--seeds_at_once``
+  (a point's seeds as one computation, `anp_jax.seed_group`), ``--confirm_seeds``
   (a fresh-seed confirmation of the chosen configurations, `runner.confirmation_study`).
 * `main`: a study preset ``anp_jax/configs/study_<name>.py`` (get_config() with its
   ``target_metric`` / ``target_value``, get_sweep() its points, seeds and rate grid) run by
@@ -152,7 +153,8 @@ def list_flag(fv, name: str, kind):
 
 def define_runner_flags(fv, lr_flag: str = 'lr_grid'):
   """The flags every study shares: --out, --seeds, the rate grid (--<lr_flag>,
-  --lr_extensions), --ci, --cpu_devices, --stop_at_target, --dry_run, --no_report."""
+  --lr_extensions), --ci, --cpu_devices, --stop_at_target, --dry_run, --no_report,
+  --seeds_at_once, --confirm_seeds."""
   def define(kind, name, help_string):
     getattr(flags, f'DEFINE_{kind}')(name, False if kind == 'bool' else None, help_string,
                                       flag_values=fv)
@@ -174,6 +176,11 @@ def define_runner_flags(fv, lr_flag: str = 'lr_grid'):
                     "preset config's stop_at_target.", flag_values=fv)
   define('bool', 'dry_run', 'Validate, print the runs and the time estimate; train nothing.')
   define('bool', 'no_report', 'Write the results but not the report.')
+  flags.DEFINE_enum('seeds_at_once', 'auto', ['auto', 'on', 'off'], 'Train the seeds of a '
+                    'point as one computation (anp_jax/seed_group.py; each its own run '
+                    'directory): on wherever it can, off, or auto: where a committed measurement '
+                    'found it faster on this platform (experiments/results/seeds_at_once/).',
+                    flag_values=fv)
   define('list', 'confirm_seeds', 'Fresh-seed confirmation of a finished study in --out: every '
          'point at its chosen rate with these seeds (none the selection used), into '
          f'--out/{runner.CONFIRMATION_DIR}/; the report shows them beside the selection.')
@@ -224,7 +231,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__):
     out = os.path.join(out, runner.CONFIRMATION_DIR)
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report,
-                        user_fields=frozenset(keys),
+                        seeds_at_once=fv.seeds_at_once, user_fields=frozenset(keys),
                         invocation={'argv': list(argv), 'overrides': override_args(overrides)})
   cpu_devices = study.cpu_devices if fv.cpu_devices is None else fv.cpu_devices
   return study, base, opts, cpu_devices

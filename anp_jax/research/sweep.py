@@ -157,7 +157,8 @@ def parse_args(argv: Sequence[str], doc: str = __doc__):
       max_per_device_batch=fv.max_per_device_batch,
       checkpoint_every_epochs=fv.checkpoint_every_epochs, cpu_devices=fv.cpu_devices,
       lr_from=fv.lr_from, confirm_seeds=study_cli.list_flag(fv, 'confirm_seeds', int),
-      stop_at_target=fv.stop_at_target, dry_run=fv.dry_run, no_report=fv.no_report, ci=fv.ci)
+      stop_at_target=fv.stop_at_target, dry_run=fv.dry_run, no_report=fv.no_report, ci=fv.ci,
+      seeds_at_once=fv.seeds_at_once)
   return args, config, overrides
 
 
@@ -452,6 +453,7 @@ def build_study(sw: Sweep, devices: int, preset: SweepPreset,
 def options(sw: Sweep, args, overrides, report: bool) -> runner.Options:
   return runner.Options(out=sw.out, preset=sw.preset, stop_at_target=sw.stop_at_target,
                         ci=args.ci, dry_run=args.dry_run, report=report,
+                        seeds_at_once=getattr(args, 'seeds_at_once', 'auto'),
                         user_fields=sw.user_fields, record_file='sweep.json',
                         invocation={'args': vars(args),
                                     'overrides': study_cli.override_args(overrides)})

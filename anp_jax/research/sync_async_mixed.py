@@ -345,6 +345,7 @@ def resolve(argv: Sequence[str], doc: str = __doc__) -> Optional[Experiment]:
     raise ExperimentError('--stop_at_target needs periodic evaluation (eval_every_epochs > 0).')
   opts = runner.Options(out=out, preset=fv.preset, stop_at_target=fv.stop_at_target, ci=fv.ci,
                         dry_run=fv.dry_run, report=not fv.no_report, user_fields=frozenset(keys),
+                        seeds_at_once=fv.seeds_at_once,
                         invocation={'argv': list(argv),
                                     'overrides': study_cli.override_args(overrides)})
   return Experiment(preset=preset, base=base,
