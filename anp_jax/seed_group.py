@@ -45,10 +45,12 @@ Scope: the sync method on the ``jit`` executor in a job of one process, default 
 no ``init_from``. Everything else trains separately (`refusal` gives the one-line reason).
 
 Speed (experiments/seeds_at_once.py, experiments/results/seeds_at_once/): on XLA:CPU the grouped
-step is *slower* than the S separate steps: grouped convolutions run on a slow path (2.6x the CPU
-time of the separate steps at 256 examples per device) and a step at 16 per device already keeps
-both cores busy (1.4x). The study runner's ``--seeds_at_once auto`` therefore groups only where a
-committed measurement of the platform shows the grouped step faster (`anp_jax.research.runner`).
+step is *slower* than the S separate steps: 1.4x their CPU time at 16 examples per device, 2.2x
+at 64, 2.4x at 256 (3 seeds, ResNet-20 of the plan_validation:a task, 2 devices on 2 cores). The
+grouped convolutions run on a slow path, and a step at 16 per device already keeps both cores
+busy, so there is no idle capacity for a batched step to fill. The study runner's
+``--seeds_at_once auto`` therefore groups only where a committed measurement of the platform
+shows the grouped step faster (`anp_jax.research.runner.seeds_at_once_faster`): never on CPU.
 """
 
 import dataclasses

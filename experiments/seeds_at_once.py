@@ -95,7 +95,6 @@ def measure(args, per_device_batch: int, steps: int):
   group_state = prog.init(list(range(args.seeds)))
 
   def separate():
-    nonlocal states
     for i in range(steps):
       for k, r in enumerate(runs):
         states[k], sums = r.executor.train_step(states[k], separate_batches[k][i])
