@@ -113,6 +113,7 @@ def test_a_seed_stops_at_its_separate_run_s_crossing_and_its_checkpoint_is_that_
   assert evaluated.final_eval['eval/anp_top1'] == pytest.approx(finals[1]['eval/anp_top1'])
 
 
+@pytest.mark.slow(10)
 def test_the_initial_states_are_those_of_the_separate_runs_bit_for_bit(data_dir):
   run = trainer.build(_config(data_dir, 0))
   stacked = seed_group.group_program(run).init([0, 7])
