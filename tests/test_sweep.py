@@ -470,7 +470,7 @@ def test_finished_run_of_the_first_sweep_format_is_skipped_and_read(data_dir, tm
       ['preset', 'out', 'batch_sizes', 'rules', 'warmup', 'seeds', 'epochs', 'target_top1',
        'lr_search', 'lr_extensions', 'max_per_device_batch', 'checkpoint_every_epochs',
        'cpu_devices', 'stop_at_target', 'dry_run', 'no_report', 'ci', 'lr_from',
-       'confirm_seeds'])
+       'confirm_seeds', 'seeds_at_once'])
   assert invocation['overrides'] == [f'--config.data_dir={data_dir}']
 
 
