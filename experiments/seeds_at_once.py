@@ -23,7 +23,7 @@ it groups only at a per-device batch whose nearest measurement found the grouped
 both CPU and wall time. ``--merge`` keeps the other platforms' measurements of an existing file.
 """
 
-import os  # noqa: I001  (first: the environment, before JAX is imported)
+import os  # noqa: I001  (first: the environment, before anything else is imported)
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # This folder: its helpers.
