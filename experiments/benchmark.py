@@ -76,7 +76,8 @@ def _usage_error() -> str:
 
 
 def main(argv):
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
+  # The flags are checked before TensorFlow and JAX's modules are imported (seconds): a bad flag
+  # is answered at once.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   message = _usage_error()
@@ -84,21 +85,24 @@ def main(argv):
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
   FLAGS.out = os.path.abspath(os.path.expanduser(FLAGS.out))
-  from anp_jax import benchmarking, distributed, xla_flags  # Applies the XLA:CPU defaults.
-  import torch_reference  # This directory's PyTorch contender (imports anp_jax.models).
-  if not FLAGS.cpu_flags:
-    xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
-  try:  # Before minutes of compiling and timing, not after: a bad config, an --out folder
-    # that cannot be made (e.g. under a file), a loop workdir that holds a run.
-    from anp_jax import setup
-    setup.validate_config(FLAGS.config)
+  from anp_jax import benchmarking
+  try:  # Before minutes of compiling and timing, not after: an --out folder that cannot be
+    # made (e.g. under a file), a loop workdir that holds a run, a bad config.
     message = cli.output_file_error('--out', FLAGS.out, 'JSON file', 'benchmark.json')
     if message:
       raise ValueError(message)
     benchmarking.check_loop_workdir(FLAGS.workdir if FLAGS.loop else None)
+    runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
+    if not FLAGS.cpu_flags:
+      from anp_jax import xla_flags
+      xla_flags.disable_cpu_defaults()  # Before JAX starts; inherited by --scaling's children.
+    from anp_jax import setup
+    setup.validate_config(FLAGS.config)
   except (ValueError, OSError) as e:
     print(f'ERROR: {e}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
+  from anp_jax import distributed
+  import torch_reference  # This directory's PyTorch contender (imports anp_jax.models).
   if FLAGS.scaling:
     # scaling_runs drops --out and --scaling in every spelling (--out PATH with its value too).
     rows = benchmarking.scaling_runs(os.path.abspath(__file__), sys.argv[1:],

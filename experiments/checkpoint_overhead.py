@@ -20,10 +20,9 @@ import json
 import tempfile
 import time
 
-import jax
 from absl import app, flags
 
-from anp_jax import checkpointing, cli, models, optim, runtime, steps
+from anp_jax import cli, models, runtime
 from anp_jax.configs import default
 
 FLAGS = flags.FLAGS
@@ -32,6 +31,8 @@ flags.DEFINE_integer('repeats', 3, 'Saves per model (the medians are reported).'
 
 
 def measure(name: str, repeats: int, image_size: int, num_anps: int):
+  import jax  # Here, not at the top: the flags are checked before these imports (seconds).
+  from anp_jax import checkpointing, optim, steps
   config = default.get_config()
   config.model.name = name
   config.image_size = image_size
@@ -67,7 +68,6 @@ def measure(name: str, repeats: int, image_size: int, num_anps: int):
 
 
 def main(argv):
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   message = ''
@@ -84,6 +84,7 @@ def main(argv):
   if message:
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   for name in names:
     size = models.spec(name).image_size  # The size the model is designed for.
     num = 553 if size >= 224 else 32

@@ -228,14 +228,14 @@ def _table(variants: dict) -> str:
 
 
 def main(argv):
-  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   if (rc := cli.refuse_extra_arguments(argv)) is not None:
     return rc
   args = FLAGS
-  message = _usage_error(args)
+  message = _usage_error(args)  # Before TensorFlow and JAX are imported (seconds).
   if message:
     print(f'ERROR: {message}', file=sys.stderr, flush=True)
     return cli.EXIT_USAGE
+  runtime.configure()  # XLA:CPU flags before JAX starts, TensorFlow off the GPU.
   import jax
   from anp_jax import executors
   from anp_jax.executors.common import MeshHelper

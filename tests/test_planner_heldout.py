@@ -14,22 +14,36 @@ from anp_jax.research import planner
 from conftest import ROOT, run_experiment, subprocess_env
 
 
-def test_the_real_tasks_dry_run_lists_the_pilot_and_its_multiples(tmp_path):
+def test_the_real_tasks_dry_run_lists_the_pilot_and_its_multiples(tmp_path, capsys):
   """Every task of the first round (3 seeds) and one of the registered second round (5 seeds,
-  its registration named, to be recorded before the first run; nothing written)."""
+  its registration named, to be recorded before the first run; nothing written). The first
+  task of each round through the command line (a process with the preset's 2 devices); the
+  other tasks' presets in this process (a process each cost seconds of imports): their command
+  line resolved and the runner's plan on the preset's devices, printed as the dry run prints
+  it."""
+  from anp_jax.research import runner, study_cli
   for variant in ('a', 'b', 'c', 'd', 'e', 'f', 'g'):
-    r = subprocess.run([sys.executable, 'experiments/study.py', '--preset',
-                        f'plan_validation:{variant}', '--out', str(tmp_path / variant),
-                        '--stop_at_target', '--dry_run'], env=subprocess_env(2), cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    argv = ['--preset', f'plan_validation:{variant}', '--out', str(tmp_path / variant),
+            '--stop_at_target', '--dry_run']
+    if variant in ('a', 'g'):
+      r = subprocess.run([sys.executable, 'experiments/study.py', *argv], env=subprocess_env(2),
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+      assert r.returncode == 0, r.stderr[-3000:]
+      stdout = r.stdout
+    else:
+      study, base, opts, devices = study_cli.resolve(argv)
+      assert opts.dry_run and devices == 2
+      runs, meta = runner.plan_runs(study, base, opts, devices=devices)
+      capsys.readouterr()
+      runner._print_plan(study, opts, runs, meta)
+      stdout = capsys.readouterr().out
     seeds = 5 if variant == 'g' else 3
-    assert f'{6 * seeds} runs' in r.stdout and f'pilot_b00128-lrx1-s{seeds - 1}' in r.stdout
+    assert f'{6 * seeds} runs' in stdout and f'pilot_b00128-lrx1-s{seeds - 1}' in stdout
     if variant == 'g':
-      assert ('Registration experiments/registrations/plan_heldout_2.json' in r.stdout
-              and 'to be recorded in --out before the first run' in r.stdout)
+      assert ('Registration experiments/registrations/plan_heldout_2.json' in stdout
+              and 'to be recorded in --out before the first run' in stdout)
     for batch in (32, 64, 256, 512, 1024):
-      assert f'b{batch:05d}-lrx1-s0' in r.stdout
+      assert f'b{batch:05d}-lrx1-s0' in stdout
     assert not (tmp_path / variant).exists()
 
 

@@ -119,6 +119,24 @@ def script(tmp_path_factory):
   return slurm_cluster.example_script(tmp_path_factory.mktemp('sbatch') / 'train.sbatch')
 
 
+def test_the_submitted_script_is_the_shipped_one_with_its_preemption_settings(script):
+  """What the two jobs below rely on, in the script they submit: the shipped train.sbatch less
+  only its GPU request, asking for SIGUSR1 before the time limit, requeueable, appending to its
+  log across the requeue, and ending the step when a task dies. (Also this file's quick test,
+  in the fast tier: its others start a cluster.)"""
+  shipped = open(os.path.join(ROOT, 'experiments', 'slurm', 'train.sbatch')).read().splitlines()
+  submitted = script.read_text().splitlines()
+  assert submitted == [line for line in shipped if '--gpus-per-node' not in line]
+  assert len(submitted) == len(shipped) - 1 and submitted[0] == '#!/bin/bash'
+  directives = {line.split()[1].split('=')[0]: line.split()[1]
+                for line in submitted if line.startswith('#SBATCH ')}
+  assert directives['--signal'].startswith('--signal=USR1@'), directives
+  assert directives['--requeue'] == '--requeue'
+  assert directives['--open-mode'] == '--open-mode=append'
+  assert 'srun --kill-on-bad-exit=1 ./run.sh "$@"' in submitted
+  assert subprocess.run(['bash', '-n', str(script)], capture_output=True).returncode == 0
+
+
 @pytest.mark.slow(180)
 def test_usr1_checkpoints_requeues_and_the_job_resumes_equal_to_an_uninterrupted_one(
     slurm, script, data_dir, tmp_path):

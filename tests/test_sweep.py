@@ -543,16 +543,20 @@ def test_sweep_rows_use_interpolated_steps_and_passes(tmp_path):
 # One set of numbers: --help, the preset's docstring and --dry_run say the same time.
 
 
-def test_the_generated_sizes_are_the_datasets(data_dir):
-  """`synthetic_meta` (the sizes the estimates use without generating the dataset) is what the
-  generated dataset has."""
+def test_the_generated_sizes_are_the_datasets(data_dir, tmp_path):
+  """`synthetic_meta` (the sizes and names the estimates and a study's --dry_run use without
+  generating the dataset, `pipeline.planned_meta`) is what the generated dataset has, and
+  writes nothing where the dataset is not generated yet."""
   from anp_jax.data import pipeline
   from conftest import tiny_config
   config = tiny_config(data_dir)
   real = pipeline.dataset_meta(pipeline.get_builder(config), config)
-  fake = sweep.synthetic_meta(config)
-  assert (fake.train_size, fake.eval_size, fake.split_sizes) == (
-      real.train_size, real.eval_size, real.split_sizes)
+  assert sweep.synthetic_meta(config) == real
+  assert pipeline.planned_meta(tiny_config(tmp_path / 'none')) == real
+  assert not (tmp_path / 'none').exists() or not any((tmp_path / 'none').rglob('*'))
+  test_eval = tiny_config(tmp_path / 'none')
+  test_eval.evals.eval.split = 'test'
+  assert pipeline.planned_meta(test_eval).eval_size == real.split_sizes['test']
 
 
 def test_help_preset_docstring_and_dry_run_give_the_same_time(tmp_path, capsys):

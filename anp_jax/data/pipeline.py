@@ -71,17 +71,31 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   """Returns the (prepared) TFDS builder named by ``config.dataset``."""
   data_dir = os.path.expanduser(config.data_dir)
   if config.dataset == 'synthetic_anp':
-    from anp_jax.data import synthetic
-    builder_config = synthetic.builder_config(**dict(config.synthetic))
-    def make():
-      return synthetic.SyntheticAnp(config=builder_config, data_dir=data_dir,
-                                    file_format='tfrecord')
-    return _prepared(make, data_dir)
+    return _prepared(lambda: _synthetic_builder(config), data_dir)
   if config.dataset == 'anp':
     from anp_jax.data.anp import prepared
     check_data_dir(config)
     return prepared.builder_from_config(config, data_dir)
   raise ValueError(f'Unknown dataset {config.dataset!r}; choose synthetic_anp or anp.')
+
+
+def _synthetic_builder(config):
+  """The builder of the generated dataset `config` names (its files may not exist yet)."""
+  from anp_jax.data import synthetic
+  return synthetic.SyntheticAnp(config=synthetic.builder_config(**dict(config.synthetic)),
+                                data_dir=os.path.expanduser(config.data_dir),
+                                file_format='tfrecord')
+
+
+def planned_meta(config) -> 'DatasetMeta':
+  """`dataset_meta` of the run's dataset, without generating it: what a plan (a study's
+  ``--dry_run``) needs. A generated dataset's sizes and names are a function of its options
+  (the ghost_bn preset's dry run generated its 12,800 images first); a prepared ``anp``
+  dataset's are read from it, as `dataset_meta` does."""
+  if config.dataset != 'synthetic_anp':
+    return dataset_meta(get_builder(config), config)
+  builder = _synthetic_builder(config)
+  return dataset_meta(builder, config, split_sizes=builder.split_sizes())
 
 
 def check_data_dir(config) -> None:
@@ -149,12 +163,16 @@ def _prepare_once(builder, data_dir: str):
           download_config=tfds.download.DownloadConfig(verify_ssl=False))
 
 
-def dataset_meta(builder, config) -> DatasetMeta:
+def dataset_meta(builder, config, split_sizes: Optional[Dict[str, int]] = None) -> DatasetMeta:
+  """The sizes and names of `builder`'s (prepared) dataset for `config`'s run; `split_sizes`:
+  the splits' sizes when its files are not there yet (`planned_meta`)."""
   info = builder.info
   feats = info.features
+  if split_sizes is None:
+    split_sizes = {name: split.num_examples for name, split in info.splits.items()}
   # The split of the run's default evaluation (config.evals' 'eval' entry).
   eval_split = default_config.default_eval_split(config)
-  check_split(builder, eval_split, "config.evals['eval'].split")
+  check_split(builder, eval_split, "config.evals['eval'].split", names=list(split_sizes))
   check_heads(builder, config)
   return DatasetMeta(
       name=builder.name,
@@ -162,12 +180,12 @@ def dataset_meta(builder, config) -> DatasetMeta:
       num_adjectives=feats['label_adjective'].num_classes,
       num_nouns=feats['label_noun'].num_classes,
       anp_names=feats['label_anp'].names,
-      train_size=info.splits['train'].num_examples,
-      eval_size=info.splits[eval_split].num_examples,
+      train_size=split_sizes['train'],
+      eval_size=split_sizes[eval_split],
       eval_split=eval_split,
       stored_image_size=_stored_size(builder),
       stored_short_side=_stored_short_side(builder),
-      split_sizes={name: split.num_examples for name, split in info.splits.items()})
+      split_sizes=dict(split_sizes))
 
 
 def check_heads(builder, config) -> None:
@@ -188,11 +206,14 @@ def check_heads(builder, config) -> None:
                      '--config.model.noun_head=False.')
 
 
-def check_split(builder, split: str, what: str = 'split') -> None:
-  """Raises naming the dataset's splits when `split` is not one of them."""
-  if split not in builder.info.splits:
+def check_split(builder, split: str, what: str = 'split',
+                names: Optional[Sequence[str]] = None) -> None:
+  """Raises naming the dataset's splits (`names`, default: the prepared builder's) when `split`
+  is not one of them."""
+  names = list(builder.info.splits) if names is None else list(names)
+  if split not in names:
     raise ValueError(f'{what}={split!r}: dataset {builder.name} has no such split; it has '
-                     f'{list(builder.info.splits)}.')
+                     f'{names}.')
 
 
 def dataset_identity(builder, meta: DatasetMeta) -> Dict[str, Any]:

@@ -28,19 +28,30 @@ from absl import flags
 from anp_jax import cli, runtime
 
 # TensorFlow (~6 s to import, with start-up noise) is imported only once the flags are known to
-# be good, so `--help` and usage errors are immediate.
+# be good, so `--help` and usage errors are immediate. TFDS and the `anp` builder's module import
+# without it (under a second: TFDS imports TensorFlow when first used), so the flags' choices are
+# checked against the builder's own lists before it.
 anp = tfds = None
+_tensorflow_ready = False
+
+
+def _import_builder():
+  """Imports TFDS and the `anp` builder into this module (once), not TensorFlow."""
+  global anp, tfds
+  if anp is None:
+    import tensorflow_datasets
+    from anp_jax.data import anp as anp_module
+    anp, tfds = anp_module, tensorflow_datasets
 
 
 def _import_tensorflow():
-  """Imports TensorFlow, TFDS and the `anp` builder into this module (once)."""
-  global anp, tfds
-  if anp is not None:
-    return
-  runtime.hide_gpus_from_tensorflow()  # Preparation never needs an accelerator.
-  import tensorflow_datasets
-  from anp_jax.data import anp as anp_module
-  anp, tfds = anp_module, tensorflow_datasets
+  """`_import_builder`, and TensorFlow with no GPU (preparation never needs an accelerator;
+  once, before TensorFlow runs anything)."""
+  global _tensorflow_ready
+  _import_builder()
+  if not _tensorflow_ready:
+    runtime.hide_gpus_from_tensorflow()
+    _tensorflow_ready = True
 
 
 # The preparation options (`anp_jax.data.anp.options.AnpConfig`) default to None here: a flag
@@ -254,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fv.data_dir = default.default_data_dir()
   if not fv.data_dir.strip():
     return _usage('--data_dir is empty: give the TFDS data dir to write the dataset to.')
-  _import_tensorflow()
+  _import_builder()
   for name, choices in (('layout', anp.options.LAYOUTS), ('labels', anp.options.LABELS)):
     if fv[name].value is not None and fv[name].value not in choices:
       return _usage(f'--{name}={fv[name].value!r} is unknown; use one of {", ".join(choices)}.')
@@ -264,6 +275,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              else _check_contact_sheet(fv))
   if message:  # Before the preparation (minutes), not after it.
     return _usage(message)
+  _import_tensorflow()
   options = {}
   for name in (*anp.options.OPTION_NAMES, 'resize_short_side'):
     if name in fv and name != 'resize' and fv[name].value is not None:

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -245,10 +245,17 @@ class SyntheticAnp(tfds.core.GeneratorBasedBuilder):
         description=__doc__,
     )
 
+  def split_sizes(self) -> Dict[str, int]:
+    """{split: examples} the generation writes (known before it: `_split_generators`)."""
+    c = self.builder_config
+    return {'train': c.num_pairs * c.train_per_class,
+            'validation': c.num_pairs * c.eval_per_class,
+            'test': c.num_pairs * c.test_per_class}
+
   # anp_jax's own lines instead of TFDS's "Downloading and preparing dataset Unknown size ...".
   def _log_download_bytes(self):
     c = self.builder_config
-    total = c.num_pairs * (c.train_per_class + c.eval_per_class + c.test_per_class)
+    total = sum(self.split_sizes().values())
     print(f'anp_jax | generating the {self.name} dataset ({total:,} images of {c.image_size} px, '
           f'{c.num_pairs} ANPs; first use only) in {self.data_dir}', flush=True)
     self._generation_start = time.time()

@@ -220,9 +220,12 @@ def default_cadences(config, setup, user_fields, *, checkpoint_epochs: float,
     config.log_every_steps = max(1, min(log_cap, setup.steps(log_epochs, rounding='floor')))
 
 
-def dataset_meta(base):
-  """The dataset's sizes for `base` (StudyError if it cannot be read)."""
+def dataset_meta(base, planned: bool = False):
+  """The dataset's sizes for `base` (StudyError if it cannot be read); `planned`: without
+  generating a generated dataset (`pipeline.planned_meta`: a dry run writes nothing)."""
   try:
+    if planned:
+      return pipeline.planned_meta(base)
     return pipeline.dataset_meta(pipeline.get_builder(base), base)
   except (FileNotFoundError, ValueError) as e:
     raise StudyError(f'The dataset {base.dataset!r} is not usable: {e}') from e
@@ -278,7 +281,7 @@ def plan_runs(study: Study, base, opts: Options, devices: Optional[int] = None,
     validate_config(base)
   except (ValueError, FileNotFoundError) as e:
     raise StudyError(f'The preset config with your overrides is invalid: {e}') from e
-  meta = dataset_meta(base) if meta is None else meta
+  meta = dataset_meta(base, planned=opts.dry_run) if meta is None else meta
   runs, problems = [], {}
   for key in study.runs(extended):
     try:

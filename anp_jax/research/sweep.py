@@ -470,20 +470,12 @@ def plan_runs(sw: Sweep, devices: Optional[int] = None, args=None):
 
 def synthetic_meta(config):
   """The sizes `runner.plan_runs` needs of a generated (``synthetic_anp``) dataset, from the
-  config alone (without generating it); None for a prepared dataset, whose sizes only its
-  preparation knows."""
+  config alone (`pipeline.planned_meta`: without generating it); None for a prepared dataset,
+  whose sizes only its preparation knows."""
   if config.dataset != 'synthetic_anp':
     return None
   from anp_jax.data import pipeline
-  s = config.synthetic
-  validation = s.num_pairs * s.eval_per_class
-  sizes = {'train': s.num_pairs * s.train_per_class, 'validation': validation,
-           'test': s.num_pairs * (s.test_per_class or s.eval_per_class)}
-  return pipeline.DatasetMeta(
-      name='synthetic_anp', num_anps=s.num_pairs, num_adjectives=s.num_adjectives,
-      num_nouns=s.num_nouns, anp_names=[], train_size=sizes['train'], eval_size=validation,
-      eval_split='validation', stored_image_size=s.image_size, stored_short_side=s.image_size,
-      split_sizes=sizes)
+  return pipeline.planned_meta(config)
 
 
 def dry_run_estimate(preset: str) -> Optional[Dict[str, float]]:
