@@ -556,3 +556,29 @@ def test_the_heldout_diagnosis_quoted_is_the_committed_studies():
           f'[{a[32]["low"]:.0f}, {a[32]["high"]:.0f}] at 32') in doc
   assert (f'a: {a[32]["mean"]:.0f} at B = 32, {a[128]["mean"]:.0f} at the pilot\'s 128, '
           f'{a[1024]["mean"]:.0f} at 1024') in doc
+
+
+def test_the_second_round_interim_table_is_the_committed_report():
+  """docs/studies.md section 5's interim table on tasks g-m: each predictor's median and worst
+  |error| and band coverage are the committed report's validation row (the report is
+  `plan_validation_heldout.py`'s output from the committed studies beside it), and the studies
+  it names are those the report scored."""
+  import re
+  doc = _studies()
+  rep = open(os.path.join(ROOT, 'experiments/results/plan_validation/heldout_2/report.md')).read()
+  labels = {'planner, k x B_noise': 'k x B_noise (planner)',
+            "k' x B_simple near the crossing": "k' x B_simple near",
+            'pilots at B0 and 4 B0 (20 points)': 'pilots at B0, 4 B0',
+            'B_crit = B_noise (Pollux)': 'B_crit = B_noise (Pollux)',
+            'constant B_crit (baseline)': 'constant B_crit (baseline)',
+            'power law (baseline)': 'power law (baseline)',
+            'perfect scaling (baseline)': 'perfect scaling (baseline)'}
+  scored = re.search(r'^\| validation \| ([a-m, ]+) \(held out\) \|', rep, re.M).group(1)
+  tasks = scored.split(', ')
+  assert f'**Interim: tasks {tasks[0]}-{tasks[-1]} scored ({len(tasks)} of 7).**' in doc
+  for shown, label in labels.items():
+    row = re.search(rf'^\| validation \| {re.escape(scored)} \(held out\) \| {re.escape(label)} \|'
+                    r' [^|]+\| ([^|]+) \| ([^|]+) \|', rep, re.M)
+    assert row, label
+    median, worst = row.group(1).strip(), row.group(2).strip()
+    assert f'| {shown} | {median} | {worst} |' in doc, (shown, median, worst)
