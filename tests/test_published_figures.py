@@ -568,7 +568,7 @@ def test_the_second_round_interim_table_is_the_committed_report():
   rep = open(os.path.join(ROOT, 'experiments/results/plan_validation/heldout_2/report.md')).read()
   labels = {'planner, k x B_noise': 'k x B_noise (planner)',
             "k' x B_simple near the crossing": "k' x B_simple near",
-            'pilots at B0 and 4 B0 (20 points)': 'pilots at B0, 4 B0',
+            'pilots at B0 and 4 B0 ({n} points)': 'pilots at B0, 4 B0',
             'B_crit = B_noise (Pollux)': 'B_crit = B_noise (Pollux)',
             'constant B_crit (baseline)': 'constant B_crit (baseline)',
             'power law (baseline)': 'power law (baseline)',
@@ -578,7 +578,8 @@ def test_the_second_round_interim_table_is_the_committed_report():
   assert f'**Interim: tasks {tasks[0]}-{tasks[-1]} scored ({len(tasks)} of 7).**' in doc
   for shown, label in labels.items():
     row = re.search(rf'^\| validation \| {re.escape(scored)} \(held out\) \| {re.escape(label)} \|'
-                    r' [^|]+\| ([^|]+) \| ([^|]+) \|', rep, re.M)
+                    r' (\d+) \(\d+\) \| ([^|]+) \| ([^|]+) \|', rep, re.M)
     assert row, label
-    median, worst = row.group(1).strip(), row.group(2).strip()
+    shown = shown.format(n=row.group(1))
+    median, worst = row.group(2).strip(), row.group(3).strip()
     assert f'| {shown} | {median} | {worst} |' in doc, (shown, median, worst)
