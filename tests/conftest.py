@@ -347,6 +347,19 @@ def pytest_runtest_logreport(report):
     _RECORDED[report.nodeid] = _RECORDED.get(report.nodeid, 0.0) + report.duration
 
 
+def still_defined(nodeid: str, root: str = None) -> bool:
+  """Whether the test `nodeid` (``tests/test_x.py::[Class::]test_name[params]``) still exists:
+  its file under `root` (the repository) defines ``def test_name(`` (a parametrized test's
+  parameters are not checked)."""
+  path, _, rest = nodeid.partition('::')
+  name = rest.split('::')[-1].split('[')[0]
+  try:
+    with open(os.path.join(root or ROOT, path)) as f:
+      return f'def {name}(' in f.read()
+  except OSError:
+    return False
+
+
 def pytest_sessionfinish(session, exitstatus):
   """ANP_TEST_RECORD_DURATIONS=1: this run's times into tests/durations.json, by the controller
   (or the only process), merged with the recorded times of the tests it did not run."""
@@ -355,6 +368,9 @@ def pytest_sessionfinish(session, exitstatus):
   if not _RECORDED:
     return
   merged = {**recorded_durations(), **{k: round(v, 2) for k, v in _RECORDED.items()}}
+  # Entries of tests that were deleted or renamed go (they had made 355 s of the recorded total
+  # stale by 2026-12-06, and weighed on the fast tier's budget and the scheduling).
+  merged = {k: v for k, v in merged.items() if still_defined(k)}
   tmp = DURATIONS_FILE + '.tmp'
   with open(tmp, 'w') as f:
     json.dump(dict(sorted(merged.items())), f, indent=0)
@@ -419,7 +435,7 @@ def direct_eval(config, params, batch_stats):
   sharding), the reference for the trainer's exact evaluation."""
   import numpy as np
   import tensorflow_datasets as tfds
-  from anp_jax import metrics, models, steps, trainer
+  from anp_jax import metrics, models, steps
   from anp_jax.data import pipeline
   builder = pipeline.get_builder(config)
   meta = pipeline.dataset_meta(builder, config)

@@ -62,7 +62,11 @@ def test_every_test_file_is_in_the_fast_tier_and_the_tier_fits_its_budget():
 
 def test_recording_merges_this_runs_times_into_the_file(tmp_path, monkeypatch):
   path = tmp_path / 'durations.json'
-  path.write_text(json.dumps({'tests/test_x.py::kept': 3.0, 'tests/test_x.py::rerun': 9.0}))
+  path.write_text(json.dumps({'tests/test_x.py::kept': 3.0, 'tests/test_x.py::rerun': 9.0,
+                              'tests/test_x.py::renamed[a]': 4.0, 'tests/test_gone.py::t': 5.0}))
+  (tmp_path / 'tests').mkdir()
+  (tmp_path / 'tests' / 'test_x.py').write_text('def kept():\n  pass\n\n\ndef rerun():\n  pass\n')
+  monkeypatch.setattr(conftest, 'ROOT', str(tmp_path))
   monkeypatch.setattr(conftest, 'DURATIONS_FILE', str(path))
   monkeypatch.setattr(conftest, '_RECORDED', {})
   monkeypatch.setenv('ANP_TEST_RECORD_DURATIONS', '1')
@@ -73,5 +77,13 @@ def test_recording_merges_this_runs_times_into_the_file(tmp_path, monkeypatch):
   conftest.pytest_sessionfinish(worker, 0)  # An xdist worker writes nothing.
   assert json.loads(path.read_text())['tests/test_x.py::rerun'] == 9.0
   conftest.pytest_sessionfinish(types.SimpleNamespace(config=types.SimpleNamespace()), 0)
+  # Merged with the tests not run; a test no longer defined (renamed, or its file deleted) gone.
   assert json.loads(path.read_text()) == {'tests/test_x.py::kept': 3.0,
                                           'tests/test_x.py::rerun': 2.0}
+
+
+def test_every_recorded_test_still_exists():
+  """tests/durations.json names only tests that are defined (its weights schedule the suite and
+  select the fast tier)."""
+  stale = [k for k in conftest.recorded_durations() if not conftest.still_defined(k)]
+  assert not stale, stale[:5]
