@@ -420,8 +420,10 @@ def registered_parameters(content):
   return {k: entries[k].get('parameters', {}) for k in predictors.PREDICTORS if k in entries}
 
 
-def decision_file(winner: str, registered, decision, content, pooled_winner) -> str:
-  """The text of `default_predictor.py` after applying a registration's decision."""
+def decision_file(winner: str, registered, decision, content, pooled_winner,
+                  current: str) -> str:
+  """The text of `default_predictor.py` after applying a registration's decision; its
+  docstring is the one of `current` (the file it replaces, read before anything is written)."""
   best_base = decision['best_baseline']
   paired = decision['paired']
   compared = (f'median |error| {_pct(pooled_winner["median_abs_error"], False)}, worst '
@@ -449,8 +451,7 @@ def decision_file(winner: str, registered, decision, content, pooled_winner) -> 
                      f'{datetime.date.today().isoformat()} by experiments/'
                      'plan_validation_heldout.py --apply_decision'),
   }
-  doc = open(os.path.join(os.path.dirname(predictors.__file__), 'default_predictor.py')).read()
-  head = doc[:doc.index('DEFAULT = {')]
+  head = current[:current.index('DEFAULT = {')]
   return head + 'DEFAULT = ' + pprint.pformat(default, width=96, sort_dicts=False) + '\n'
 
 
@@ -509,9 +510,17 @@ def main(argv) -> int:
       winner = decision['winner']
       path = FLAGS.decision_out or os.path.join(os.path.dirname(predictors.__file__),
                                                 'default_predictor.py')
-      with open(path, 'w') as f:
-        f.write(decision_file(winner, registered, decision, content,
-                              dict(decision['ranking'])[winner]))
+      # The new text is made whole (from the file it replaces, read first) before the file is
+      # replaced atomically: opening it for writing first had emptied it and then failed.
+      source = path if os.path.exists(path) else os.path.join(
+          os.path.dirname(predictors.__file__), 'default_predictor.py')
+      with open(source) as f:
+        current = f.read()
+      text = decision_file(winner, registered, decision, content,
+                           dict(decision['ranking'])[winner], current)
+      with open(path + '.tmp', 'w') as f:
+        f.write(text)
+      os.replace(path + '.tmp', path)
       print(f'The planner\'s default predictor is now {winner} ({path}).')
   except (ValueError, OSError, KeyError) as e:
     print(f'ERROR: {e}', file=sys.stderr)

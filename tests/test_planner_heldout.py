@@ -5,6 +5,7 @@ simulated devices (the pilot's noise scale needs two; the tiny batches fit no mo
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -94,6 +95,10 @@ def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
   # The registered decision path: scored with the registration's parameters, its rule applied,
   # the winner written as the planner's default (here into a copy).
   decided = tmp_path / 'default_predictor.py'
+  # Replacing an existing file in place, as the real default is: it was once opened for writing
+  # (emptied) before its docstring was read from it, and the command failed leaving it empty.
+  shipped = os.path.join(ROOT, 'anp_jax', 'research', 'planner', 'default_predictor.py')
+  decided.write_text(open(shipped).read())
   r = run_experiment('plan_validation_heldout.py', '--studies', str(study), '--out',
                      str(tmp_path / 'decided'), '--registration',
                      'experiments/registrations/plan_heldout_tiny.json', '--apply_decision',
@@ -107,6 +112,7 @@ def test_a_tiny_task_study_is_scored_out_of_sample(data_dir, tmp_path):
   assert default['predictor'] == decision['winner']
   assert set(default['parameters']) == set(planner.predictors.PREDICTORS)
   assert 'plan_heldout_tiny.json' in default['decided_by'] and default['heldout']
+  assert decided.read_text().startswith(open(shipped).read().split('DEFAULT = {')[0])
   text = (tmp_path / 'decided' / 'report.md').read_text()
   assert '## The registered decision rule, applied' in text
   # A fresh-seed confirmation of the study (its one rate per point, here one new seed), apart
