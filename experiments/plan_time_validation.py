@@ -286,7 +286,9 @@ def run_validation(config_file: str, overrides: Dict[str, object], out: str, *, 
                               multi[0].processes if multi else 0)
   pilots = [l for l in plan if l.role == 'pilot']
   pilot_dirs = [os.path.join(runs_dir, l.name) for l in pilots]
-  model = planner.load_pilot(pilot_dirs, metric, target)
+  # The factor predictor, as the committed time validation was run (before issue 46's registered
+  # rule made the constant B_crit the planner's default): its report reads B_noise and k.
+  model = planner.load_pilot(pilot_dirs, metric, target, predictor='factor')
   workload = planner.workload_for('pilot', train_size, pilot_dirs[0])
   rows, groups = [], {}
   for l in plan:

@@ -257,8 +257,10 @@ def statistical(rows, out):
 
 
 def fresh_pilot(rows, data, ax):
-  """The separate pilot's predictions (as the planner reads a pilot) against the sweep."""
-  model = planner.load_pilot(PILOT)
+  """The separate pilot's predictions by the noise-scale predictor (B_crit = k x B_noise, the
+  planner's default until issue 46's registered rule chose the constant B_crit; the baselines,
+  the constant among them, are scored beside it) against the sweep."""
+  model = planner.load_pilot(PILOT, predictor='factor')
   points = planner.sweep_points(rows, 'linear', 'on')
   fresh = planner.score_predictions(validation.validate_model(model, points),
                                     in_sample=[PILOT_BATCH], max_batch=8 * PILOT_BATCH)

@@ -25,7 +25,7 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   training; what sets the steps to the target is the training before it), the late window (the
   second half of the run, as the sweep reports it) beside it. (Before: the second half of the
   whole run, 262 here, for a target crossed at step 35.)"""
-  model = plan.load_pilot(write_pilot(tmp_path / 'p', drift=2.0), target=0.3)
+  model = plan.load_pilot(write_pilot(tmp_path / 'p', drift=2.0), target=0.3, predictor='factor')
   # S0: top-1 0.1 at step 30, 0.5 at 40; the target 0.3 is crossed half-way, at step 35.
   assert model.notes['pilot_steps'] == pytest.approx(35)
   # Window = steps 2..34 (up to the crossing): mean trace = 200 + 2 * mean(2..34) = 236.
@@ -51,6 +51,29 @@ def test_pilot_b_noise_is_measured_up_to_the_target_and_its_band_widens_away_fro
   exact = plan.load_pilot(write_pilot(tmp_path / 'p1', drift=2.0), target=0.3, b_crit_factor=1)
   assert exact.s_min == pytest.approx(35 / (1 + 236 / 64)) and exact.factor_log_var(512) == 0
 
+
+
+def test_the_default_predictor_is_the_registered_decision_and_still_shows_the_pilot_noise(
+    tmp_path):
+  """With no predictor named, a pilot is read by `default_predictor.DEFAULT` (set by issue 46's
+  registered rule: the constant B_crit). A predictor that ignores the noise scale still reports
+  the pilot's measured B_noise, marked unused, and the plan says what its default rests on."""
+  from anp_jax.research.planner.default_predictor import DEFAULT
+  pilot = write_pilot(tmp_path / 'p', drift=2.0)
+  model = plan.load_pilot(pilot, target=0.3)
+  assert model.notes['predictor'] == DEFAULT['predictor']
+  assert model.notes['default_heldout'] == DEFAULT['heldout']
+  named = plan.load_pilot(pilot, target=0.3, predictor=DEFAULT['predictor'])
+  assert named.steps(256) == pytest.approx(model.steps(256))
+  assert 'default_heldout' not in named.notes  # Only the default says why it is the default.
+  constant = plan.load_pilot(pilot, target=0.3, predictor='constant')
+  assert constant.b_crit == pytest.approx(DEFAULT['parameters']['constant']['b_crit'])
+  assert constant.notes['pilot_b_noise_unused'] == pytest.approx(236.0)
+  assert constant.steps(64)[0] == pytest.approx(35)  # Through the pilot's steps.
+  # The noise scale is what the factor reads: the two differ away from the pilot.
+  factor = plan.load_pilot(pilot, target=0.3, predictor='factor')
+  assert factor.steps(512)[0] != pytest.approx(constant.steps(512)[0], rel=1e-3)
+  assert 'pilot_b_noise_unused' not in factor.notes
 
 def test_pilot_errors_say_what_to_change(tmp_path):
   with pytest.raises(plan.PlanError, match='no usable noise-scale logs'):

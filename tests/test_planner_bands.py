@@ -176,13 +176,14 @@ def test_rows_beyond_the_inputs_are_marked_extrapolated_and_so_is_a_pick_resting
   arms, is flagged, and a pick that rests on such a row says so. (Before: B0 x 1/4 ... 32 by
   default, and 'Fastest: 4x4 B=4096 mixed' from a B0=128 pilot, unmarked.)"""
   pilot = write_pilot(tmp_path / 'p', batch=128, trace=4096.0, num_epochs=1000.0)
-  p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro')
+  p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro',
+                      predictor='factor')
   assert sorted({r.global_batch for r in p.rows}) == [32, 64, 128, 256, 512, 1024]
   assert not any(r.extrapolated for r in p.rows)
   assert 'Inputs cover: batch 128' in plan.format_plan(p)
   assert 'predictions validated for 32-1024' in plan.format_plan(p)
   p = plan.build_plan(pilot=pilot, target=0.3, methods='sync', cluster='minotauro',
-                      batches=[128, 4096])
+                      batches=[128, 4096], predictor='factor')
   far = [r for r in p.rows if r.global_batch == 4096]
   assert far and all(r.extrapolated == ["batch 4096 (32x the pilot's 128) outside the validated "
                                         '32-1024'] for r in far)

@@ -84,19 +84,35 @@ def test_the_factors_uncertainty_is_zero_at_the_pilot_and_is_its_log_derivative_
 
 
 def test_the_planner_uses_the_calibrated_factor_and_says_so(tmp_path):
-  """A pilot's plan states B_crit = factor x B_noise and where the factor comes from;
-  --b_crit_factor 1 is the uncorrected premise, taken as exact; with --sweep it is refused."""
+  """--predictor factor: the plan states B_crit = factor x B_noise and where the factor comes
+  from; without --predictor the plan names the registered default and what it rests on;
+  --b_crit_factor 1 is the uncorrected premise, taken as exact; with --sweep, with --predictor
+  or with pilots at two batch sizes the flags are refused."""
+  from anp_jax.research.planner.default_predictor import DEFAULT
   pilot = write_pilot(tmp_path / 'p', drift=2.0)
-  model = plan.load_pilot(pilot, target=0.3)
+  model = plan.load_pilot(pilot, target=0.3, predictor='factor')
   assert model.b_crit_factor == steps_model.B_CRIT_FACTOR
   assert model.factor_log_sd == steps_model.B_CRIT_FACTOR_LOG_SD and model.factor_tasks == 6
-  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
+               '--predictor', 'factor')
   assert r.returncode == 0, r.stderr[-2000:]
   assert f'B_crit = {steps_model.B_CRIT_FACTOR:.4g} x B_noise' in r.stdout
-  assert 'held-out tasks a-f' in r.stdout and 'Default predictor' in r.stdout
+  assert 'held-out tasks a-f' in r.stdout and 'Default predictor' not in r.stdout
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1')
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f'Default predictor: {plan.predictors.NAMES[DEFAULT["predictor"]]}' in r.stdout
+  assert DEFAULT['heldout'][:60] in ' '.join(r.stdout.split())
   r = plan_cli('--pilot', pilot, '--target', '0.3', '--methods', 'sync', '--nodes', '1',
-                '--b_crit_factor', '1')
+               '--b_crit_factor', '1')
   assert r.returncode == 0, r.stderr[-2000:]
   assert '--b_crit_factor 1, taken as exact' in r.stdout
   r = plan_cli('--sweep', str(tmp_path), '--b_crit_factor', '2')
   assert r.returncode == 2 and '--b_crit_factor' in r.stderr and 'Traceback' not in r.stderr
+  r = plan_cli('--pilot', pilot, '--target', '0.3', '--predictor', 'pollux',
+               '--b_crit_factor', '2')
+  assert r.returncode == 2 and 'give one of them' in r.stderr and 'Traceback' not in r.stderr
+  with pytest.raises(plan.PlanError, match='sweep fits B_crit itself'):
+    plan.build_plan(sweep=str(tmp_path), predictor='constant')
+  other = write_pilot(tmp_path / 'q', drift=2.0, batch=256)
+  with pytest.raises(plan.PlanError, match='batch sizes fit B_crit itself'):
+    plan.load_pilot([pilot, other], target=0.3, predictor='factor')

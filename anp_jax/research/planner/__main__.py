@@ -35,9 +35,14 @@ flags.DEFINE_string('metric', None, "The metric whose target is planned for (def
                     "--target it must be the pilot's recorded target metric.")
 flags.DEFINE_float('target', None, "Target value of --metric (default: the pilot's recorded "
                    "target, or the sweep's target).")
-flags.DEFINE_float('b_crit_factor', None, 'Pilot only: B_crit / B_noise (default: '
-                   f'{planner.B_CRIT_FACTOR:g}, calibrated on held-out tasks with its '
-                   'uncertainty in the band; 1 is B_crit = B_noise; a given value is exact).')
+flags.DEFINE_enum('predictor', None, planner.predictors.PREDICTORS,
+                  'Pilot only: how its steps carry to other batches (default: '
+                  f'{planner.predictors.DEFAULT_PREDICTOR}, chosen on pre-registered held-out '
+                  'tasks, docs/planner.md; factor: B_crit = k x B_noise; pollux: B_crit = '
+                  'B_noise; constant, power_law, perfect: baselines without the noise scale).')
+flags.DEFINE_float('b_crit_factor', None, 'Pilot only: the factor predictor with B_crit / '
+                   f'B_noise given (calibrated: {planner.B_CRIT_FACTOR:g}, with its uncertainty '
+                   'in the band; 1 is B_crit = B_noise); a given value is exact.')
 flags.DEFINE_string('rule', None, 'Sweep arm: scaling rule (linear, none, ...).')
 flags.DEFINE_string('warmup', None, 'Sweep arm: on or off.')
 flags.DEFINE_enum('use', 'fit', ('fit', 'b_simple'), 'Sweep only: the fitted B_crit, or the '
@@ -65,8 +70,8 @@ flags.DEFINE_integer('sprint_batch', None, "SPRINT's target global batch (defaul
 flags.DEFINE_string('out', None, 'Directory for plan.md, plan.json and the PNGs.')
 
 # `build_plan`'s arguments, each the flag of the same name.
-_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'b_crit_factor', 'rule', 'warmup', 'use',
-               'cluster', 'nodes', 'batches', 'methods', 'sync_periods', 'penalty_results',
+_PLAN_FLAGS = ('pilot', 'sweep', 'metric', 'target', 'b_crit_factor', 'predictor', 'rule',
+               'warmup', 'use', 'cluster', 'nodes', 'batches', 'methods', 'sync_periods', 'penalty_results',
                'workload', 'dataset_size', 'sprint_batch')
 
 

@@ -6,6 +6,7 @@ import os
 from typing import Optional, Sequence
 
 from anp_jax.research import perfmodel as pm
+from anp_jax.research.planner import predictors
 from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.inputs import (DEFAULT_METRIC, load_pilot, load_sweep, pilot_dirs,
@@ -17,7 +18,8 @@ from anp_jax.research.planner.time_to_target import Plan, make_plan
 
 def build_plan(*, pilot=None, sweep: Optional[str] = None,
                metric: Optional[str] = None, target: Optional[float] = None,
-               b_crit_factor: Optional[float] = None, rule: Optional[str] = None,
+               b_crit_factor: Optional[float] = None, predictor: Optional[str] = None,
+               rule: Optional[str] = None,
                warmup: Optional[str] = None, use: str = 'fit',
                cluster: str = 'minotauro', nodes: Optional[Sequence[int]] = None,
                batches: Optional[Sequence[int]] = None, methods: str = 'sync,mixed',
@@ -28,6 +30,11 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
 
   ``pilot``: a pilot run's workdir, or several seeds of one configuration (a list, or
   comma-separated in one string).
+
+  ``predictor``: how a one-batch pilot's steps are carried to other batches (one of
+  `predictors.PREDICTORS`; default `default_predictor.DEFAULT`, the one issue 46's registered
+  rule chose on held-out tasks); ``b_crit_factor`` instead: the factor model with that factor,
+  taken as exact.
 
   ``penalty_results``: the mapped sync/async/mixed study directory the asynchrony and local-SGD
   penalties come from (`penalty.mapped_penalty`; default on the command line: the committed
@@ -48,8 +55,17 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
     raise PlanError(f'--dataset_size {dataset_size}: give the number of training images (> 0).')
   if sprint_batch is not None and sprint_batch <= 0:
     raise PlanError(f'--sprint_batch {sprint_batch}: give a global batch size > 0.')
+  if predictor is not None:
+    if predictor not in predictors.PREDICTORS:
+      raise PlanError(f'--predictor {predictor!r}: choose one of {", ".join(predictors.PREDICTORS)}.')
+    if sweep is not None:
+      raise PlanError('--predictor carries a one-batch pilot to other batches; a --sweep fits '
+                      'B_crit itself: drop it.')
+    if b_crit_factor is not None:
+      raise PlanError('--b_crit_factor gives the factor model its factor; --predictor chooses a '
+                      'predictor with its calibrated parameters: give one of them.')
   if pilot:
-    model = load_pilot(pilot, metric, target, b_crit_factor=b_crit_factor)
+    model = load_pilot(pilot, metric, target, b_crit_factor=b_crit_factor, predictor=predictor)
   else:
     model = load_sweep(sweep, rule, warmup, target, use)
   method_list = [m for m in methods.split(',') if m]

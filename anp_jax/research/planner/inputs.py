@@ -155,6 +155,9 @@ def load_pilot(pilot, metric: Optional[str] = None, target: Optional[float] = No
     if b_crit_factor is not None:
       raise PlanError('--b_crit_factor carries one pilot\'s B_noise to B_crit; pilots at '
                       f'{len(by_batch)} batch sizes fit B_crit itself. Drop one of them.')
+    if predictor is not None:
+      raise PlanError(f'--predictor {predictor} carries one batch\'s pilot to other batches; '
+                      f'pilots at {len(by_batch)} batch sizes fit B_crit itself: drop it.')
     return _multi_batch_model(by_batch, metric, target, target_source)
   crossings = [r.crossing for r in runs]
   config = runs[0].config

@@ -28,12 +28,15 @@ import dataclasses
 import math
 from typing import Dict, Optional, Sequence
 
+from anp_jax.research.planner.default_predictor import DEFAULT as _DEFAULT
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.steps_model import VALIDATED_RATIOS, StepsModel, pilot_model
 
 PREDICTORS = ('factor', 'pollux', 'near_crossing', 'constant', 'power_law', 'perfect')
 # The baselines: the pilot's steps alone, not its noise scale.
 NOISE_FREE = ('constant', 'power_law', 'perfect')
+# The planner's default (`default_predictor`, written by a registered decision rule).
+DEFAULT_PREDICTOR = _DEFAULT['predictor']
 # Fewer inputs and fitted numbers first: the order in which ties are broken.
 SIMPLICITY = ('perfect', 'power_law', 'constant', 'pollux', 'factor', 'near_crossing')
 NAMES = {'factor': 'B_crit = k x B_noise (the planner)',
@@ -83,8 +86,7 @@ def parameters_of(kind: str, given: Optional[Dict] = None) -> Dict:
     raise PlanError(f'Unknown predictor {kind!r}; choose one of {PREDICTORS}.')
   if given is not None:
     return dict(given)
-  from anp_jax.research.planner.default_predictor import DEFAULT
-  return dict(DEFAULT['parameters'][kind])
+  return dict(_DEFAULT['parameters'][kind])
 
 
 def build(kind: str, batch: int, steps: float, b_noise: Optional[float] = None,
@@ -128,6 +130,10 @@ def build(kind: str, batch: int, steps: float, b_noise: Optional[float] = None,
                           factor_log_sd=0.0 if kind == 'perfect' else float(p.get('sd') or 0.0),
                           factor_tasks=0 if kind == 'perfect' else int(p.get('tasks', 0)),
                           **fields)
+  if kind in NOISE_FREE and b_noise is not None:
+    # Measured, shown, not used: a pilot far from the calibration tasks' B_crit / B_noise (task
+    # i's 14x, docs/studies.md section 5) is worth seeing beside a prediction that ignores it.
+    model.notes['pilot_b_noise_unused'] = b_noise
   model.notes['predictor'] = kind
   model.notes['predictor_parameters'] = p
   return model
