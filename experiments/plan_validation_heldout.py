@@ -426,17 +426,35 @@ def decision_file(winner: str, registered, decision, content, pooled_winner,
   docstring is the one of `current` (the file it replaces, read before anything is written)."""
   best_base = decision['best_baseline']
   paired = decision['paired']
-  compared = (f'median |error| {_pct(pooled_winner["median_abs_error"], False)}, worst '
-              f'{_pct(pooled_winner["max_abs_error"], False)} (bounds counted)')
+  ranking = dict(decision['ranking'])
+
+  def score(entry) -> str:  # A score with points that missed is a bound on the error.
+    at_least = '>= ' if entry.get('bounded') else ''
+    ci = entry.get('coverage_ci') or {}
+    inside = (f', inside its 90 % band {entry["inside"]}/{entry["banded"]}'
+              + (f' [{100 * ci["low"]:.0f}, {100 * ci["high"]:.0f}] %' if ci else '')
+              if entry.get('banded') else '')
+    return (f'median |error| {at_least}{_pct(entry["median_abs_error"], False)}, worst '
+            f'{at_least}{_pct(entry["max_abs_error"], False)}{inside}')
+
+  compared = f'{score(pooled_winner)} ({len(decision["ranking"])} predictors ranked)'
   if best_base and best_base != winner:
-    base = dict(decision['ranking'])[best_base]
     compared += (f' against the best baseline ({predictors.NAMES[best_base]}) '
-                 f'{_pct(base["median_abs_error"], False)}, '
-                 f'{_pct(base["max_abs_error"], False)}')
+                 f'{score(ranking[best_base])}')
     if paired and paired['low'] is not None:
       compared += (f'; paired, {100 * paired["mean"]:+.1f} points of |error| '
                    f'[{100 * paired["low"]:+.1f}, {100 * paired["high"]:+.1f}] over tasks')
   elif winner in predictors.NOISE_FREE:
+    readers = [k for k, _ in decision['ranking'] if k not in predictors.NOISE_FREE]
+    if readers:
+      compared += (f'; the best predictor that reads the noise scale '
+                   f'({predictors.NAMES[readers[0]]}): {score(ranking[readers[0]])}')
+      if 'factor' in ranking and readers[0] != 'factor':
+        compared += f'; B_crit = k x B_noise: {score(ranking["factor"])}'
+    if paired and paired['low'] is not None and paired.get('baseline') == winner:
+      compared += (f'; paired, {predictors.NAMES.get(paired["label"], paired["label"])} closer '
+                   f'by {100 * paired["mean"]:+.1f} points of |error| [{100 * paired["low"]:+.1f}, '
+                   f'{100 * paired["high"]:+.1f}] over tasks')
     compared += ('; the pilot\'s noise scale added nothing shown over it: the plan rests on the '
                  'pilot\'s steps and this baseline')
   tasks = ', '.join(sorted(content.get('studies', {})))

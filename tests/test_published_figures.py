@@ -583,3 +583,40 @@ def test_the_second_round_table_is_the_committed_report():
     shown = shown.format(n=row.group(1))
     median, worst = row.group(2).strip(), row.group(3).strip()
     assert f'| {shown} | {median} | {worst} |' in doc, (shown, median, worst)
+
+
+def test_the_shipped_default_predictor_is_the_registered_rule_applied_to_the_committed_scores():
+  """`default_predictor.py` is what `plan_validation_heldout.py --apply_decision` writes from
+  the committed g-m scores and the registration (all but the date it was applied): the
+  predictor, every parameter and the held-out sentence each plan prints. In a subprocess: the
+  script defines absl flags at import."""
+  import subprocess
+  import sys
+  from conftest import subprocess_env
+  code = '''
+import json, runpy, sys
+sys.argv = ['x']
+from experiments import plan_validation_heldout as h
+from anp_jax.research import registration
+reg = 'experiments/registrations/plan_heldout_2.json'
+content = registration.load(reg)
+results = json.load(open('experiments/results/plan_validation/heldout_2/results.json'))
+decision = results['decision']
+registered = {'source': reg, 'sha256': registration.file_hash(registration.resolve_path(reg))}
+shipped_path = 'anp_jax/research/planner/default_predictor.py'
+current = open(shipped_path).read()
+text = h.decision_file(decision['winner'], registered, decision, content,
+                       dict(decision['ranking'])[decision['winner']], current)
+made = {}
+exec(compile(text, 'made', 'exec'), made)
+shipped = runpy.run_path(shipped_path)['DEFAULT']
+made, shipped = made['DEFAULT'], dict(shipped)
+assert made.pop('decided_by').split(', applied')[0] == shipped.pop('decided_by').split(', applied')[0]
+assert made == shipped, (made, shipped)
+print(json.dumps({'winner': decision['winner'], 'predictor': shipped['predictor']}))
+'''
+  r = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=subprocess_env(1),
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out['winner'] == out['predictor'] == 'constant'

@@ -22,10 +22,16 @@ DEFAULT = {'predictor': 'constant',
                 "linear rule's rates; experiments/results/plan_validation/heldout/)",
  'heldout': 'On the registered held-out tasks (plan_validation:g, plan_validation:h, '
             'plan_validation:i, plan_validation:j, plan_validation:k, plan_validation:l, '
-            'plan_validation:m; validation split): median |error| 8.2 %, worst 55.0 % (bounds '
-            "counted); the pilot's noise scale added nothing shown over it: the plan rests on "
-            "the pilot's steps and this baseline. near_crossing ranks first, but its paired "
-            'advantage over the best baseline (constant) is not shown (95 % interval over '
-            'tasks -2.0 to +3.5 points): the simpler constant becomes the default.',
+            'plan_validation:m; validation split): median |error| >= 8.2 %, worst >= 55.0 %, '
+            'inside its 90 % band 27/34 [62, 91] % (6 predictors ranked); the best predictor '
+            "that reads the noise scale (B_crit = k' x B_simple near the crossing): median "
+            '|error| >= 7.4 %, worst >= 42.4 %, inside its 90 % band 31/33 [80, 99] %; B_crit '
+            '= k x B_noise: median |error| >= 7.6 %, worst >= 74.5 %, inside its 90 % band '
+            "27/34 [62, 91] %; paired, B_crit = k' x B_simple near the crossing closer by +0.7 "
+            "points of |error| [-2.0, +3.5] over tasks; the pilot's noise scale added nothing "
+            "shown over it: the plan rests on the pilot's steps and this baseline. "
+            'near_crossing ranks first, but its paired advantage over the best baseline '
+            '(constant) is not shown (95 % interval over tasks -2.0 to +3.5 points): the '
+            'simpler constant becomes the default.',
  'decided_by': 'experiments/registrations/plan_heldout_2.json (sha256 3cd4b1f7c4f2), applied '
                '2026-12-06 by experiments/plan_validation_heldout.py --apply_decision'}

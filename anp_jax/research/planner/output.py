@@ -48,14 +48,16 @@ def describe_model(plan: Plan) -> List[str]:
     noise = f'B_crit fitted to the pilots\' mean steps at {len(m.fit_points)} batch sizes'
   elif kind == 'constant':
     noise = (f'B_crit a constant {m.b_crit:.4g} fitted on calibration tasks (the pilot\'s noise '
-             'scale is not used)')
-    window = factor = spread = ''
+             'scale is not used' + (f'; measured up to the crossing: B_noise '
+                                    f'{m.notes["pilot_b_noise_unused"]:.4g}'
+                                    if m.notes.get('pilot_b_noise_unused') else '') + ')')
+    window = factor = spread = late = ''
   elif kind in ('power_law', 'perfect'):
     noise = ('perfect scaling through the pilot\'s steps (no noise scale, no parameter)'
              if kind == 'perfect' else
              'a power law fitted on calibration tasks through the pilot\'s steps (no noise '
              'scale)')
-    window = factor = spread = ''
+    window = factor = spread = late = ''
   elif kind == 'near_crossing':
     noise = f'B_simple {m.b_noise:.4g} over the last quarter of the window up to the crossing'
     window = ''
