@@ -159,7 +159,12 @@ def main(argv=None) -> int:
   if len(steps) != len(batches):
     raise SystemExit('--steps: one value, or one per --per_device_batches entry.')
   load_before = [round(x, 2) for x in os.getloadavg()]
-  measured = [measure(args, b, s) for b, s in zip(batches, steps)]
+  from anp_jax.errors import ConfigError
+  try:
+    measured = [measure(args, b, s) for b, s in zip(batches, steps)]
+  except ConfigError as e:  # E.g. a per-device batch the preset's ghost BN group does not divide.
+    print(f'ERROR: {e}', file=sys.stderr)
+    return 2
   backend = jax.default_backend()
   path = os.path.join(args.out, 'results.json')
   platforms = {}
@@ -173,12 +178,10 @@ def main(argv=None) -> int:
                     f'{jax.device_count()} {backend} device(s)',
             'date': time.strftime('%Y-%m-%d %H:%M'), 'load_before': load_before,
             'load_after': [round(x, 2) for x in os.getloadavg()], 'platforms': platforms}
-  os.makedirs(args.out, exist_ok=True)
-  with open(path, 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(os.path.join(args.out, 'README.md'), 'w') as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  from anp_jax.research import study_results
+  text = markdown(result)
+  study_results.write_measurement(args.out, os.path.basename(path), result, text)
+  print(text)
   print(f'Wrote {path} and README.md')
   return 0
 

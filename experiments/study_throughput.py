@@ -237,12 +237,10 @@ def main(argv=None) -> int:
             'host': f'{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})',
             'date': time.strftime('%Y-%m-%d %H:%M'), 'measurements': records}
   result['summary'] = summarize(records)
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, 'throughput.json'), 'w') as f:
-    json.dump(result, f, indent=1)
-  with open(os.path.join(out, 'README.md'), 'w') as f:
-    f.write(markdown(result))
-  print(markdown(result))
+  from anp_jax.research import study_results
+  text = markdown(result)
+  study_results.write_measurement(out, 'throughput.json', result, text)
+  print(text)
   print(f'Wrote {out}/throughput.json and README.md')
   return 0
 

@@ -261,3 +261,27 @@ def test_the_study_runner_with_seeds_at_once_gives_the_separate_runs_results(
   runner.run_study(study, base, opts)
   assert 'finished earlier, skipped' in capsys.readouterr().out
   assert jax.device_count() == 8
+
+
+
+def test_the_measurement_script_refuses_a_batch_the_preset_cannot_take_and_writes_atomically(
+    tmp_path):
+  """experiments/seeds_at_once.py: a per-device batch the preset's ghost BN group does not
+  divide is exit 2 with the reason on one line, nothing written (it was a traceback). Its result
+  (and study_throughput.py's) goes through `study_results.write_measurement`: the JSON and the
+  README, each replaced whole. (Its measuring path, 38 CPU s at its smallest, is left to the
+  script's committed runs.)"""
+  from anp_jax.research import study_results
+  from conftest import run_experiment
+  r = run_experiment('seeds_at_once.py', '--per_device_batches', '4', '--steps', '1',
+                     '--seeds', '2', '--devices', '2', '--out', str(tmp_path / 'x'))
+  assert r.returncode == 2 and 'Traceback' not in r.stderr
+  assert r.stderr.strip().splitlines()[-1].startswith('ERROR: Ghost BatchNorm needs')
+  assert not (tmp_path / 'x').exists()
+  out = tmp_path / 'm'
+  paths = study_results.write_measurement(str(out), 'results.json', {'a': [1, 2]}, '# t\n')
+  assert paths == [str(out / 'results.json'), str(out / 'README.md')]
+  assert json.loads((out / 'results.json').read_text()) == {'a': [1, 2]}
+  study_results.write_measurement(str(out), 'results.json', {'a': 3}, '# u\n')
+  assert (out / 'README.md').read_text() == '# u\n' and sorted(os.listdir(out)) == [
+      'README.md', 'results.json']  # No temporary file left.

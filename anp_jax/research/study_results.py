@@ -403,6 +403,16 @@ def write_text_atomic(path: str, text: str):
   os.replace(tmp, path)
 
 
+def write_measurement(out: str, name: str, result: Mapping[str, Any], text: str) -> List[str]:
+  """A benchmark's committed result: ``out/name`` (JSON) and ``out/README.md`` (its tables),
+  each written atomically; returns both paths."""
+  os.makedirs(out, exist_ok=True)
+  paths = [os.path.join(out, name), os.path.join(out, 'README.md')]
+  write_text_atomic(paths[0], json.dumps(result, indent=1))
+  write_text_atomic(paths[1], text)
+  return paths
+
+
 def write_rows(out: str, rows: Sequence[Mapping[str, Any]],
                columns: Optional[Sequence[str]] = None) -> List[str]:
   """``results.json`` / ``results.csv`` (one row per run; `columns` of the CSV), atomically."""
