@@ -151,9 +151,9 @@ measured factors alone give {ordinary:.3g}). Local SGD's factors (0.97–1.13 at
 within one seed's noise. This study is withdrawn (one seed, every arm at 128 examples per
 update): **it feeds no default**. The planner's penalty is the mapped 3-seed study's
 (`sync_async_mixed_cpu/`, docs/studies.md section 3; `planner.mapped_penalty`): an asynchronous
-or mixed arm needs {mapped_ratio:.2f} [{mapped_low:.2f}, {mapped_high:.2f}] times the examples
+or mixed arm needs {mapped_at_least}{mapped_ratio:.2f} [{mapped_low:.2f}, {mapped_high:.2f}] times the examples
 synchronous SGD needs on the same cluster (pooled over async-16, mixed-4 and mixed-8 at their
-tuned rates, 95 % interval), at a staleness of 3-15 updates; section 3 uses it.
+tuned rates, 95 % interval{mapped_note}), at a staleness of 3-15 updates; section 3 uses it.
 
 ## 3. The seed paper's cluster (MinoTauro, 4 K80 devices per node)
 
@@ -500,7 +500,20 @@ def reading_figures(sweep_rows, stat, pen, seed, b_low, mapped):
       mixed_high_slope=by_ratio[mapped['async'].low], mapped_ratio=ratio,
       mixed_inside=('lies inside' if by_ratio[mapped['async'].high] <= PUBLISHED['one_node_h'] /
                     PUBLISHED['mixed_16_h'] <= by_ratio[mapped['async'].low] else 'lies outside'),
-      mapped_low=mapped['async'].low, mapped_high=mapped['async'].high)
+      mapped_low=mapped['async'].low, mapped_high=mapped['async'].high,
+      mapped_at_least='at least ' if mapped['async'].bounds else '',
+      mapped_note=mapped_note(mapped['async']))
+
+
+def mapped_note(pen) -> str:
+  """Where the mapped penalty comes from, said where it is quoted: the fresh-seed confirmation's
+  runs, and whether seeds that missed make it a lower bound."""
+  note = (', from the fresh-seed confirmation\'s runs, not the ones that chose the rates'
+          if 'fresh-seed confirmation' in pen.source else '')
+  if pen.bounds:
+    note += (f'; {pen.source.split("; ", 1)[1]}; the mixed speed-ups of section 3 are then upper '
+             'bounds')
+  return note
 
 
 FLAGS = flags.FLAGS

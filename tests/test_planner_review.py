@@ -117,6 +117,55 @@ def test_the_committed_penalty_is_no_longer_the_censored_points_floor():
   assert len(pen.leave_one_out) == len(pen.points) + len(pen.bounds)
 
 
+
+def _mapped_study(path, arms):
+  """A mapped sync/async/mixed study directory: ``arms`` {name: (method, staleness, batch,
+  [examples to the target per seed: a number, 'missed' (trained 100 steps) or 'diverged'])}."""
+  path.mkdir(parents=True)
+  rows, grid = [], []
+  for name, (method, staleness, batch, seeds) in arms.items():
+    rows.append({'name': name, 'method': method, 'staleness': staleness, 'sync_every': 1,
+                 'batch': batch, 'lr_chosen': True, 'lr_mult': 0.5})
+    for v in seeds:
+      grid.append({'arm': name, 'lr_mult': 0.5, 'has_test': True, 'steps': 100,
+                   'status': 'diverged' if v == 'diverged' else 'finished',
+                   'test_examples_to_target': v if isinstance(v, float) else None})
+  (path / 'results.json').write_text(json.dumps(rows))
+  (path / 'grid.json').write_text(json.dumps(grid))
+
+
+def test_the_mapped_penalty_counts_a_missed_seed_at_its_budget_and_prefers_the_confirmation(
+    tmp_path):
+  """A seed that missed the target is a censored point: counted at its budget (steps x examples
+  per update), the penalty a lower bound that says so, never an arm silently dropped (before,
+  the fresh-seed confirmation's async-16 and mixed-8, with seeds that missed, were left out and
+  the pooled penalty rested on mixed-4 alone: 1.52 instead of >= 1.73). An arm with a diverged
+  seed cannot be bounded: left out and named. A confirmation/ directory is used over the
+  selection's runs."""
+  sync = ('sync', 0.0, 512, [1000.0, 1100.0, 900.0])
+  _mapped_study(tmp_path / 's', {'sync': sync, 'a': ('async', 3.0, 32, [1500.0, 1400.0, 1600.0])})
+  _mapped_study(tmp_path / 's' / 'confirmation', {
+      'sync': sync, 'a': ('async', 3.0, 32, [2000.0, 'missed', 1800.0]),
+      'b': ('mixed', 7.0, 64, [1500.0, 1500.0, 'diverged'])})
+  pen = plan.mapped_penalty(str(tmp_path / 's'))['async']
+  assert pen.bounds == 1 and [m['arm'] for m in pen.arms] == ['a']
+  # The missed seed at its budget: 100 steps x 32 = 3200 examples (at least).
+  assert pen.ratio == pytest.approx((2000 + 3200 + 1800) / 3 / 1000)
+  assert 'fresh-seed confirmation runs' in pen.source
+  assert 'counted at their budget, so the ratio is a lower bound: a (1 of 3 seeds)' in pen.source
+  assert 'left out (a seed diverged or did not finish): b' in pen.source
+  selection = plan.mapped_penalty(str(tmp_path / 's' / 'confirmation'))  # Its own directory.
+  assert selection['async'].bounds == 1
+  (tmp_path / 's' / 'confirmation' / 'grid.json').unlink()  # No confirmation: the selection's.
+  pen = plan.mapped_penalty(str(tmp_path / 's'))['async']
+  assert pen.bounds == 0 and pen.ratio == pytest.approx(1.5)
+  assert 'the runs that chose the rates' in pen.source and 'lower bound' not in pen.source
+  # A synchronous reference that missed is no reference.
+  _mapped_study(tmp_path / 't', {'sync': ('sync', 0.0, 512, [1000.0, 'missed', 900.0]),
+                                 'a': ('async', 3.0, 32, [1500.0, 1400.0, 1600.0])})
+  with pytest.raises(plan.PlanError, match='no synchronous arm'):
+    plan.mapped_penalty(str(tmp_path / 't'))
+
 @pytest.fixture(scope='module')
 def validation_report(tmp_path_factory):
   """experiments/plan_validation.py's report on the committed results (seconds)."""

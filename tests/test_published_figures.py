@@ -620,3 +620,60 @@ print(json.dumps({'winner': decision['winner'], 'predictor': shipped['predictor'
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out['winner'] == out['predictor'] == 'constant'
+
+
+def test_the_sync_async_mixed_confirmation_claims_are_its_committed_runs():
+  """docs/studies.md section 3's fresh-seed confirmation: the figures quoted are the committed
+  confirmation runs' (seeds none of the selection used), its claims follow from their
+  intervals, the arms whose seeds missed are quoted as bounds, and the planner's penalty is
+  read from the confirmation and quoted as a lower bound."""
+  from anp_jax.research import planner, stats
+  from anp_jax.research import sync_async_mixed as sam
+  here = os.path.join(ROOT, 'experiments', 'results', 'sync_async_mixed_cpu')
+  conf = os.path.join(here, 'confirmation')
+  rows = json.load(open(os.path.join(conf, 'results.json')))
+  grid = json.load(open(os.path.join(conf, 'grid.json')))
+  chosen = {r['name']: r for r in json.load(open(os.path.join(here, 'results.json')))}
+  doc = open(os.path.join(ROOT, 'docs', 'studies.md')).read()
+  section = doc.split('\n## 3. ', 1)[1].split('\n## ', 1)[0]
+  flat = ' '.join(section.split())
+  seeds = {g['seed'] for g in grid}
+  assert seeds == {100, 101, 102} and not seeds & {g['seed'] for g in json.load(
+      open(os.path.join(here, 'grid.json')))}
+  for r in rows:  # Each arm at the rate the selection chose.
+    assert r['lr_mult'] == chosen[r['name']]['lr_mult']
+  ex = {r['name']: [g['test_examples_to_target'] for g in sam.chosen_runs(r, grid)]
+        for r in rows}
+  missed = {n: sum(v is None for v in values) for n, values in ex.items()}
+  assert {n: k for n, k in missed.items() if k} == {'async-16': 1, 'mixed-n08': 2}
+  for name, values in ex.items():
+    if missed[name]:
+      reached = [v for v in values if v is not None]
+      bound = (sum(reached) + 64000 * missed[name]) / 3
+      assert f'| {name} |' in section and f'≥ {bound:,.0f} ({3 - missed[name]}/3 reached' in (
+          section)
+    else:
+      m = stats.mean_interval(values)
+      assert f'{m["mean"]:,.0f} [{m["low"]:,.0f}, {m["high"]:,.0f}]' in section, name
+  compared = sam.comparisons(rows, grid)
+  family = {f['arm']: f for f in sam.multiple_comparisons(compared, rows, grid)[1:]}
+  assert set(family) == {'local-n4-h01', 'local-n4-h04', 'local-n4-h16', 'async-16-comp',
+                         'mixed-n04'}
+  fmt = lambda r: f'{r["ratio"]:.2f} [{r["low"]:.2f}, {r["high"]:.2f}]'
+  for arm, f in family.items():
+    assert (f'| {arm} | {fmt(f["ratio"])} | {f["p_holm"]:.3f} | [{f["simultaneous"]["low"]:.2f}, '
+            f'{f["simultaneous"]["high"]:.2f}] | {fmt(f["pooled"])} | '
+            f'{f["pooled"]["p_holm"]:.3f} |') in section
+  # The claims: mixed-4 costs examples even as one of five; local SGD shows no cost as a family.
+  m4 = family['mixed-n04']
+  assert m4['ratio']['low'] > 1 and m4['p_holm'] < 0.05 and m4['simultaneous']['low'] > 1
+  assert all(family[a]['simultaneous']['low'] < 1 and family[a]['p_holm'] > 0.05
+             for a in family if a.startswith('local'))
+  assert family['async-16-comp']['p_holm'] > 0.05 and family['async-16-comp']['pooled'][
+      'p_holm'] < 0.05
+  # The planner's penalty: from the confirmation, a lower bound, quoted as such.
+  pen = planner.mapped_penalty(here)
+  a, l = pen['async'], pen['local_sgd']
+  assert a.bounds == 3 and 'fresh-seed confirmation runs' in a.source and not l.bounds
+  assert f'**at least {fmt(a.__dict__)}** times its examples' in flat
+  assert f'1.23 [1.03, 1.46]' == fmt(l.__dict__) and fmt(l.__dict__) in flat

@@ -80,7 +80,7 @@ def test_tiny_preset_end_to_end_resume_and_lr_grid_with_a_diverged_point(data_di
   assert header.split('|')[1:-1] == [
       ' run ', ' examples / update ', ' mean staleness (updates; examples) ', ' final top-1 ',
       ' best top-1 ', ' predicted epoch ', ' time for the run ', ' cluster ', ' chosen lr ',
-      ' lr grid ', ' examples to target ']
+      ' lr grid (seeds on validation) ', ' examples to target ']
   assert '| async-04 | 32 | 3; 96 |' in summary  # Unmapped: every arm at the config's 32.
   assert 'x0.5: diverged' in summary and 'never chosen' in summary
   assert 'Cluster sizes differ' in summary  # sync predicted on 16 devices, async-04 on 4.

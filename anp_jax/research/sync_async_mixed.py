@@ -699,6 +699,13 @@ def rewrite_summary(out: str) -> str:
   return write_summary(resolve(argv + list(invocation.get('overrides', []))))
 
 
+def _shown_path(path: str) -> str:
+  """A directory as a report names it: relative to the working directory when inside it (a
+  committed report carries no machine's absolute path), else as given."""
+  rel = os.path.relpath(path)
+  return path if rel.startswith('..') else rel
+
+
 def _interval(x: Optional[Dict], key: str, spec: str, scale: float = 1.0) -> str:
   if x is None:
     return '—'
@@ -751,7 +758,8 @@ def write_summary(ex: Experiment) -> str:
               + stats.describe_method(ex.opts.ci) + ' "≥ X (k/n reached, ...)" is a lower bound '
               'where a seed missed the target or diverged.', '']
   lines += ['| run | examples / update | mean staleness (updates; examples) | final top-1 | '
-            'best top-1 | predicted epoch | time for the run | cluster | chosen lr | lr grid | '
+            'best top-1 | predicted epoch | time for the run | cluster | chosen lr | lr grid '
+            '(seeds on validation) | '
             'examples to target |',
             '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
@@ -781,8 +789,10 @@ def write_summary(ex: Experiment) -> str:
             '"time for the run": the whole budget at the predicted epoch time.']
   missed = [r['name'] for r in rows if r['examples_to_target'] is None]
   if missed:
-    lines += ['', f'Did not reach {100 * ex.target_top1:g} % ANP top-1 at any learning rate of '
-              f'the grid: {", ".join(missed)}.']
+    lines += ['', (f'Not every seed reached {100 * ex.target_top1:g} % ANP top-1 (validation) at '
+                   f'the rate chosen in the selection: {", ".join(missed)}.' if ex.confirm_seeds
+                   else f'Did not reach {100 * ex.target_top1:g} % ANP top-1 at any learning '
+                   f'rate of the grid: {", ".join(missed)}.')]
   edge = [f'{r["name"]} (every rate had a diverged seed)' if not r['lr_chosen'] else
           f'{r["name"]} ({"lowest" if r["lr_edge"] == "low" else "highest"}, x{r["lr_mult"]:g})'
           for r in rows if r['lr_edge']]
@@ -796,8 +806,9 @@ def write_summary(ex: Experiment) -> str:
               'tried and did worse or diverged).']
   compared = comparisons(rows, grid_rows) if several else []
   if ex.confirm_seeds:
-    lines += ['This is the fresh-seed confirmation of the study in '
-              f'`{ex.selection_out}`: every arm at the rate chosen there, seeds {ex.seeds} '
+    lines += ['', 'This is the fresh-seed confirmation of the study in '
+              f'`{_shown_path(ex.selection_out)}`: every arm at the rate chosen there, seeds '
+              f'{ex.seeds} '
               '(none of the selection\'s).', '']
   if compared:
     epoch = compared[0]['epoch']

@@ -110,10 +110,13 @@ def describe_model(plan: Plan) -> List[str]:
   for kind, p in plan.penalties.items():
     x = 'mean staleness' if kind == 'async' else '(H - 1)'
     if getattr(p, 'reference', None) == 'global_batch':
-      lines.append(f'Convergence penalty {kind}: {p.ratio:.3g} [{p.low:.3g}, {p.high:.3g}] (95 % '
+      at_least = '>= ' if getattr(p, 'bounds', 0) else ''
+      lines.append(f'Convergence penalty {kind}: {at_least}{p.ratio:.3g} [{p.low:.3g}, '
+                   f'{p.high:.3g}] (95 % '
                    f'interval) x the examples synchronous SGD needs at the same global batch, '
                    f'over {x} {p.measured[0]:g}-{p.measured[1]:g} (no ordering by it measured; '
-                   f'per arm: ' + ', '.join(f'{a["arm"]} {a["ratio"]:.2f} [{a["low"]:.2f}, '
+                   f'per arm: ' + ', '.join(f'{a["arm"]} {">= " if a.get("bounds") else ""}'
+                                            f'{a["ratio"]:.2f} [{a["low"]:.2f}, '
                                             f'{a["high"]:.2f}]' for a in p.arms)
                    + f'; {p.seeds} seeds of sync; {p.source}).')
       continue

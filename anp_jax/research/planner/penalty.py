@@ -208,6 +208,9 @@ class MappedPenalty:
   source: str
   seeds: int
   reference: str = 'global_batch'
+  # Seeds of the pooled arms that missed the target, counted at their budget: then the ratio
+  # (and its interval) is a lower bound on the penalty.
+  bounds: int = 0
 
   def factor(self, x: float) -> Tuple[float, float, float]:
     """(ratio, low, high) at staleness (or H - 1) ``x``; 1 at x = 0: one worker, or
@@ -229,14 +232,26 @@ class MappedPenalty:
     return lo * (1 - 1e-9) <= x <= hi * (1 + 1e-9)
 
 
-def _chosen_seeds(arm: Dict, grid: Sequence[Dict], key: str) -> Optional[List[float]]:
-  """An arm's ``key`` (examples to the target) over the seeds of its chosen rate; None unless
-  every one of them reached the target."""
+def _chosen_seeds(arm: Dict, grid: Sequence[Dict], key: str
+                  ) -> Optional[Tuple[List[float], int]]:
+  """An arm's ``key`` (examples to the target) over the seeds of its chosen rate, and how many of
+  them are bounds: a seed that trained its whole budget without reaching the target counts at
+  its budget (steps x the arm's examples per update; it needs at least that). None without a
+  chosen rate or when a seed diverged or did not finish (nothing bounds it)."""
   if not arm.get('lr_chosen'):
     return None
-  values = [g.get(key) for g in grid
-            if g.get('arm') == arm['name'] and float(g['lr_mult']) == float(arm['lr_mult'])]
-  return values if values and None not in values else None
+  runs = [g for g in grid
+          if g.get('arm') == arm['name'] and float(g['lr_mult']) == float(arm['lr_mult'])]
+  values, bounds = [], 0
+  for g in runs:
+    if g.get(key) is not None:
+      values.append(float(g[key]))
+    elif g.get('status') == 'finished' and g.get('steps') and arm.get('batch'):
+      values.append(float(g['steps']) * float(arm['batch']))
+      bounds += 1
+    else:
+      return None
+  return (values, bounds) if values else None
 
 
 def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
@@ -244,8 +259,10 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
   (``results.json``: one record per arm at its chosen rate; ``grid.json``: every run). When the
   directory holds a fresh-seed confirmation of the chosen rates (``confirmation/``, the same
   files), its runs are used instead: figures from runs that did not choose the rates. Figures on
-  the test split when every run evaluated it, else validation. Arms whose seeds did not all reach
-  the target are left out (and named)."""
+  the test split when every run evaluated it, else validation. A seed that missed the target
+  counts at its budget, a lower bound (a censored point is counted, not dropped: leaving out the
+  arms that missed would pick the easiest ones), and the penalty says so; an arm with a diverged
+  or unfinished seed at its chosen rate is left out and named."""
   import json
   import os
   from anp_jax.research import stats
@@ -266,9 +283,10 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
   key = ('test_' if test else '') + 'examples_to_target'
   sync = next((a for a in arms if a['method'] == 'sync'), None)
   ref = _chosen_seeds(sync, grid, key) if sync else None
-  if ref is None:
+  if ref is None or ref[1]:
     raise PlanError(f'--penalty_results {study_dir}: no synchronous arm whose seeds all reached '
                     'the target to compare with.')
+  ref = ref[0]
   which = 'fresh-seed confirmation runs' if use == confirmed else 'the runs that chose the rates'
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
       os.path.abspath(__file__)))))
@@ -276,19 +294,22 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
   shown = os.path.relpath(shown, root) if shown.startswith(root + os.sep) else study_dir
   out = {}
   for kind, methods in MAPPED_KINDS.items():
-    members, pooled, left_out = [], [], []
+    members, pooled, left_out, bounded = [], [], [], []
     for a in arms:
       if (a['method'] not in methods or a.get('aware') or a.get('compensate')
           or (kind == 'local_sgd' and a['sync_every'] <= 1)):
         continue
-      values = _chosen_seeds(a, grid, key)
-      if values is None:
+      chosen = _chosen_seeds(a, grid, key)
+      if chosen is None:
         left_out.append(a['name'])
         continue
+      values, bounds = chosen
+      if bounds:
+        bounded.append(f'{a["name"]} ({bounds} of {len(values)} seeds)')
       x = float(a['staleness']) if kind == 'async' else float(a['sync_every'] - 1)
       r = stats.ratio_interval(values, ref)
       members.append({'arm': a['name'], 'x': x, 'ratio': r['ratio'], 'low': r['low'],
-                      'high': r['high'], 'seeds': len(values)})
+                      'high': r['high'], 'seeds': len(values), 'bounds': bounds})
       pooled += values
     if not members:
       continue
@@ -301,7 +322,10 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
         measured=(min(xs), max(xs)), arms=members,
         source=(f'{shown}: {", ".join(m["arm"] for m in members)} against sync at the same '
                 f'global batch, {"test" if test else "validation"} examples to the target, '
-                f'{which}' + (f'; left out (a seed missed): {", ".join(left_out)}'
-                              if left_out else '')),
-        seeds=len(ref))
+                f'{which}' + (f'; seeds that missed the target counted at their budget, so '
+                              f'the ratio is a lower bound: {", ".join(bounded)}'
+                              if bounded else '')
+                + (f'; left out (a seed diverged or did not finish): {", ".join(left_out)}'
+                   if left_out else '')),
+        seeds=len(ref), bounds=sum(m['bounds'] for m in members))
   return out
