@@ -677,3 +677,54 @@ def test_the_sync_async_mixed_confirmation_claims_are_its_committed_runs():
   assert a.bounds == 3 and 'fresh-seed confirmation runs' in a.source and not l.bounds
   assert f'**at least {fmt(a.__dict__)}** times its examples' in flat
   assert f'1.23 [1.03, 1.46]' == fmt(l.__dict__) and fmt(l.__dict__) in flat
+
+
+def test_the_shallue_confirmation_table_and_claims_are_its_committed_runs():
+  """docs/studies.md section 1's fresh-seed confirmation: its table is the confirmation's
+  committed points (seeds none of the selection used, each batch at the rate chosen there), the
+  claims follow from the intervals, and the fit it quotes is the committed report's."""
+  import re
+  here = os.path.join(ROOT, 'experiments', 'results', 'bs_sweep_cpu_shallue')
+  doc = open(os.path.join(ROOT, 'docs', 'studies.md')).read()
+  section = doc.split('\n## 1. ', 1)[1].split('\n## ', 1)[0]
+  flat = ' '.join(section.split())
+  selection_seeds = {r['seed'] for r in json.load(open(os.path.join(here, 'results.json')))}
+  conf_rows = json.load(open(os.path.join(here, 'confirmation', 'results.json')))
+  assert {r['seed'] for r in conf_rows} == {100, 101, 102}
+  assert not {r['seed'] for r in conf_rows} & selection_seeds
+  by_batch = lambda path: {int(p['fields']['batch_size']): p for p in json.load(open(path))
+                           if p.get('lr_chosen')}
+  points = by_batch(os.path.join(here, 'confirmation', 'points.json'))
+  chosen = by_batch(os.path.join(here, 'points.json'))
+  assert sorted(points) == sorted(chosen) == [32, 64, 128, 256, 512, 1024]
+  iv = lambda s, f: f'{s["mean"]:{f}} [{s["low"]:{f}}, {s["high"]:{f}}]'
+  for batch, p in points.items():
+    assert p['lr'] == pytest.approx(chosen[batch]['lr'])  # The rate the selection chose.
+    assert p['reached'] == 3
+    assert (f'| {batch} | {iv(chosen[batch]["test_steps_to_target"], ".0f")} | '
+            f'{iv(p["test_steps_to_target"], ".0f")} |') in section, batch
+    assert f'{iv(p["test_examples_to_target"], ",.0f")} |' in section, batch
+  ex = {b: p['test_examples_to_target'] for b, p in points.items()}
+  st = {b: p['test_steps_to_target'] for b, p in points.items()}
+  # Diminishing returns: 512 and 1024 above 64's interval; 128 against 32 not separated.
+  assert ex[512]['low'] > ex[64]['high'] and ex[1024]['low'] > ex[64]['high']
+  assert ex[128]['low'] < ex[32]['high'] and ex[32]['low'] < ex[128]['high']
+  assert st[1024]['high'] < st[256]['low']  # No plateau.
+  # The fit quoted is the committed confirmation report's; its ratio's interval excludes 1 and
+  # its B_crit interval misses the selection's.
+  def fit(path):
+    report = open(os.path.join(path, 'report.md')).read()
+    row = re.search(r'^\| sqrt rule, warmup \| 6 \| ([\d.]+) \| ([\d.]+) \[([\d.]+), ([\d.]+)\] '
+                    r'\| [^|]+ \| ([\d.]+) \[([\d.]+), ([\d.]+)\] \| [^|]+ \| ([\d.]+) '
+                    r'\[([\d.]+), ([\d.]+)\]', report, re.M)
+    return list(map(float, row.groups()))
+  s_min, b_crit, lo, hi, simple, s_lo, s_hi, ratio, r_lo, r_hi = fit(
+      os.path.join(here, 'confirmation'))
+  _, sel_crit, sel_lo, sel_hi = fit(here)[:4]
+  assert f'B_crit = {b_crit:.0f} [{lo:.0f}, {hi:.0f}]' in flat and f'= {s_min:.0f} steps' in flat
+  assert f'{simple:.0f} [{s_lo:.0f}, {s_hi:.0f}]' in flat
+  assert f'{ratio:.2f} [{r_lo:.2f}, {r_hi:.2f}]' in flat and r_lo > 1
+  # Each estimate outside the other's interval; the intervals meet only at their ends.
+  assert sel_crit < lo and b_crit > sel_hi and lo < sel_hi
+  assert f"selection's {sel_crit:.0f} [{sel_lo:.0f}, {sel_hi:.0f}]" in flat
+  assert f'meet only at {lo:.0f}-{sel_hi:.0f}' in flat
