@@ -1,9 +1,9 @@
 """The planner's default predictor of a pilot's steps to target at other batch sizes.
 
-What the planner does with one pilot (`inputs.load_pilot`) when no ``--b_crit_factor`` is given:
-``DEFAULT['predictor']`` with ``DEFAULT['parameters']`` of that predictor (`predictors`). The
-parameters of every predictor are kept, calibrated on the same tasks, so that scoring scripts
-and registrations read one source. ``DEFAULT['heldout']`` is how the default compared with the
+What the planner does with one pilot (`inputs.load_pilot`) when neither ``--predictor`` nor
+``--b_crit_factor`` is given: ``DEFAULT['predictor']`` with ``DEFAULT['parameters']`` of that
+predictor (`predictors`). The parameters of every predictor are kept, calibrated on the same
+tasks, so that scoring scripts and registrations read one source. ``DEFAULT['heldout']`` is how the default compared with the
 baselines on held-out tasks: the plan prints it. ``DEFAULT['decided_by']`` says what set it.
 
 Written by ``experiments/plan_validation_heldout.py --apply_decision`` (a registration's
