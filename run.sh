@@ -133,13 +133,20 @@ echo "run.sh: host $(hostname) task ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} job ${
 # Forward SIGTERM/SIGUSR1 (SLURM preemption / time-limit warning) to the trainer, which
 # checkpoints at the next step boundary and exits with 75. Ctrl-C (SIGINT) too, as a SIGTERM: a
 # background child of a script ignores SIGINT, so the trainer went on training without its
-# launcher; an interrupted run is not requeued.
+# launcher; an interrupted run is not requeued. The traps are set before the trainer starts: a
+# signal in between (Ctrl-C on a loaded machine, an early preemption) killed run.sh and left the
+# trainer running without it. One that comes before the trainer's pid is known waits in
+# `pending` and is sent as soon as it is.
+child=
+pending=
+interrupted=0
+forward() { if [ -n "$child" ]; then kill -"$1" "$child" 2>/dev/null; else pending=$1; fi; }
+trap 'forward TERM' TERM
+trap 'forward USR1' USR1
+trap 'interrupted=1; forward TERM' INT
 "$VENV/bin/python" -m anp_jax.main "${args[@]}" &
 child=$!
-interrupted=0
-trap 'kill -TERM "$child" 2>/dev/null' TERM
-trap 'kill -USR1 "$child" 2>/dev/null' USR1
-trap 'interrupted=1; kill -TERM "$child" 2>/dev/null' INT
+[ -z "$pending" ] || kill -"$pending" "$child" 2>/dev/null
 rc=0
 while :; do
   wait "$child"; rc=$?
