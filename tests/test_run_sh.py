@@ -81,13 +81,7 @@ def _started(log, timeout=30):
 def test_ctrl_c_stops_the_trainer_with_a_checkpoint_and_no_requeue(tmp_path):
   """SIGINT to run.sh: the trainer (a script's background child, which ignores SIGINT) kept
   training after its launcher died; now it gets SIGTERM (checkpoint, exit 75)."""
-  log = tmp_path / 'trainer.log'
-  env = _fake_trainer(tmp_path, f"trap 'echo TERM >> {log}; exit 75' TERM\n"
-                                f'echo started "$@" >> {log}\n'
-                                'while :; do sleep 0.05; done\n')
-  proc = subprocess.Popen(['bash', os.path.join(ROOT, 'run.sh')], env=dict(env, SLURM_JOB_ID='7'),
-                          stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          preexec_fn=_sigint_as_a_terminal_gives_it)
+  log, proc = _run_sh_with_a_looping_trainer(tmp_path)
   try:
     _started(log)
     proc.send_signal(signal.SIGINT)
@@ -97,6 +91,19 @@ def test_ctrl_c_stops_the_trainer_with_a_checkpoint_and_no_requeue(tmp_path):
   assert proc.returncode == 75, err
   assert 'TERM' in log.read_text()
   assert 'interrupted (Ctrl-C): not requeued' in err and 'requeued SLURM job' not in err
+
+
+def _run_sh_with_a_looping_trainer(tmp_path):
+  """run.sh (SLURM job 7) in a session of its own, whose fake trainer logs 'started', trains
+  until SIGTERM, then logs 'TERM' and exits 75: its log and the process."""
+  log = tmp_path / 'trainer.log'
+  env = _fake_trainer(tmp_path, f"trap 'echo TERM >> {log}; exit 75' TERM\n"
+                                f'echo started "$@" >> {log}\n'
+                                'while :; do sleep 0.05; done\n')
+  proc = subprocess.Popen(['bash', os.path.join(ROOT, 'run.sh')], env=dict(env, SLURM_JOB_ID='7'),
+                          stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          preexec_fn=_sigint_as_a_terminal_gives_it)
+  return log, proc
 
 
 def _sigint_as_a_terminal_gives_it():
@@ -119,18 +126,11 @@ def _kill_group(proc):
 @pytest.mark.parametrize('delay', [0.0, 0.02, 0.1])
 def test_ctrl_c_as_run_sh_starts_leaves_no_trainer_behind(tmp_path, delay):
   """SIGINT right after run.sh prints its host line, just before it starts the trainer: its
-  traps were set only after the trainer was started, so a signal in between (a loaded machine,
-  six CPU hogs: issue 42's suite run) killed run.sh and left the trainer training without it
-  (the test's fake trainer was found still looping 5 minutes later). Now the traps come first
-  and a signal before the trainer's pid is known is sent to it as soon as it is: run.sh ends
-  within the bound, and either no trainer started or it got SIGTERM."""
-  log = tmp_path / 'trainer.log'
-  env = _fake_trainer(tmp_path, f"trap 'echo TERM >> {log}; exit 75' TERM\n"
-                                f'echo started "$@" >> {log}\n'
-                                'while :; do sleep 0.05; done\n')
-  proc = subprocess.Popen(['bash', os.path.join(ROOT, 'run.sh')], env=dict(env, SLURM_JOB_ID='7'),
-                          stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          preexec_fn=_sigint_as_a_terminal_gives_it)
+  traps were set only after the trainer was started, so a signal in between would kill run.sh
+  and leave the trainer training without it. Now the traps come first and a signal before the
+  trainer's pid is known is sent to it as soon as it is: run.sh ends within the bound, and
+  either no trainer started or it got SIGTERM."""
+  log, proc = _run_sh_with_a_looping_trainer(tmp_path)
   try:
     first = proc.stderr.readline()
     assert first.startswith('run.sh: host'), first
