@@ -509,10 +509,9 @@ def mapped_note(pen) -> str:
   """Where the mapped penalty comes from, said where it is quoted: the fresh-seed confirmation's
   runs, and whether seeds that missed make it a lower bound."""
   note = (', from the fresh-seed confirmation\'s runs, not the ones that chose the rates'
-          if 'fresh-seed confirmation' in pen.source else '')
+          if pen.confirmed else '')
   if pen.bounds:
-    note += (f'; {pen.source.split("; ", 1)[1]}; the mixed speed-ups of section 3 are then upper '
-             'bounds')
+    note += f'; {pen.bounds_note}; the mixed speed-ups of section 3 are then upper bounds'
   return note
 
 

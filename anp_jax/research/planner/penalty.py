@@ -208,9 +208,22 @@ class MappedPenalty:
   source: str
   seeds: int
   reference: str = 'global_batch'
-  # Seeds of the pooled arms that missed the target, counted at their budget: then the ratio
-  # (and its interval) is a lower bound on the penalty.
-  bounds: int = 0
+  # Whether the figures are the fresh-seed confirmation's runs (not the ones that chose rates).
+  confirmed: bool = False
+
+  @property
+  def bounds(self) -> int:
+    """Seeds of the pooled arms that missed the target, counted at their budget: then the ratio
+    (and its interval) is a lower bound on the penalty."""
+    return sum(a.get('bounds', 0) for a in self.arms)
+
+  @property
+  def bounds_note(self) -> str:
+    """Which arms' seeds are bounds, in words ('' when none)."""
+    bounded = [f'{a["arm"]} ({a["bounds"]} of {a["seeds"]} seeds)' for a in self.arms
+               if a.get('bounds')]
+    return ('seeds that missed the target counted at their budget, so the ratio is a lower '
+            f'bound: {", ".join(bounded)}' if bounded else '')
 
   def factor(self, x: float) -> Tuple[float, float, float]:
     """(ratio, low, high) at staleness (or H - 1) ``x``; 1 at x = 0: one worker, or
@@ -294,7 +307,7 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
   shown = os.path.relpath(shown, root) if shown.startswith(root + os.sep) else study_dir
   out = {}
   for kind, methods in MAPPED_KINDS.items():
-    members, pooled, left_out, bounded = [], [], [], []
+    members, pooled, left_out = [], [], []
     for a in arms:
       if (a['method'] not in methods or a.get('aware') or a.get('compensate')
           or (kind == 'local_sgd' and a['sync_every'] <= 1)):
@@ -304,8 +317,6 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
         left_out.append(a['name'])
         continue
       values, bounds = chosen
-      if bounds:
-        bounded.append(f'{a["name"]} ({bounds} of {len(values)} seeds)')
       x = float(a['staleness']) if kind == 'async' else float(a['sync_every'] - 1)
       r = stats.ratio_interval(values, ref)
       members.append({'arm': a['name'], 'x': x, 'ratio': r['ratio'], 'low': r['low'],
@@ -316,16 +327,15 @@ def mapped_penalty(study_dir: str) -> Dict[str, 'MappedPenalty']:
     r = stats.ratio_interval(pooled, ref)
     t = stats.t_quantile(0.975, r['df']) if r['df'] else 1.96
     xs = [m['x'] for m in members]
-    out[kind] = MappedPenalty(
+    pen = MappedPenalty(
         kind=kind, ratio=r['ratio'], low=r['low'], high=r['high'],
         log_sd=math.log(r['high'] / r['low']) / (2 * t) if r['low'] else 0.0,
-        measured=(min(xs), max(xs)), arms=members,
-        source=(f'{shown}: {", ".join(m["arm"] for m in members)} against sync at the same '
-                f'global batch, {"test" if test else "validation"} examples to the target, '
-                f'{which}' + (f'; seeds that missed the target counted at their budget, so '
-                              f'the ratio is a lower bound: {", ".join(bounded)}'
-                              if bounded else '')
-                + (f'; left out (a seed diverged or did not finish): {", ".join(left_out)}'
-                   if left_out else '')),
-        seeds=len(ref), bounds=sum(m['bounds'] for m in members))
+        measured=(min(xs), max(xs)), arms=members, source='', seeds=len(ref),
+        confirmed=use == confirmed)
+    pen.source = (f'{shown}: {", ".join(m["arm"] for m in members)} against sync at the same '
+                  f'global batch, {"test" if test else "validation"} examples to the target, '
+                  f'{which}' + (f'; {pen.bounds_note}' if pen.bounds else '')
+                  + (f'; left out (a seed diverged or did not finish): {", ".join(left_out)}'
+                     if left_out else ''))
+    out[kind] = pen
   return out
