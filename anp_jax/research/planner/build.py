@@ -6,7 +6,6 @@ import os
 from typing import Optional, Sequence
 
 from anp_jax.research import perfmodel as pm
-from anp_jax.research.planner import predictors
 from anp_jax.research.planner.clusters import load_cluster
 from anp_jax.research.planner.errors import PlanError
 from anp_jax.research.planner.inputs import (DEFAULT_METRIC, load_pilot, load_sweep, pilot_dirs,
@@ -56,8 +55,6 @@ def build_plan(*, pilot=None, sweep: Optional[str] = None,
   if sprint_batch is not None and sprint_batch <= 0:
     raise PlanError(f'--sprint_batch {sprint_batch}: give a global batch size > 0.')
   if predictor is not None:
-    if predictor not in predictors.PREDICTORS:
-      raise PlanError(f'--predictor {predictor!r}: choose one of {", ".join(predictors.PREDICTORS)}.')
     if sweep is not None:
       raise PlanError('--predictor carries a one-batch pilot to other batches; a --sweep fits '
                       'B_crit itself: drop it.')
