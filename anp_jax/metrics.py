@@ -6,8 +6,10 @@
   that they add exactly over devices, micro-batches, logged steps and evaluation batches;
   `summarize` divides once at the end. A key starting with ``_`` is already a value (e.g. the
   gradient norm), not a sum, and is logged without the underscore.
-* **Writers.** `MetricWriter`: TensorBoard event files (clu's default writer) and one JSON line
-  per write in ``workdir/metrics.jsonl``, on process 0 only.
+* **Writers.** `MetricWriter`: TensorBoard event files (``tf.summary`` scalars, as clu's writer
+  wrote them; clu itself is not used: its writer imports Keras through TensorBoard's hparams
+  plugin, 0.7 s of CPU per training process) and one JSON line per write in
+  ``workdir/metrics.jsonl``, on process 0 only.
 * **Reader.** `anp_jax.metrics_io.read_metrics(workdir)` (no JAX there, so that the planner and
   the reports read logs without it): the records of ``metrics.jsonl`` as the trainer meant them.
 """
@@ -18,7 +20,6 @@ import time
 from typing import Any, Dict, Mapping, Optional
 
 import jax
-from clu import metric_writers
 
 from anp_jax.metrics_io import METRICS_FILE
 
@@ -43,20 +44,25 @@ class MetricWriter:
 
   def __init__(self, workdir: str, enabled: Optional[bool] = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self._tb = metric_writers.create_default_writer(
-        workdir, just_logging=not self.enabled, asynchronous=False)
-    self._jsonl = open(os.path.join(workdir, METRICS_FILE), 'a') if self.enabled else None
+    self._tb = self._jsonl = None
+    if self.enabled:
+      from anp_jax.tf_import import tf  # Only where events are written.
+      self._summary = tf.summary
+      self._tb = tf.summary.create_file_writer(workdir)
+      self._jsonl = open(os.path.join(workdir, METRICS_FILE), 'a')
 
   def write(self, step: int, metrics: Mapping[str, float]):
     if not self.enabled:
       return
     scalars = {k: float(v) for k, v in metrics.items()}
-    self._tb.write_scalars(step, scalars)
+    with self._tb.as_default():
+      for name, value in scalars.items():
+        self._summary.scalar(name, value, step=int(step))
     self._jsonl.write(json.dumps({'step': int(step), 'time': time.time(), **scalars}) + '\n')
     self._jsonl.flush()
 
   def close(self):
     if self.enabled:
       self._tb.flush()
+      self._tb.close()
       self._jsonl.close()
-    self._tb.close()

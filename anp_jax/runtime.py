@@ -17,7 +17,8 @@ has to precede every TensorFlow import); `configure` does the rest, explicitly:
   ``~/.cache/anp_jax/xla`` unless ``JAX_COMPILATION_CACHE_DIR`` or ``ANP_COMPILATION_CACHE_DIR``
   says otherwise; ``ANP_COMPILATION_CACHE=0`` turns it off): a study compiles each program once.
 * TensorFlow sees no GPU (``tensorflow=True``): it would otherwise reserve accelerator memory
-  that JAX needs. This imports TensorFlow, after the variables above are set.
+  that JAX needs. This imports TensorFlow (`anp_jax.tf_import`: without the Keras it would
+  import), after the variables above are set.
 """
 
 from anp_jax import compile_cache, xla_flags
@@ -33,5 +34,5 @@ def configure(tensorflow: bool = True) -> None:
 
 def hide_gpus_from_tensorflow() -> None:
   """TensorFlow, used for the input pipeline only, never takes a GPU from JAX."""
-  import tensorflow as tf  # Heavy: only for the entry points that read data.
+  from anp_jax.tf_import import tf  # Heavy: only for the entry points that read data.
   tf.config.set_visible_devices([], 'GPU')

@@ -54,6 +54,49 @@ def test_importing_anp_jax_leaves_xla_flags_alone_and_configure_sets_them():
   assert after != before  # This jaxlib is a tested one: the defaults are added.
 
 
+
+# A training process's imports and logs, in a fresh process: the events it writes, and whether
+# Keras (which anp_jax never uses) was imported on the way.
+WRITER = """
+import json, sys
+import anp_jax.runtime; anp_jax.runtime.configure()
+import anp_jax.trainer
+from anp_jax import metrics
+writer = metrics.MetricWriter(sys.argv[1])
+writer.write(2, {'train/loss': 3.5, 'train/anp_top1': 0.25})
+writer.write(4, {'eval/anp_top1': 0.5})
+writer.close()
+metrics.MetricWriter(sys.argv[2], enabled=False).close()  # Another process than process 0.
+keras = sorted(m for m in sys.modules if m == 'keras' or m.startswith(('keras.', 'tf_keras')))
+import keras as k  # Still importable, as usual, once TensorFlow is.
+print(json.dumps({'keras': keras, 'sgd': k.optimizers.SGD.__name__}))
+"""
+
+
+def test_the_writer_logs_tensorboard_scalars_and_a_training_process_imports_no_keras(tmp_path):
+  """The events hold every scalar at its step (read with TensorBoard's own reader). Was: clu's
+  writer imported Keras through TensorBoard's hparams plugin, and TensorFlow's own import loaded
+  ``keras.src`` (0.7 s of CPU per process, `anp_jax.tf_import`)."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.util import tensor_util
+  (tmp_path / 'w0').mkdir()
+  (tmp_path / 'w1').mkdir()
+  out = subprocess.run([sys.executable, '-c', WRITER, str(tmp_path / 'w0'), str(tmp_path / 'w1')],
+                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path))
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads(out.stdout.strip().splitlines()[-1])
+  assert got == {'keras': [], 'sgd': 'SGD'}
+  events = event_accumulator.EventAccumulator(str(tmp_path / 'w0'),
+                                              size_guidance={event_accumulator.TENSORS: 0})
+  events.Reload()
+  scalars = {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                   for e in events.Tensors(tag)] for tag in events.Tags()['tensors']}
+  assert scalars == {'train/loss': [(2, 3.5)], 'train/anp_top1': [(2, 0.25)],
+                     'eval/anp_top1': [(4, 0.5)]}
+  assert [json.loads(l)['step'] for l in open(tmp_path / 'w0' / 'metrics.jsonl')] == [2, 4]
+  assert os.listdir(tmp_path / 'w1') == []  # Only process 0 writes logs.
+
 def _evals(points):
   return [{'step': s, 'eval/anp_top1': a} for s, a in points]
 

@@ -8,7 +8,7 @@ TensorFlow, and nothing of `anp_jax.data`: the three import it, and the data flo
 (pipeline -> windows -> dali_input, each of them -> images).
 """
 
-import tensorflow as tf
+from anp_jax.tf_import import tf
 
 LABEL_KEYS = ('label_anp', 'label_adjective', 'label_noun')
 # config.input_backend: who finishes the images (`anp_jax.data.windows` says what each does).

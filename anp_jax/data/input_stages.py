@@ -38,7 +38,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
+from anp_jax.tf_import import tf
 
 from anp_jax.data import pipeline, windows
 

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 # TensorFlow never sees a GPU (`anp_jax.runtime.configure`, called by every entry point).
-import tensorflow as tf
+from anp_jax.tf_import import tf
 import tensorflow_datasets as tfds
 
 from anp_jax.configs import default as default_config

@@ -33,7 +33,7 @@ identity geometry).
 import math
 from typing import Dict, Optional
 
-import tensorflow as tf
+from anp_jax.tf_import import tf
 
 from anp_jax.data import dali_input, images
 from anp_jax.data.images import BACKENDS, DEVICE_BACKENDS, backend  # noqa: F401
