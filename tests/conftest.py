@@ -462,6 +462,24 @@ def direct_eval(config, params, batch_stats):
   return out
 
 
+def crossing_study(data_dir, out, *, kind: str, target_value: float, seeds, **options):
+  """(study, base config, runner options) of one tiny point (ghost BN over 2 examples) evaluated
+  every 0.25 epoch for 2 epochs, checkpointed as often: its 'eval' evaluator on the training split
+  (high accuracy: crosses a target first), 'test' on the test split (crosses later). `options`
+  go to `runner.Options` (e.g. stop_at_target, seeds_at_once)."""
+  from anp_jax.configs import study_ghost_bn
+  from anp_jax.research import runner
+  from anp_jax.research.study import Study
+  base = study_ghost_bn.get_config('tiny')
+  base.data_dir = str(data_dir)
+  base.num_epochs, base.eval_every_epochs = 2.0, 0.25
+  base.evals = {'eval': {'kind': 'classification', 'split': 'train'},
+                'test': {'kind': 'classification', 'split': 'test'}}
+  study = Study(kind=kind, points=(('g0002', {'bn_group_size': 2}),), target_value=target_value,
+                seeds=tuple(seeds), checkpoint_every_epochs=0.25)
+  return study, base, runner.Options(out=str(out), report=False, **options)
+
+
 def run_experiment(script: str, *args: str, timeout: float = 600,
                    **env) -> subprocess.CompletedProcess:
   """``python experiments/SCRIPT ARGS`` in a child process: the scripts are command lines, so the

@@ -24,7 +24,7 @@ import pytest
 from anp_jax import trainer
 from anp_jax.research import runner, stats, study_cli, study_results
 from anp_jax.research.study import LrGrid, Study, StudyError, from_preset
-from conftest import ROOT, finish, launch, run_experiment
+from conftest import ROOT, crossing_study, finish, launch, run_experiment
 
 # ----------------------------------------------------------------------------------------------
 # The study definition.
@@ -460,17 +460,9 @@ def test_a_slow_report_at_the_end_of_a_multiprocess_sweep_does_not_fail_the_job(
 
 
 def _crossing_study(data_dir, out, stop: bool):
-  """One tiny point, one seed, evaluated every 0.25 epoch for 2 epochs: its 'eval' evaluator on
-  the training split (high accuracy: crosses first), 'test' on the test split (crosses later)."""
-  from anp_jax.configs import study_ghost_bn
-  base = study_ghost_bn.get_config('tiny')
-  base.data_dir = str(data_dir)
-  base.num_epochs, base.eval_every_epochs = 2.0, 0.25
-  base.evals = {'eval': {'kind': 'classification', 'split': 'train'},
-                'test': {'kind': 'classification', 'split': 'test'}}
-  study = Study(kind='crossing', points=(('g0002', {'bn_group_size': 2}),), target_value=0.5,
-                seeds=(0,), checkpoint_every_epochs=0.25)
-  return study, base, runner.Options(out=str(out), stop_at_target=stop, report=False)
+  """One tiny point, one seed: its training-split evaluation crosses first, the test one later."""
+  return crossing_study(data_dir, out, kind='crossing', target_value=0.5, seeds=(0,),
+                        stop_at_target=stop)
 
 
 @pytest.mark.slow(120)

@@ -18,8 +18,7 @@ import pytest
 
 from anp_jax import checkpointing, errors, preemption, seed_group, trainer
 from anp_jax.research import runner
-from anp_jax.research.study import Study
-from conftest import leaves, tiny_config
+from conftest import crossing_study, leaves, tiny_config
 
 SEEDS = (0, 1, 2)
 RTOL, ATOL = 1e-5, 1e-6
@@ -221,16 +220,8 @@ def test_auto_groups_only_where_a_committed_measurement_found_it_faster():
 def _study(data_dir, out, mode):
   """One tiny point, 2 seeds, stopping at the later of a training-split ('eval') and a test
   crossing: a seed that crosses on 'eval' first continues to its test crossing."""
-  from anp_jax.configs import study_ghost_bn
-  base = study_ghost_bn.get_config('tiny')
-  base.data_dir = str(data_dir)
-  base.num_epochs, base.eval_every_epochs = 2.0, 0.25
-  base.evals = {'eval': {'kind': 'classification', 'split': 'train'},
-                'test': {'kind': 'classification', 'split': 'test'}}
-  study = Study(kind='seeds', points=(('g0002', {'bn_group_size': 2}),), target_value=0.3,
-                seeds=(0, 1), checkpoint_every_epochs=0.25)
-  return study, base, runner.Options(out=str(out), stop_at_target=True, report=False,
-                                     seeds_at_once=mode)
+  return crossing_study(data_dir, out, kind='seeds', target_value=0.3, seeds=(0, 1),
+                        stop_at_target=True, seeds_at_once=mode)
 
 
 @pytest.mark.slow(120)
