@@ -8,7 +8,7 @@
   gradient norm), not a sum, and is logged without the underscore.
 * **Writers.** `MetricWriter`: TensorBoard event files (``tf.summary`` scalars, as clu's writer
   wrote them; clu itself is not used: its writer imports Keras through TensorBoard's hparams
-  plugin, 0.7 s of CPU per training process) and one JSON line per write in
+  plugin: with it, a training process's imports took 0.7 s more CPU) and one JSON line per write in
   ``workdir/metrics.jsonl``, on process 0 only.
 * **Reader.** `anp_jax.metrics_io.read_metrics(workdir)` (no JAX there, so that the planner and
   the reports read logs without it): the records of ``metrics.jsonl`` as the trainer meant them.

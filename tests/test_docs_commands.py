@@ -297,9 +297,9 @@ def test_every_fenced_command_runs(clean_home, tmp_path):
   results = os.path.join(ROOT, 'experiments', 'results')
 
   def committed():
-    return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size,
-                                 os.stat(os.path.join(d, f)).st_mtime_ns)
-            for d, _, files in os.walk(results) for f in files}
+    stats = {os.path.join(d, f): os.stat(os.path.join(d, f))
+             for d, _, files in os.walk(results) for f in files}
+    return {path: (st.st_size, st.st_mtime_ns) for path, st in stats.items()}
   before = committed()
   failures = []
   with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:

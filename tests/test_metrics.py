@@ -54,7 +54,6 @@ def test_importing_anp_jax_leaves_xla_flags_alone_and_configure_sets_them():
   assert after != before  # This jaxlib is a tested one: the defaults are added.
 
 
-
 # A training process's imports and logs, in a fresh process: the events it writes, and whether
 # Keras (which anp_jax never uses) was imported on the way.
 WRITER = """
@@ -76,7 +75,7 @@ print(json.dumps({'keras': keras, 'sgd': k.optimizers.SGD.__name__}))
 def test_the_writer_logs_tensorboard_scalars_and_a_training_process_imports_no_keras(tmp_path):
   """The events hold every scalar at its step (read with TensorBoard's own reader). Was: clu's
   writer imported Keras through TensorBoard's hparams plugin, and TensorFlow's own import loaded
-  ``keras.src`` (0.7 s of CPU per process, `anp_jax.tf_import`)."""
+  ``keras.src`` (0.7 s more CPU at import, `anp_jax.tf_import`)."""
   from tensorboard.backend.event_processing import event_accumulator
   from tensorboard.util import tensor_util
   (tmp_path / 'w0').mkdir()
@@ -96,6 +95,7 @@ def test_the_writer_logs_tensorboard_scalars_and_a_training_process_imports_no_k
                      'eval/anp_top1': [(4, 0.5)]}
   assert [json.loads(l)['step'] for l in open(tmp_path / 'w0' / 'metrics.jsonl')] == [2, 4]
   assert os.listdir(tmp_path / 'w1') == []  # Only process 0 writes logs.
+
 
 def _evals(points):
   return [{'step': s, 'eval/anp_top1': a} for s, a in points]

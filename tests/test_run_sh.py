@@ -108,9 +108,10 @@ def _run_sh_with_a_looping_trainer(tmp_path):
 
 def _sigint_as_a_terminal_gives_it():
   """run.sh started with SIGINT at its default, as from a terminal. A non-interactive bash
-  cannot trap a signal ignored when it starts, and the test's own process may ignore SIGINT by
-  then: beside six CPU hogs both Ctrl-C tests timed out in the whole suite (2 of 2 runs) while
-  the SIGTERM test of this file passed, and alone (hogs or not) they pass."""
+  cannot trap a signal ignored when it starts, and the suite may run with SIGINT ignored: started
+  as a background job (`./test.sh &`) of a non-interactive shell, every process of it ignores
+  SIGINT. Two whole-suite runs started that way beside six CPU hogs failed both Ctrl-C tests
+  while the SIGTERM test of this file passed."""
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -150,7 +151,8 @@ def test_ctrl_c_as_run_sh_starts_leaves_no_trainer_behind(tmp_path, delay):
   # machine and was tens of milliseconds beside six hogs: no timing here hits it reliably, so
   # the order is checked too: every trap is set before the line that starts the trainer.
   lines = open(os.path.join(ROOT, 'run.sh')).read().splitlines()
-  launch = next(i for i, l in enumerate(lines) if l.startswith('"$VENV/bin/python" -m anp_jax.main'))
+  launch = next(i for i, l in enumerate(lines)
+                if l.startswith('"$VENV/bin/python" -m anp_jax.main'))
   traps = [i for i, l in enumerate(lines) if l.startswith('trap ')]
   assert {l.split()[-1] for l in (lines[i] for i in traps)} >= {'TERM', 'USR1', 'INT'}
   assert traps and max(traps) < launch, (traps, launch)
