@@ -170,13 +170,14 @@ def _env(home, **extra) -> dict:
 
 
 def _outputs_to(tokens: List[str], out_dir) -> List[str]:
-  """Output paths under workdirs/ or /tmp/ (and DIR) into `out_dir`."""
+  """Output paths under workdirs/ or /tmp/ (and DIR) into `out_dir`; the program (the first
+  token: an interpreter may itself live under /tmp) stays as it is."""
   def move(value):
     if value == 'DIR' or value.startswith(OUTPUT_ROOTS):
       return str(out_dir / value.strip('/').replace('/', '_'))
     return value
-  fixed = []
-  for token in tokens:
+  fixed = tokens[:1]
+  for token in tokens[1:]:
     if token.startswith('--') and '=' in token:
       flag, value = token.split('=', 1)
       fixed.append(f'{flag}={move(value)}')
@@ -287,6 +288,16 @@ def _check_command(n, block, command, home, tmp_path) -> str:
     raise AssertionError(f'{what}: no rule for {program!r}; add one to '
                          'tests/test_docs_commands.py')
   return f'{time.time() - start:5.1f} s  {what}'
+
+
+def test_outputs_move_into_the_test_folder_but_the_program_stays(tmp_path):
+  """Was: a checkout under /tmp (a clean clone there, run as CI runs) had its own interpreter,
+  /tmp/.../.venv/bin/python, moved as if it were an output path: FileNotFoundError."""
+  argv = ['/tmp/clone/.venv/bin/python', 'experiments/study.py', '--out', '/tmp/gbn',
+          '--workdir=workdirs/x', 'DIR']
+  assert _outputs_to(argv, tmp_path) == [
+      '/tmp/clone/.venv/bin/python', 'experiments/study.py', '--out', str(tmp_path / 'tmp_gbn'),
+      f'--workdir={tmp_path / "workdirs_x"}', str(tmp_path / 'DIR')]
 
 
 @pytest.mark.slow(200)
